@@ -1,0 +1,237 @@
+// Package testenv gives each test a real Redis and a real Postgres, isolated
+// from every other test and from whatever else the servers hold.
+//
+// Servers come from, in order:
+//  1. BATCHMR_TEST_REDIS_URL and BATCHMR_TEST_DATABASE_URL (make test starts
+//     throwaway servers and sets both);
+//  2. otherwise, when a Docker engine answers, containers started once per
+//     test binary with testcontainers-go;
+//  3. otherwise the test fails with a message naming both fixes.
+//
+// Isolation is by name, never by flushing: every test gets its own key
+// prefix and its own Postgres schema, and removes only those when it ends, so
+// tests run in parallel and are safe against a shared server.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/wait"
+)
+
+// The variables that point tests at existing servers.
+const (
+	RedisURLVar        = "BATCHMR_TEST_REDIS_URL"
+	DatabaseURLVar     = "BATCHMR_TEST_DATABASE_URL"
+	RedisClusterAddVar = "BATCHMR_TEST_REDIS_CLUSTER_ADDR"
+)
+
+var (
+	serversOnce sync.Once
+	redisURL    string
+	databaseURL string
+	serversErr  error
+)
+
+// servers resolves the two server URLs once per test binary.
+func servers(t testing.TB) (string, string) {
+	t.Helper()
+	serversOnce.Do(func() {
+		redisURL, databaseURL = os.Getenv(RedisURLVar), os.Getenv(DatabaseURLVar)
+		if redisURL != "" && databaseURL != "" {
+			return
+		}
+		redisURL, databaseURL, serversErr = startContainers()
+	})
+	if serversErr != nil {
+		t.Fatalf("batchmr tests need a real Redis and a real Postgres. Either run `make test`, "+
+			"which starts throwaway servers and sets %s and %s, or set both to servers of your own; "+
+			"or run a Docker engine so that testcontainers-go can start them (it failed: %v)",
+			RedisURLVar, DatabaseURLVar, serversErr)
+	}
+	return redisURL, databaseURL
+}
+
+// startContainers starts Redis and Postgres with testcontainers-go. The
+// containers live as long as the test binary; testcontainers' reaper removes
+// them when it exits.
+func startContainers() (string, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rc, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
+		ContainerRequest: testcontainers.ContainerRequest{
+			Image:        "redis:7-alpine",
+			ExposedPorts: []string{"6379/tcp"},
+			WaitingFor:   wait.ForLog("Ready to accept connections"),
+		},
+		Started: true,
+	})
+	if err != nil {
+		return "", "", err
+	}
+	redisAddr, err := rc.PortEndpoint(ctx, "6379/tcp", "")
+	if err != nil {
+		return "", "", err
+	}
+	pc, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
+		ContainerRequest: testcontainers.ContainerRequest{
+			Image:        "postgres:16-alpine",
+			ExposedPorts: []string{"5432/tcp"},
+			Env:          map[string]string{"POSTGRES_PASSWORD": "batchmr", "POSTGRES_DB": "batchmr_test"},
+			WaitingFor:   wait.ForLog("database system is ready to accept connections").WithOccurrence(2),
+		},
+		Started: true,
+	})
+	if err != nil {
+		return "", "", err
+	}
+	pgAddr, err := pc.PortEndpoint(ctx, "5432/tcp", "")
+	if err != nil {
+		return "", "", err
+	}
+	return "redis://" + redisAddr + "/0", "postgres://postgres:batchmr@" + pgAddr + "/batchmr_test?sslmode=disable", nil
+}
+
+// RedisURL returns the URL of the test Redis server.
+func RedisURL(t testing.TB) string {
+	t.Helper()
+	u, _ := servers(t)
+	return u
+}
+
+// DatabaseURL returns the URL of the test Postgres database.
+func DatabaseURL(t testing.TB) string {
+	t.Helper()
+	_, u := servers(t)
+	return u
+}
+
+// Redis returns a client of the test Redis server and a key prefix that no
+// other test uses. Every key under the prefix is deleted when the test ends.
+func Redis(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	opt, err := redis.ParseURL(RedisURL(t))
+	if err != nil {
+		t.Fatalf("%s: %v", RedisURLVar, err)
+	}
+	rdb := redis.NewClient(opt)
+	prefix := Prefix(t)
+	t.Cleanup(func() {
+		deleteKeys(t, rdb, prefix)
+		_ = rdb.Close()
+	})
+	return rdb, prefix
+}
+
+// RedisCluster returns a client of the test Redis Cluster and a key prefix
+// that no other test uses. The test is skipped when BATCHMR_TEST_REDIS_CLUSTER_ADDR
+// is unset (make test sets it to a one-node cluster it starts).
+func RedisCluster(t testing.TB) (*redis.ClusterClient, string) {
+	t.Helper()
+	addr := os.Getenv(RedisClusterAddVar)
+	if addr == "" {
+		t.Skipf("no Redis Cluster: set %s to a cluster node's host:port (make test starts one)", RedisClusterAddVar)
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}})
+	prefix := Prefix(t)
+	t.Cleanup(func() {
+		_ = rdb.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
+			deleteKeys(t, node, prefix)
+			return nil
+		})
+		_ = rdb.Close()
+	})
+	return rdb, prefix
+}
+
+// Prefix returns a name unique to this test run: the test's name (so that
+// leftovers are traceable) and random bytes (so that -count and parallel
+// binaries never collide). It contains no Redis hash-tag braces.
+func Prefix(t testing.TB) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+			return r
+		}
+		return '_'
+	}, t.Name())
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return "bmrtest:" + name + ":" + hex.EncodeToString(b[:])
+}
+
+func deleteKeys(t testing.TB, rdb *redis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Logf("testenv: scanning %s* for cleanup: %v", prefix, err)
+	}
+	for _, k := range keys {
+		// One key at a time: keys of different slots cannot share a DEL on a cluster.
+		if err := rdb.Del(ctx, k).Err(); err != nil {
+			t.Logf("testenv: deleting %s: %v", k, err)
+		}
+	}
+}
+
+// Postgres returns a pool on the test database whose search_path is a schema
+// of its own, and the schema's name. The schema and everything in it is
+// dropped when the test ends.
+func Postgres(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx := context.Background()
+	url := DatabaseURL(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	schema := "bmrtest_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("testenv: connecting to %s (%s): %v", DatabaseURLVar, url, err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("testenv: creating schema %s: %v", schema, err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), url)
+		if err != nil {
+			t.Logf("testenv: dropping schema %s: %v", schema, err)
+			return
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Logf("testenv: dropping schema %s: %v", schema, err)
+		}
+	})
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("testenv: %s: %v", DatabaseURLVar, err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, fmt.Sprint(schema)
+}

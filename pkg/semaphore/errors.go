@@ -1,0 +1,59 @@
+package semaphore
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	// ErrNoPermit is returned by TryAcquire and TryAcquireN when no permit
+	// is free, or when others are already queued for one.
+	ErrNoPermit = errors.New("no permit available")
+
+	// ErrLeaseLost means a permit stopped being held before it was released:
+	// its lease ran out without being refreshed (the process paused, or Redis
+	// was unreachable for longer than the lease), so other holders may have
+	// been granted its capacity. Work done under the permit may have run
+	// concurrently with theirs; a Permit's Fence lets downstream systems
+	// reject its late writes.
+	ErrLeaseLost = errors.New("lease lost")
+
+	// ErrNotHeld is returned by Release when the permit was already released.
+	ErrNotHeld = errors.New("permit not held")
+
+	// ErrExceedsLimit is returned when a request's weight is larger than the
+	// fleet-wide limit, so it could never be granted. It is also returned to
+	// a queued waiter if the limit is lowered below its weight.
+	ErrExceedsLimit = errors.New("weight exceeds the limit")
+
+	// ErrClosed is returned by calls on a closed Semaphore, and to waiters
+	// and holders of a Semaphore that is closed under them.
+	ErrClosed = errors.New("semaphore closed")
+)
+
+// transient reports whether err may go away by itself (the network, a
+// failover, a server still loading), so that a blocking Acquire keeps trying
+// while its context lives. Anything else — wrong credentials, a key of the
+// wrong type, a script error — will not heal by retrying.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, net.ErrClosed) || errors.Is(err, redis.ErrClosed) {
+		return true
+	}
+	msg := err.Error()
+	for _, prefix := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK"} {
+		if strings.HasPrefix(msg, prefix) {
+			return true
+		}
+	}
+	return strings.Contains(msg, "EOF") || strings.Contains(msg, "connection refused") ||
+		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
+		strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "pool timeout")
+}

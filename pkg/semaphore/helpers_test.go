@@ -1,0 +1,227 @@
+package semaphore_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+// newSem returns a semaphore on the test Redis under a key prefix of the
+// test's own.
+func newSem(t *testing.T, rdb redis.UniversalClient, prefix string, opts semaphore.Options) *semaphore.Semaphore {
+	t.Helper()
+	opts.Prefix = prefix
+	s, err := semaphore.New(rdb, "db", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// waitFor polls cond until it holds or the deadline passes. Tests use it to
+// observe state (a waiter queued), never to time the code under test.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func stats(t *testing.T, s *semaphore.Semaphore) semaphore.Stats {
+	t.Helper()
+	st, err := s.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// cmdCounter counts the commands a client sends, by name. It is a go-redis
+// hook on a real client: the commands still reach the real server.
+type cmdCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.mu.Lock()
+		c.n[cmd.Name()]++
+		c.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (c *cmdCounter) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int, len(c.n))
+	for k, v := range c.n {
+		out[k] = v
+	}
+	return out
+}
+
+// --- subprocesses -----------------------------------------------------------
+
+const helperEnv = "BATCHMR_SEMTEST_HELPER"
+
+// TestMain lets the test binary double as a helper process: with
+// BATCHMR_SEMTEST_HELPER set, it runs that role instead of the tests.
+func TestMain(m *testing.M) {
+	if role := os.Getenv(helperEnv); role != "" {
+		os.Exit(runHelper(role))
+	}
+	os.Exit(m.Run())
+}
+
+// helper is a subprocess running this test binary in a helper role. It
+// speaks in lines on stdout.
+type helper struct {
+	cmd   *exec.Cmd
+	lines chan string
+	stdin io.WriteCloser
+}
+
+func startHelper(t *testing.T, role, prefix string, env ...string) *helper {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+role, "SEMTEST_PREFIX="+prefix,
+		testenv.RedisURLVar+"="+testenv.RedisURL(t))
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &helper{cmd: cmd, lines: make(chan string, 1024), stdin: stdin}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			h.lines <- sc.Text()
+		}
+		close(h.lines)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return h
+}
+
+// expect returns the first line starting with prefix, failing the test if
+// none arrives in time or the process exits.
+func (h *helper) expect(t *testing.T, prefix string, d time.Duration) string {
+	t.Helper()
+	timeout := time.After(d)
+	for {
+		select {
+		case line, ok := <-h.lines:
+			if !ok {
+				t.Fatalf("helper exited before saying %q", prefix)
+			}
+			if strings.HasPrefix(line, prefix) {
+				return strings.TrimSpace(strings.TrimPrefix(line, prefix))
+			}
+		case <-timeout:
+			t.Fatalf("helper did not say %q within %v", prefix, d)
+		}
+	}
+}
+
+func (h *helper) send(t *testing.T, line string) {
+	t.Helper()
+	if _, err := fmt.Fprintln(h.stdin, line); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// --- a TCP proxy that can cut Redis off -------------------------------------
+
+// proxy forwards TCP connections to a real Redis. cut() drops every
+// connection and refuses new ones until restore(): a real network outage
+// between one client and the server.
+type proxy struct {
+	ln     net.Listener
+	target string
+	down   atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func startProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target}
+	go p.serve()
+	t.Cleanup(func() { _ = ln.Close(); p.cut() })
+	return p
+}
+
+func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if p.down.Load() {
+			_ = c.Close()
+			continue
+		}
+		u, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, u)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+		go func() { _, _ = io.Copy(c, u); _ = c.Close() }()
+	}
+}
+
+func (p *proxy) cut() {
+	p.down.Store(true)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *proxy) restore() { p.down.Store(false) }

@@ -1,0 +1,118 @@
+package semaphore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// errReleased is the cause of a Permit's context after Release.
+var errReleased = errors.New("permit released")
+
+type permitState int
+
+const (
+	permitHeld permitState = iota
+	permitReleased
+	permitLost   // lease ran out, or the Acquire gave up at the moment of the grant
+	permitClosed // the Semaphore was closed
+)
+
+// A Permit is a granted share of the semaphore, held until Release. Its
+// lease is refreshed in the background while it is held.
+type Permit struct {
+	sem    *Semaphore
+	token  string
+	fence  int64
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu    sync.Mutex
+	state permitState
+	until time.Time // local time until which the lease is known to be valid
+}
+
+func newPermit(s *Semaphore, w *waiter, fence int64, until time.Time) *Permit {
+	ctx, cancel := context.WithCancelCause(w.ctx)
+	return &Permit{sem: s, token: w.token, fence: fence, ctx: ctx, cancel: cancel, until: until}
+}
+
+// Context returns a context that is done when the permit is released, when
+// its lease is lost (context.Cause returns ErrLeaseLost), when its Semaphore
+// is closed (cause ErrClosed), or when the context given to Acquire is done.
+// Pass it to the work the permit guards, so that work stops when the permit
+// may no longer be held.
+func (p *Permit) Context() context.Context { return p.ctx }
+
+// Fence returns the permit's grant number. Every grant of the semaphore gets
+// a larger fence than every grant before it, across the fleet, so a storage
+// system that remembers the largest fence it has seen can refuse writes from
+// a holder whose lease was lost.
+func (p *Permit) Fence() int64 { return p.fence }
+
+// ID returns the permit's token, as shown in Stats.
+func (p *Permit) ID() string { return p.token }
+
+// Release gives the permit back and cancels its context; the capacity goes
+// to the oldest waiter at once. It returns nil if the permit was held until
+// now, an error wrapping ErrLeaseLost if its lease was lost before (the
+// permit is given back all the same, if Redis still had it), ErrClosed if its
+// Semaphore was closed, and ErrNotHeld if it was already released. If Redis
+// cannot be reached, the permit returns to the fleet when its lease runs out.
+func (p *Permit) Release(ctx context.Context) error {
+	p.mu.Lock()
+	state := p.state
+	if state != permitReleased {
+		p.state = permitReleased
+	}
+	p.mu.Unlock()
+	name := p.sem.name
+	switch state {
+	case permitReleased:
+		return fmt.Errorf("semaphore %q: release: %w", name, ErrNotHeld)
+	case permitClosed:
+		return fmt.Errorf("semaphore %q: release: %w", name, ErrClosed)
+	}
+	p.sem.forgetHolder(p.token)
+	p.cancel(errReleased)
+	was, err := p.sem.releaseToken(ctx, p.token)
+	if err != nil {
+		return fmt.Errorf("semaphore %q: release: %w (the permit returns to the fleet when its lease runs out)", name, err)
+	}
+	if state == permitLost || was != releaseHeld {
+		return fmt.Errorf("semaphore %q: release: %w", name, ErrLeaseLost)
+	}
+	return nil
+}
+
+// lose marks a held permit as no longer held and cancels its context.
+func (p *Permit) lose(cause error) {
+	p.mu.Lock()
+	if p.state == permitHeld {
+		p.state = permitLost
+		if errors.Is(cause, ErrClosed) {
+			p.state = permitClosed
+		}
+	}
+	p.mu.Unlock()
+	p.cancel(cause)
+}
+
+// expired reports whether the lease is past the last deadline this process
+// knows Redis to have accepted.
+func (p *Permit) expired(now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return now.After(p.until)
+}
+
+// extend records a refresh that Redis accepted.
+func (p *Permit) extend(until time.Time) {
+	p.mu.Lock()
+	if until.After(p.until) {
+		p.until = until
+	}
+	p.mu.Unlock()
+}

@@ -1,0 +1,121 @@
+-- lib.lua is prepended to every semaphore script, so that all of them share
+-- one key layout, one clock and one purge/grant routine.
+--
+-- KEYS (identical for every script; all share the {name} hash tag):
+--   KEYS[1] limit    STRING  the fleet-wide limit
+--   KEYS[2] holders  ZSET    token -> lease deadline (ms, Redis server time)
+--   KEYS[3] queue    ZSET    token -> ticket (FIFO order)
+--   KEYS[4] alive    ZSET    waiter token -> heartbeat deadline (ms)
+--   KEYS[5] info     HASH    holder token -> "fence:grantedAtMs",
+--                            waiter token -> "enqueuedAtMs"
+--   KEYS[6] fence    STRING  INCR counter: one fence per grant
+--   KEYS[7] ticket   STRING  INCR counter: one ticket per enqueue
+-- ARGV (identical first three for every script):
+--   ARGV[1] wake-list key prefix; a process's list is ARGV[1] .. processID
+--   ARGV[2] the client's configured limit, written only when KEYS[1] is absent
+--   ARGV[3] TTL (ms) of a wake list, so a dead process's list disappears
+--
+-- A token is "<processID>:<sequence>:<weight>": the weight and the owning
+-- process travel inside it, so granting needs no extra lookup.
+
+local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_INFO, K_FENCE, K_TICKET = KEYS[5], KEYS[6], KEYS[7]
+local WAKE_PREFIX = ARGV[1]
+local DEFAULT_LIMIT = tonumber(ARGV[2])
+local WAKE_TTL = tonumber(ARGV[3])
+
+-- Redis server time, never the client's: clock skew between hosts cannot
+-- steal or expire permits. Redis >= 5 replicates effects, so reading TIME
+-- before writing is allowed; older servers need replicate_commands.
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function weight_of(tok)
+  return tonumber(string.match(tok, ':(%d+)$'))
+end
+
+local function process_of(tok)
+  return string.match(tok, '^([^:]+):')
+end
+
+local function fence_of(tok)
+  local info = redis.call('HGET', K_INFO, tok)
+  if not info then return 0 end
+  return tonumber(string.match(info, '^(%d+):'))
+end
+
+local function get_limit()
+  local l = redis.call('GET', K_LIMIT)
+  if l then return tonumber(l) end
+  redis.call('SET', K_LIMIT, DEFAULT_LIMIT)
+  return DEFAULT_LIMIT
+end
+
+local function held_weight()
+  local sum = 0
+  for _, tok in ipairs(redis.call('ZRANGE', K_HOLDERS, 0, -1)) do
+    sum = sum + weight_of(tok)
+  end
+  return sum
+end
+
+-- wake tells the owning process about a token: "<token> <fence>" for a grant,
+-- "<token> !" for a request that can never be granted under the limit.
+local function wake(tok, msg)
+  local key = WAKE_PREFIX .. process_of(tok)
+  redis.call('RPUSH', key, tok .. ' ' .. msg)
+  redis.call('PEXPIRE', key, WAKE_TTL)
+end
+
+local function drop_waiter(tok)
+  redis.call('ZREM', K_QUEUE, tok)
+  redis.call('ZREM', K_ALIVE, tok)
+  redis.call('HDEL', K_INFO, tok)
+end
+
+-- purge removes holders whose lease ran out and waiters whose heartbeat
+-- stopped: a crashed process gives its permits and its place back.
+local function purge()
+  for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', now)) do
+    redis.call('ZREM', K_HOLDERS, tok)
+    redis.call('HDEL', K_INFO, tok)
+  end
+  for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_ALIVE, '-inf', now)) do
+    drop_waiter(tok)
+  end
+end
+
+local function add_holder(tok, deadline)
+  local fence = redis.call('INCR', K_FENCE)
+  redis.call('ZADD', K_HOLDERS, deadline, tok)
+  redis.call('HSET', K_INFO, tok, fence .. ':' .. now)
+  return fence
+end
+
+-- grant hands free capacity to the queue head(s) in ticket order and wakes
+-- their processes. The head is never overtaken: when it does not fit, nobody
+-- behind it is granted (FIFO for weighted requests). A granted waiter's first
+-- lease ends at its heartbeat deadline, so a waiter that died just before its
+-- grant blocks nobody past that deadline; a live one's watchdog extends it.
+-- Returns the held weight afterwards.
+local function grant(limit)
+  local held = held_weight()
+  while true do
+    local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
+    if not head then break end
+    local w = weight_of(head)
+    if w > limit then
+      drop_waiter(head)
+      wake(head, '!')
+    elseif held + w <= limit then
+      local deadline = tonumber(redis.call('ZSCORE', K_ALIVE, head))
+      drop_waiter(head)
+      wake(head, add_holder(head, deadline))
+      held = held + w
+    else
+      break
+    end
+  end
+  return held
+end

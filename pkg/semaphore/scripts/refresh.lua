@@ -1,0 +1,27 @@
+-- refresh is the watchdog's one call per interval: it extends the lease of
+-- every listed token that holds a permit and the heartbeat of every listed
+-- token that waits.
+--   ARGV[4] lease (ms)
+--   ARGV[5] heartbeat timeout (ms)
+--   ARGV[6..] tokens
+-- Returns one number per token, in order: its fence (> 0) if it holds a
+-- permit (a waiter whose wake message went missing learns of its grant here),
+-- 0 if it is queued, -1 if Redis no longer knows it (lease or heartbeat lost).
+local lease, heartbeat = tonumber(ARGV[4]), tonumber(ARGV[5])
+local limit = get_limit()
+purge()
+local out = {}
+for i = 6, #ARGV do
+  local tok = ARGV[i]
+  if redis.call('ZSCORE', K_HOLDERS, tok) then
+    redis.call('ZADD', K_HOLDERS, now + lease, tok)
+    out[#out + 1] = fence_of(tok)
+  elseif redis.call('ZSCORE', K_ALIVE, tok) then
+    redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
+    out[#out + 1] = 0
+  else
+    out[#out + 1] = -1
+  end
+end
+grant(limit)
+return out

@@ -1,0 +1,362 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+)
+
+func TestNewRejectsBadConfigWithErrorsThatNameTheFix(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	cases := []struct {
+		name string
+		sem  string
+		opts semaphore.Options
+		want string
+	}{
+		{"empty name", "", semaphore.Options{Limit: 1}, "empty name"},
+		{"limit zero", "db", semaphore.Options{}, "Options.Limit is 0"},
+		{"negative limit", "db", semaphore.Options{Limit: -3}, "at least 1"},
+		{"short lease", "db", semaphore.Options{Limit: 1, Lease: time.Millisecond}, "shorter than the minimum"},
+		{"brace in name", "d{b}", semaphore.Options{Limit: 1}, "hash tag"},
+		{"brace in prefix", "db", semaphore.Options{Limit: 1, Prefix: "x{y}"}, "must not contain"},
+	}
+	for _, c := range cases {
+		if c.opts.Prefix == "" {
+			c.opts.Prefix = prefix
+		}
+		_, err := semaphore.New(rdb, c.sem, c.opts)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: New error = %v, want one containing %q", c.name, err, c.want)
+		}
+	}
+	if _, err := semaphore.New(nil, "db", semaphore.Options{Limit: 1}); err == nil {
+		t.Error("New with a nil client succeeded")
+	}
+}
+
+func TestAcquireNRejectsImpossibleWeightsAtOnce(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 3})
+	ctx := context.Background() // no deadline: a wait would hang the test
+
+	if _, err := s.AcquireN(ctx, 0); err == nil || !strings.Contains(err.Error(), "less than 1") {
+		t.Errorf("AcquireN(0) = %v, want an error about the weight", err)
+	}
+	if _, err := s.AcquireN(ctx, 4); !errors.Is(err, semaphore.ErrExceedsLimit) {
+		t.Errorf("AcquireN(4) with limit 3 = %v, want ErrExceedsLimit", err)
+	}
+	// The live limit rules, not the configured one.
+	if err := s.SetLimit(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AcquireN(ctx, 3); !errors.Is(err, semaphore.ErrExceedsLimit) || !strings.Contains(err.Error(), "limit is 2") {
+		t.Errorf("AcquireN(3) with live limit 2 = %v, want ErrExceedsLimit naming limit 2", err)
+	}
+	if err := s.SetLimit(ctx, 0); err == nil {
+		t.Error("SetLimit(0) succeeded")
+	}
+	if st := stats(t, s); len(st.Waiters) != 0 || len(st.Holders) != 0 {
+		t.Errorf("rejected requests left state behind: %+v", st)
+	}
+}
+
+func TestAcquireAndReleaseWhenFree(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 2})
+	ctx := context.Background()
+
+	p, err := s.AcquireN(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := stats(t, s)
+	if st.Limit != 2 || st.Held != 2 || len(st.Holders) != 1 || st.Holders[0].Fence != p.Fence() || st.Holders[0].ID != p.ID() {
+		t.Fatalf("stats while held = %+v", st)
+	}
+	if st.Holders[0].LeaseLeft <= 0 || st.Holders[0].LeaseLeft > semaphore.DefaultLease {
+		t.Errorf("lease left = %v, want within (0, %v]", st.Holders[0].LeaseLeft, semaphore.DefaultLease)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p.Context().Err() == nil {
+		t.Error("the permit's context is not done after Release")
+	}
+	if err := p.Release(ctx); !errors.Is(err, semaphore.ErrNotHeld) {
+		t.Errorf("second Release = %v, want ErrNotHeld", err)
+	}
+	if st := stats(t, s); st.Held != 0 || len(st.Holders) != 0 {
+		t.Errorf("stats after release = %+v", st)
+	}
+}
+
+func TestConfiguredLimitOnlyInitialisesTheLimitInRedis(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	a := newSem(t, rdb, prefix, semaphore.Options{Limit: 5})
+	if st := stats(t, a); st.Limit != 5 {
+		t.Fatalf("limit = %d, want 5 from the first client", st.Limit)
+	}
+	b := newSem(t, rdb, prefix, semaphore.Options{Limit: 9})
+	if st := stats(t, b); st.Limit != 5 {
+		t.Errorf("a second client with Limit 9 changed the limit to %d", st.Limit)
+	}
+	if err := b.SetLimit(context.Background(), 7); err != nil {
+		t.Fatal(err)
+	}
+	if st := stats(t, a); st.Limit != 7 {
+		t.Errorf("after SetLimit(7) on another handle, limit = %d", st.Limit)
+	}
+}
+
+func TestTryAcquireNeverWaits(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	ctx := context.Background()
+	p, err := s.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.TryAcquire(ctx); !errors.Is(err, semaphore.ErrNoPermit) {
+		t.Errorf("TryAcquire when full = %v, want ErrNoPermit", err)
+	}
+	// A queued waiter is not overtaken by TryAcquire either.
+	got := make(chan error, 1)
+	go func() {
+		q, err := s.Acquire(ctx)
+		if err == nil {
+			err = q.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, 5*time.Second, "a queued waiter", func() bool { return len(stats(t, s).Waiters) == 1 })
+	if err := s.SetLimit(ctx, 1); err != nil { // no capacity change
+		t.Fatal(err)
+	}
+	if _, err := s.TryAcquire(ctx); !errors.Is(err, semaphore.ErrNoPermit) {
+		t.Errorf("TryAcquire with a waiter queued = %v, want ErrNoPermit", err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if st := stats(t, s); len(st.Waiters) != 0 || st.Held != 0 {
+		t.Errorf("stats after TryAcquire calls = %+v", st)
+	}
+}
+
+func TestDoReleasesAndReturnsTheFunctionsError(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	ctx := context.Background()
+	boom := errors.New("boom")
+	var inside context.Context
+	err := s.Do(ctx, func(ctx context.Context) error {
+		inside = ctx
+		if st := stats(t, s); st.Held != 1 {
+			t.Errorf("held inside Do = %d, want 1", st.Held)
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Errorf("Do = %v, want boom", err)
+	}
+	if inside.Err() == nil {
+		t.Error("the context given to fn is not done after Do")
+	}
+	if st := stats(t, s); st.Held != 0 {
+		t.Errorf("held after Do = %d, want 0", st.Held)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		_ = s.Do(ctx, func(context.Context) error { panic("x") })
+	}()
+	if st := stats(t, s); st.Held != 0 {
+		t.Errorf("held after a panic in Do = %d, want 0", st.Held)
+	}
+}
+
+func TestCancelledAcquireLeavesTheSemaphoreUnchanged(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	ctx := context.Background()
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.Acquire(wctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire past its deadline = %v, want DeadlineExceeded", err)
+	}
+	if st := stats(t, s); len(st.Waiters) != 0 || st.Held != 1 {
+		t.Fatalf("after a cancelled Acquire: %+v, want no waiters and 1 held", st)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := stats(t, s); st.Held != 0 {
+		t.Errorf("a cancelled waiter was granted the released permit: %+v", st)
+	}
+}
+
+func TestFencesStrictlyIncrease(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	ctx := context.Background()
+	// With limit 1 grants are totally ordered: each holder must see a fence
+	// above every earlier holder's, whether granted at once or after queueing.
+	var mu sync.Mutex
+	var last int64
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 25; i++ {
+				p, err := s.Acquire(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if p.Fence() <= last {
+					t.Errorf("fence %d after fence %d", p.Fence(), last)
+				}
+				last = p.Fence()
+				mu.Unlock()
+				if err := p.Release(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if last < 200 {
+		t.Errorf("last fence %d, want at least 200 grants", last)
+	}
+}
+
+func TestRaisingTheLimitWakesWaitersAtOnce(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	ctx := context.Background()
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(ctx)
+	granted := make(chan *semaphore.Permit, 3)
+	for i := 0; i < 3; i++ {
+		go func() {
+			q, err := s.Acquire(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			granted <- q
+		}()
+	}
+	waitFor(t, 5*time.Second, "3 waiters", func() bool { return len(stats(t, s).Waiters) == 3 })
+	if err := s.SetLimit(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	// Two fit under the new limit and must be granted by SetLimit itself:
+	// nobody releases anything here.
+	for i := 0; i < 2; i++ {
+		select {
+		case q := <-granted:
+			defer q.Release(ctx)
+		case <-time.After(10 * time.Second):
+			t.Fatal("raising the limit did not grant waiters")
+		}
+	}
+	if st := stats(t, s); st.Held != 3 || len(st.Waiters) != 1 {
+		t.Errorf("after raising the limit to 3: %+v", st)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	(<-granted).Release(ctx)
+}
+
+func TestLoweringTheLimitBelowAQueuedWeightFailsThatWaiter(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 4})
+	ctx := context.Background()
+	p, err := s.AcquireN(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(ctx)
+	got := make(chan error, 1)
+	go func() {
+		_, err := s.AcquireN(ctx, 4)
+		got <- err
+	}()
+	waitFor(t, 5*time.Second, "the heavy waiter", func() bool { return len(stats(t, s).Waiters) == 1 })
+	if err := s.SetLimit(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if !errors.Is(err, semaphore.ErrExceedsLimit) {
+			t.Errorf("heavy waiter got %v, want ErrExceedsLimit", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the heavy waiter was not failed")
+	}
+}
+
+func TestCloseFailsWaitersAndReleasesPermits(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	observer := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	ctx := context.Background()
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := s.Acquire(ctx)
+		got <- err
+	}()
+	waitFor(t, 5*time.Second, "a waiter", func() bool { return len(stats(t, observer).Waiters) == 1 })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; !errors.Is(err, semaphore.ErrClosed) {
+		t.Errorf("waiter after Close = %v, want ErrClosed", err)
+	}
+	if !errors.Is(context.Cause(p.Context()), semaphore.ErrClosed) {
+		t.Errorf("permit context cause after Close = %v, want ErrClosed", context.Cause(p.Context()))
+	}
+	if err := p.Release(ctx); !errors.Is(err, semaphore.ErrClosed) {
+		t.Errorf("Release after Close = %v, want ErrClosed", err)
+	}
+	if st := stats(t, observer); st.Held != 0 || len(st.Waiters) != 0 {
+		t.Errorf("after Close: %+v, want nothing held or queued", st)
+	}
+	if _, err := s.Acquire(ctx); !errors.Is(err, semaphore.ErrClosed) {
+		t.Errorf("Acquire after Close = %v, want ErrClosed", err)
+	}
+}
