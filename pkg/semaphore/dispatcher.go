@@ -31,6 +31,10 @@ func (s *Semaphore) dispatch() {
 		if errors.Is(err, redis.Nil) {
 			continue
 		}
+		if errors.Is(err, redis.ErrClosed) {
+			s.log.Warn("semaphore: the redis client was closed before the semaphore; waiters here will not be woken: call Semaphore.Close first")
+			return
+		}
 		if err != nil {
 			// A grant pushed while we cannot read it is not lost: it stays on
 			// the list, and the watchdog's next refresh reports it too.

@@ -264,6 +264,8 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 		status, value, limit, sent, err := s.callAcquire(ctx, w, wait)
 		if err != nil {
 			s.forgetWaiter(w.token)
+			// The call may have run in Redis even though its reply was lost.
+			go s.releaseDetached(w.token)
 			return nil, err
 		}
 		switch status {
@@ -365,13 +367,16 @@ func (s *Semaphore) evalUntil(ctx context.Context, token string, sc *redis.Scrip
 	case r := <-done:
 		return r.v, r.err
 	case <-ctx.Done():
-		if token != "" {
-			go func() {
-				<-done
+		go func() {
+			r := <-done
+			if r.err != nil {
+				s.log.Warn("semaphore: a Redis call abandoned at its caller's deadline failed", "error", r.err)
+			}
+			if token != "" {
 				s.releaseDetached(token)
-			}()
-		}
-		return nil, ctx.Err()
+			}
+		}()
+		return nil, fmt.Errorf("%w (no reply from Redis before the deadline)", ctx.Err())
 	}
 }
 
@@ -442,16 +447,17 @@ func (s *Semaphore) forgetHolder(token string) {
 // deliver turns the local waiter of token into a holder of the permit that
 // Redis granted it with fence. leaseFrom is when the call that set the
 // holder's lease deadline was sent; zero means the grant's deadline is the
-// waiter's heartbeat deadline. A grant for a token nobody waits for any more
-// (its Acquire gave up) is given back; a repeated notice is ignored.
+// waiter's heartbeat deadline. A notice for a token that no longer waits is
+// ignored.
 func (s *Semaphore) deliver(token string, fence int64, leaseFrom time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	w, ok := s.waiters[token]
 	if !ok {
-		if _, held := s.holders[token]; !held && !s.closed {
-			go s.releaseDetached(token)
-		}
+		// A duplicate notice, or a waiter that gave up: every path that gives
+		// up a token releases it itself. Releasing here would race with the
+		// owner's own Release of a permit it holds and make that report a
+		// lost lease.
 		return
 	}
 	if leaseFrom.IsZero() {

@@ -29,7 +29,8 @@ func (s *Semaphore) refresh() {
 	now := time.Now()
 	var lost []*Permit
 	s.mu.Lock()
-	tokens := make([]any, 0, len(s.holders)+len(s.waiters))
+	snapshot := make([]*Permit, 0, len(s.holders)+len(s.waiters)) // nil for a waiter
+	tokens := make([]any, 0, cap(snapshot))
 	for tok, p := range s.holders {
 		if p.expired(now) {
 			delete(s.holders, tok)
@@ -37,9 +38,11 @@ func (s *Semaphore) refresh() {
 			continue
 		}
 		tokens = append(tokens, tok)
+		snapshot = append(snapshot, p)
 	}
 	for tok := range s.waiters {
 		tokens = append(tokens, tok)
+		snapshot = append(snapshot, nil)
 	}
 	s.mu.Unlock()
 	for _, p := range lost {
@@ -66,34 +69,50 @@ func (s *Semaphore) refresh() {
 	}
 	for i, t := range tokens {
 		st, _ := statuses[i].(int64)
-		s.applyRefresh(t.(string), st, sent)
+		if p := snapshot[i]; p != nil {
+			s.applyHolderRefresh(p, st, sent)
+		} else {
+			s.applyWaiterRefresh(t.(string), st, sent)
+		}
 	}
 }
 
-// applyRefresh acts on Redis's word about one token: st > 0 holds with fence
-// st, 0 is queued, -1 is unknown to Redis.
-func (s *Semaphore) applyRefresh(token string, st int64, sent time.Time) {
-	s.mu.Lock()
-	p, isHolder := s.holders[token]
-	w, isWaiter := s.waiters[token]
-	switch {
-	case isHolder && st > 0:
+// applyHolderRefresh acts on Redis's word about a token that held a permit
+// here when the refresh was sent: st > 0 still holds (with fence st), -1 is
+// unknown to Redis: the lease was lost.
+func (s *Semaphore) applyHolderRefresh(p *Permit, st int64, sent time.Time) {
+	if st > 0 {
 		p.extend(sent.Add(s.opts.Lease))
-	case isHolder:
-		delete(s.holders, token)
-	case isWaiter && st == 0:
-		w.heartbeat = sent
+		return
+	}
+	s.mu.Lock()
+	current := s.holders[p.token] == p
+	if current {
+		delete(s.holders, p.token)
 	}
 	s.mu.Unlock()
-
-	switch {
-	case isHolder && st <= 0:
-		s.log.Warn("semaphore: lease lost: Redis no longer holds the permit", "permit", token, "fence", p.fence)
+	if current { // not released while the refresh was under way
+		s.log.Warn("semaphore: lease lost: Redis no longer holds the permit", "permit", p.token, "fence", p.fence)
 		p.lose(ErrLeaseLost)
-	case isWaiter && st > 0:
-		// Granted, and the wake-up is late or lost: deliver it now.
+	}
+}
+
+// applyWaiterRefresh acts on Redis's word about a token that waited here
+// when the refresh was sent. The waiter may have been granted since, so its
+// status is only news while the token still waits.
+func (s *Semaphore) applyWaiterRefresh(token string, st int64, sent time.Time) {
+	switch {
+	case st > 0:
+		// Granted, and the wake-up is late or lost: deliver it now (a
+		// duplicate of the dispatcher's delivery is ignored).
 		s.deliver(token, st, sent)
-	case isWaiter && st < 0:
-		s.requeue(token)
+	case st == 0:
+		s.mu.Lock()
+		if w, ok := s.waiters[token]; ok {
+			w.heartbeat = sent
+		}
+		s.mu.Unlock()
+	default:
+		s.requeue(token) // a no-op unless the token still waits
 	}
 }

@@ -10,6 +10,9 @@
 local lease, heartbeat = tonumber(ARGV[4]), tonumber(ARGV[5])
 local limit = get_limit()
 purge()
+-- Grant first, so that a token granted by this very call reports its fence
+-- rather than a stale "queued".
+grant(limit)
 local out = {}
 for i = 6, #ARGV do
   local tok = ARGV[i]
@@ -23,5 +26,4 @@ for i = 6, #ARGV do
     out[#out + 1] = -1
   end
 end
-grant(limit)
 return out

@@ -1,0 +1,73 @@
+package semaphore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+// On Redis Cluster every multi-key script must touch one slot, or the
+// server refuses it with CROSSSLOT. This runs the whole life cycle on a real
+// cluster and checks every key the semaphore wrote lives in one slot.
+func TestWorksOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.RedisCluster(t)
+	a := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	b := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	ctx := context.Background()
+
+	p, err := a.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := b.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- q
+	}()
+	waitFor(t, 5*time.Second, "a waiter", func() bool { return len(stats(t, a).Waiters) == 1 })
+	st := stats(t, a)
+	keys := []string{prefix + ":{db}:wake:" + st.Waiters[0].Process}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := <-got
+	if q.Fence() <= p.Fence() {
+		t.Errorf("fence %d after %d", q.Fence(), p.Fence())
+	}
+	if err := a.SetLimit(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		iter := node.Scan(ctx, 0, prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		return iter.Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) < 5 {
+		t.Fatalf("found only %v", keys)
+	}
+	want := rdb.ClusterKeySlot(ctx, keys[0]).Val()
+	for _, k := range keys {
+		if slot := rdb.ClusterKeySlot(ctx, k).Val(); slot != want {
+			t.Errorf("key %s is in slot %d, others in %d", k, slot, want)
+		}
+	}
+	_ = q.Release(ctx)
+	_ = r.Release(ctx)
+}

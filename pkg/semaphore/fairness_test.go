@@ -1,0 +1,295 @@
+package semaphore_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestWaitersAreGrantedInTicketOrder(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	// Waiters spread over three handles, as over three processes.
+	sems := []*semaphore.Semaphore{
+		newSem(t, rdb, prefix, semaphore.Options{Limit: 1}),
+		newSem(t, rdb, prefix, semaphore.Options{Limit: 1}),
+		newSem(t, rdb, prefix, semaphore.Options{Limit: 1}),
+	}
+	ctx := context.Background()
+	first, err := sems[0].Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 12
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := sems[i%3].Acquire(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			if err := p.Release(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+		// Queue them one at a time so that ticket order is i's order.
+		waitFor(t, 5*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool { return len(stats(t, sems[0]).Waiters) == i+1 })
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i, got := range order {
+		if got != i {
+			t.Fatalf("grant order %v, want 0..%d in order", order, n-1)
+		}
+	}
+}
+
+func TestHeavyWaiterAtTheHeadIsNotOvertakenByLightOnes(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 3})
+	ctx := context.Background()
+	small, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []string
+	var mu sync.Mutex
+	log := func(e string) { mu.Lock(); events = append(events, e); mu.Unlock() }
+	heavyGot := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := s.AcquireN(ctx, 3)
+		if err != nil {
+			t.Error(err)
+		}
+		log("heavy")
+		heavyGot <- p
+	}()
+	waitFor(t, 5*time.Second, "heavy queued", func() bool { return len(stats(t, s).Waiters) == 1 })
+	lightDone := make(chan struct{})
+	go func() {
+		defer close(lightDone)
+		p, err := s.Acquire(ctx) // would fit (1 held + 1 <= 3), but heavy is ahead
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		log("light")
+		_ = p.Release(ctx)
+	}()
+	waitFor(t, 5*time.Second, "light queued", func() bool { return len(stats(t, s).Waiters) == 2 })
+	if st := stats(t, s); st.Held != 1 {
+		t.Fatalf("the light waiter overtook the heavy one: %+v", st)
+	}
+	if err := small.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	heavy := <-heavyGot
+	if st := stats(t, s); st.Held != 3 || len(st.Waiters) != 1 {
+		t.Errorf("after the heavy grant: %+v", st)
+	}
+	_ = heavy.Release(ctx)
+	<-lightDone
+	if strings.Join(events, ",") != "heavy,light" {
+		t.Errorf("grant order %v, want heavy then light", events)
+	}
+}
+
+func TestReleaseHandsThePermitOverWithoutPolling(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	holderSem := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	// The waiter's own client, whose every command we count. The lease is
+	// long so that no watchdog refresh falls inside the measured window.
+	counter := &cmdCounter{n: map[string]int{}}
+	wopt, _ := redis.ParseURL(testenv.RedisURL(t))
+	wrdb := redis.NewClient(wopt)
+	t.Cleanup(func() { _ = wrdb.Close() }) // after the semaphore's Close, registered later
+	wrdb.AddHook(counter)
+	waiterSem := newSem(t, wrdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	ctx := context.Background()
+
+	p, err := holderSem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := waiterSem.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- q
+	}()
+	waitFor(t, 5*time.Second, "the waiter queued", func() bool { return len(stats(t, holderSem).Waiters) == 1 })
+	before := counter.snapshot()
+	time.Sleep(time.Second) // a polling waiter would retry many times here
+	during := counter.snapshot()
+	if during["evalsha"] != before["evalsha"] || during["eval"] != before["eval"] || during["blpop"] > before["blpop"]+1 {
+		t.Fatalf("the waiter sent commands while waiting: before %v, after %v", before, during)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := <-granted
+	after := counter.snapshot()
+	// The grant arrived on the BLPOP that was already waiting: no new script.
+	if after["evalsha"] != during["evalsha"] || after["eval"] != during["eval"] {
+		t.Errorf("the waiter ran a script to get its permit: %v -> %v", during, after)
+	}
+	if q.Fence() <= p.Fence() {
+		t.Errorf("hand-off fence %d not above the releaser's %d", q.Fence(), p.Fence())
+	}
+	_ = q.Release(ctx)
+}
+
+func TestFiveHundredWaitersShareOneBlockingConnection(t *testing.T) {
+	t.Parallel()
+	_, prefix := testenv.Redis(t)
+	opt, _ := redis.ParseURL(testenv.RedisURL(t))
+	name := strings.ReplaceAll(prefix, ":", "-")
+	opt.ClientName = name
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	admin, _ := testenv.Redis(t)
+	ctx := context.Background()
+
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 500
+	var granted atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < waiters; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			q, err := s.Acquire(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			granted.Add(1)
+			_ = q.Release(ctx)
+		}()
+	}
+	waitFor(t, 30*time.Second, "500 waiters queued", func() bool { return len(stats(t, s).Waiters) == waiters })
+	var conns, blocked int
+	waitFor(t, 10*time.Second, "the dispatcher's BLPOP", func() bool {
+		conns, blocked = 0, 0
+		list, err := admin.ClientList(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(list, "\n") {
+			if !strings.Contains(line, " name="+name+" ") {
+				continue
+			}
+			conns++
+			if strings.Contains(line, " cmd=blpop ") && strings.Contains(line, " flags=b ") {
+				blocked++
+			}
+		}
+		return blocked >= 1
+	})
+	if blocked != 1 {
+		t.Errorf("%d blocked connections for 500 waiters, want 1", blocked)
+	}
+	if poolSize := 10 * runtime.GOMAXPROCS(0); conns > poolSize { // go-redis's default pool size
+		t.Errorf("%d connections for 500 waiters: waiting must not cost a connection each", conns)
+	}
+	t.Logf("500 waiters: %d connections, %d blocked", conns, blocked)
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if granted.Load() != waiters {
+		t.Errorf("%d of %d waiters granted", granted.Load(), waiters)
+	}
+}
+
+func TestHeldWeightNeverExceedsTheLimit(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	const limit = 5
+	sems := []*semaphore.Semaphore{
+		newSem(t, rdb, prefix, semaphore.Options{Limit: limit}),
+		newSem(t, rdb, prefix, semaphore.Options{Limit: limit}),
+	}
+	ctx := context.Background()
+	var held, maxHeld atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var sampled atomic.Int64
+	go func() { // Redis's own view, sampled while the goroutines churn
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if st := stats(t, sems[0]); st.Held > limit {
+				t.Errorf("Redis reports %d held, limit %d", st.Held, limit)
+			}
+			sampled.Add(1)
+		}
+	}()
+	for g := 0; g < 24; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 30; i++ {
+				w := 1 + (g+i)%3
+				p, err := sems[g%2].AcquireN(ctx, w)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n := held.Add(int64(w))
+				for {
+					m := maxHeld.Load()
+					if n <= m || maxHeld.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				if n > limit {
+					t.Errorf("%d held, limit %d", n, limit)
+				}
+				time.Sleep(200 * time.Microsecond)
+				held.Add(-int64(w))
+				if err := p.Release(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	if maxHeld.Load() < limit-1 {
+		t.Errorf("max held %d: the test never came near the limit %d, so it proved nothing", maxHeld.Load(), limit)
+	}
+	if sampled.Load() == 0 {
+		t.Error("Redis state was never sampled")
+	}
+}

@@ -1,0 +1,186 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+)
+
+// A holder killed with SIGKILL never releases: its permit must come back
+// when its lease runs out, plus at most one check.
+func TestKilledHolderGivesItsPermitBackWithinItsLease(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
+	h := startHelper(t, "hold", prefix, "SEMTEST_LEASE="+lease.String())
+	fence, _ := strconv.ParseInt(h.expect(t, "fence", 10*time.Second), 10, 64)
+	// The helper is alive and refreshing: its permit must outlive the lease.
+	time.Sleep(2 * lease)
+	if _, err := s.TryAcquire(context.Background()); !errors.Is(err, semaphore.ErrNoPermit) {
+		t.Fatalf("a live holder's permit was taken: %v", err)
+	}
+	if err := h.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), lease+lease/3+2*time.Second)
+	defer cancel()
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("permit of a killed holder not returned within its lease: %v", err)
+	}
+	t.Logf("permit returned %v after kill -9 (lease %v)", time.Since(killed), lease)
+	if p.Fence() <= fence {
+		t.Errorf("fence %d not above the dead holder's %d", p.Fence(), fence)
+	}
+	_ = p.Release(context.Background())
+}
+
+// A waiter killed at the head of the queue must stop blocking the queue
+// within its heartbeat deadline, even when a release grants it the permit
+// after it died.
+func TestKilledWaiterStopsBlockingTheQueueWithinItsHeartbeat(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
+	ctx := context.Background()
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := startHelper(t, "wait", prefix, "SEMTEST_LEASE="+lease.String())
+	h.expect(t, "queued", 10*time.Second)
+	got := make(chan error, 1)
+	go func() {
+		q, err := s.Acquire(ctx) // queued behind the helper
+		if err == nil {
+			err = q.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, 5*time.Second, "two waiters", func() bool { return len(stats(t, s).Waiters) == 2 })
+	if err := h.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	// Released at once: the grant goes to the dead head of the queue.
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("queue unblocked %v after the head waiter was killed (heartbeat %v)", time.Since(killed), lease)
+	case <-time.After(lease + lease/3 + 2*time.Second):
+		t.Fatalf("a dead waiter blocked the queue for longer than its heartbeat: %+v", stats(t, s))
+	}
+}
+
+// A holder paused (SIGSTOP) past its lease loses the permit to the next
+// waiter; when it resumes, its context is cancelled with ErrLeaseLost and
+// its Release says so. The next holder's fence is higher.
+func TestPausedHolderLearnsItsLeaseWasLost(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
+	h := startHelper(t, "hold", prefix, "SEMTEST_LEASE="+lease.String())
+	oldFence, _ := strconv.ParseInt(h.expect(t, "fence", 10*time.Second), 10, 64)
+	if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lease+lease/3+2*time.Second)
+	defer cancel()
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		_ = h.cmd.Process.Signal(syscall.SIGCONT)
+		t.Fatalf("a paused holder's permit was not taken over after its lease: %v", err)
+	}
+	defer p.Release(context.Background())
+	if p.Fence() <= oldFence {
+		t.Errorf("new fence %d not above the paused holder's %d", p.Fence(), oldFence)
+	}
+	resumed := time.Now()
+	if err := h.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	cause := h.expect(t, "lost", lease/3+2*time.Second)
+	t.Logf("resumed holder's context cancelled %v after SIGCONT", time.Since(resumed))
+	if !strings.Contains(cause, semaphore.ErrLeaseLost.Error()) {
+		t.Errorf("context cause after resuming = %q, want ErrLeaseLost", cause)
+	}
+	h.send(t, "release")
+	h.expect(t, "released-lost", 5*time.Second)
+	if st := stats(t, s); len(st.Holders) != 1 || st.Holders[0].ID != p.ID() {
+		t.Errorf("the resumed holder's Release disturbed the new holder: %+v", st)
+	}
+}
+
+// Three processes of eight goroutines, random weights: the sum held never
+// exceeds the limit (checked by every holder against a shared counter) and
+// every grant's fence is unique.
+func TestProcessesContendingNeverExceedTheLimit(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	const limit = 4
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: limit})
+	var helpers []*helper
+	for i := 0; i < 3; i++ {
+		helpers = append(helpers, startHelper(t, "churn", prefix,
+			"SEMTEST_LIMIT="+strconv.Itoa(limit), "SEMTEST_GOROUTINES=8", "SEMTEST_ITERS=40", "SEMTEST_MAXW=2"))
+	}
+	var mu sync.Mutex
+	fences := map[string]bool{}
+	var wg sync.WaitGroup
+	for _, h := range helpers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			timeout := time.After(2 * time.Minute)
+			for {
+				select {
+				case line, ok := <-h.lines:
+					if !ok {
+						t.Error("helper exited before done")
+						return
+					}
+					switch {
+					case line == "done":
+						return
+					case strings.HasPrefix(line, "fence "):
+						mu.Lock()
+						if fences[line] {
+							t.Errorf("duplicate %s", line)
+						}
+						fences[line] = true
+						mu.Unlock()
+					default:
+						t.Errorf("helper: %s", line)
+					}
+				case <-timeout:
+					t.Error("helper did not finish")
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(fences) != 3*8*40 {
+		t.Errorf("%d grants, want %d", len(fences), 3*8*40)
+	}
+	if st := stats(t, s); st.Held != 0 || len(st.Waiters) != 0 {
+		t.Errorf("after all processes finished: %+v", st)
+	}
+}

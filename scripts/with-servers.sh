@@ -1,0 +1,352 @@
+#!/usr/bin/env bash
+# Run a command against throwaway Redis, Redis Cluster and Postgres servers.
+#
+#   scripts/with-servers.sh COMMAND [ARGS...]
+#
+# The command sees:
+#   BATCHMR_TEST_REDIS_URL           redis://127.0.0.1:PORT/0      (standalone)
+#   BATCHMR_TEST_REDIS_CLUSTER_ADDR  127.0.0.1:PORT                (one-node cluster)
+#   BATCHMR_TEST_DATABASE_URL        postgres://postgres@127.0.0.1:PORT/batchmr_test?sslmode=disable
+#
+# Everything lives in one private temp dir on random loopback ports, so
+# parallel runs don't collide and any Redis/Postgres already on the machine
+# is left alone. The servers are always torn down, and the script exits with
+# the command's status.
+#
+# To use servers of your own instead, set BATCHMR_TEST_REDIS_URL and
+# BATCHMR_TEST_DATABASE_URL (and optionally BATCHMR_TEST_REDIS_CLUSTER_ADDR).
+set -euo pipefail
+
+prog=with-servers.sh
+say() { echo "$prog: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+[[ $# -gt 0 ]] || die "usage: scripts/with-servers.sh COMMAND [ARGS...]"
+
+# A developer pointing at their own servers needs none of the machinery below,
+# not even locally installed server binaries.
+if [[ -n "${BATCHMR_TEST_REDIS_URL:-}" && -n "${BATCHMR_TEST_DATABASE_URL:-}" ]]; then
+	exec "$@"
+fi
+
+# Postgres refuses to run as root, so as root we run it as this system user.
+pg_user=batchmr-test
+is_root=0
+[[ $(id -u) -eq 0 ]] && is_root=1
+
+# --- Finding and installing the server binaries ------------------------------
+
+# Debian keeps the Postgres server binaries off PATH (under
+# /usr/lib/postgresql/VERSION/bin), and pg_config may belong to a client-only
+# libpq-dev of another version, so try each place and take the first that
+# really holds a server.
+find_pg_bindir() {
+	local dir cand=()
+	if command -v pg_config >/dev/null 2>&1; then
+		cand+=("$(pg_config --bindir 2>/dev/null || true)")
+	fi
+	if command -v initdb >/dev/null 2>&1; then
+		cand+=("$(dirname "$(readlink -f "$(command -v initdb)")")")
+	fi
+	while IFS= read -r dir; do
+		cand+=("$dir")
+	done < <(compgen -G '/usr/lib/postgresql/*/bin' | sort -rV)
+	for dir in "${cand[@]}"; do
+		if [[ -n "$dir" && -x "$dir/initdb" && -x "$dir/pg_ctl" && -x "$dir/postgres" ]]; then
+			echo "$dir"
+			return 0
+		fi
+	done
+	return 1
+}
+
+missing_packages() {
+	local pkgs=()
+	if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+		pkgs+=(redis-server)
+	fi
+	if ! find_pg_bindir >/dev/null; then
+		pkgs+=(postgresql)
+	fi
+	echo "${pkgs[*]}"
+}
+
+missing=$(missing_packages)
+if [[ -n "$missing" ]]; then
+	if [[ $is_root -ne 1 ]]; then
+		die "missing $missing: run 'sudo apt-get install redis-server postgresql', or set BATCHMR_TEST_REDIS_URL and BATCHMR_TEST_DATABASE_URL to existing servers"
+	fi
+	say "installing $missing (apt-get)..."
+	apt_log=$(mktemp)
+	# The lock timeout lets two runs on a fresh machine install one after the
+	# other instead of the second failing on dpkg's lock.
+	if ! { apt-get -o DPkg::Lock::Timeout=600 update &&
+		DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 \
+			install -y --no-install-recommends redis-server postgresql; } >"$apt_log" 2>&1; then
+		cat "$apt_log" >&2
+		rm -f "$apt_log"
+		die "apt-get install redis-server postgresql failed (log above)"
+	fi
+	rm -f "$apt_log"
+	missing=$(missing_packages)
+	[[ -z "$missing" ]] || die "still missing $missing after apt-get install"
+fi
+
+pg_bin=$(find_pg_bindir)
+# Prefer the psql next to the server: Debian's /usr/bin/psql is a wrapper
+# that guesses a cluster and may warn.
+psql_bin="$pg_bin/psql"
+[[ -x "$psql_bin" ]] || psql_bin=$(command -v psql) || die "psql not found (apt-get install postgresql-client)"
+
+if [[ $is_root -eq 1 ]] && ! getent passwd "$pg_user" >/dev/null; then
+	# Two parallel first runs may race here: whichever loses finds the user
+	# made by the other (or retries while /etc/passwd is locked).
+	for _ in $(seq 1 20); do
+		useradd --system --no-create-home --shell /usr/sbin/nologin "$pg_user" 2>/dev/null || true
+		getent passwd "$pg_user" >/dev/null && break
+		sleep 0.5
+	done
+	getent passwd "$pg_user" >/dev/null || die "could not create system user $pg_user"
+fi
+
+# --- Temp dir, teardown -------------------------------------------------------
+
+tmp=""
+redis_pids=()
+pg_running=0
+cmd_started=0
+
+# Runs a Postgres tool as the user the server runs as. The cd is there
+# because the unprivileged user may not be able to enter our cwd (e.g. /root).
+as_pg() {
+	if [[ $is_root -eq 1 ]]; then
+		(cd "$tmp" && runuser -u "$pg_user" -- "$@")
+	else
+		(cd "$tmp" && "$@")
+	fi
+}
+
+stop_pid() {
+	local pid=$1 i
+	kill -TERM "$pid" 2>/dev/null || return 0
+	for i in $(seq 1 50); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -KILL "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+}
+
+# shellcheck disable=SC2317 # reached through the trap
+cleanup() {
+	local rc=$?
+	set +e
+	trap - EXIT INT TERM
+	local pid
+	for pid in "${redis_pids[@]}"; do
+		stop_pid "$pid"
+	done
+	# Checking postmaster.pid rather than pg_running also catches a server
+	# that came up after pg_ctl -w gave up waiting for it.
+	if [[ -n "$tmp" && ( $pg_running -eq 1 || -f "$tmp/pgdata/postmaster.pid" ) ]]; then
+		as_pg "$pg_bin/pg_ctl" stop -D "$tmp/pgdata" -m immediate -w >/dev/null 2>&1
+	fi
+	[[ -n "$tmp" ]] && rm -rf "$tmp"
+	if [[ $cmd_started -eq 0 && $rc -ne 0 ]]; then
+		say "setup did not finish (status $rc), servers stopped"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+# Signals go through exit so the EXIT trap does the teardown exactly once.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# As root, the Postgres user must reach the temp dir: fall back to /tmp if
+# TMPDIR is somewhere private to root.
+tmp_base=${TMPDIR:-/tmp}
+if [[ $is_root -eq 1 ]] && ! runuser -u "$pg_user" -- test -x "$tmp_base" 2>/dev/null; then
+	tmp_base=/tmp
+fi
+tmp=$(mktemp -d "$tmp_base/batchmr-test.XXXXXX")
+chmod 755 "$tmp"
+
+# --- Ports ----------------------------------------------------------------------
+
+used_ports=" "
+
+# Sets $port to a TCP port on 127.0.0.1 that is free right now. (A global,
+# not output: used_ports must survive between calls.) Another process may
+# still take the port before our server binds it; the start code below
+# retries with a new port when that happens.
+pick_port() {
+	local p i
+	for i in $(seq 1 200); do
+		p=""
+		if command -v python3 >/dev/null 2>&1; then
+			# Binding port 0 lets the kernel pick one nobody has bound.
+			p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null) || p=""
+		fi
+		if [[ ! "$p" =~ ^[0-9]+$ ]]; then
+			# No python3 on a fresh machine: try random ports below Linux's
+			# default ephemeral range (32768+), where outgoing connections
+			# don't hold them, and skip any that accept a connection.
+			p=$((20000 + RANDOM % 12000))
+			if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+				continue
+			fi
+		fi
+		if [[ "$used_ports" != *" $p "* ]]; then
+			used_ports+="$p "
+			port=$p
+			return 0
+		fi
+	done
+	die "could not find a free TCP port on 127.0.0.1"
+}
+
+# --- Redis ----------------------------------------------------------------------
+
+redis_cli() {
+	local port=$1
+	shift
+	timeout 5 redis-cli -h 127.0.0.1 -p "$port" "$@"
+}
+
+# start_redis NAME EXTRA_ARGS... : starts a redis-server on a free port, sets
+# $port and appends its pid to redis_pids. In EXTRA_ARGS, @PORT@ stands for
+# the chosen port and @BUSPORT@ for a second free port (cluster bus).
+start_redis() {
+	local name=$1
+	shift
+	local pid log i arg args busport=""
+	for _ in 1 2 3 4 5; do
+		if [[ "$*" == *@BUSPORT@* ]]; then
+			pick_port
+			busport=$port
+		fi
+		pick_port
+		log="$tmp/redis-$name-$port.log"
+		args=()
+		for arg in "$@"; do
+			arg=${arg//@PORT@/$port}
+			args+=("${arg//@BUSPORT@/$busport}")
+		done
+		redis-server --port "$port" --bind 127.0.0.1 --protected-mode no \
+			--save "" --appendonly no --daemonize no --dir "$tmp" \
+			"${args[@]}" >"$log" 2>&1 &
+		pid=$!
+		# Recorded at once so a signal during startup still stops it.
+		redis_pids+=("$pid")
+		for i in $(seq 1 100); do
+			if ! kill -0 "$pid" 2>/dev/null; then
+				wait "$pid" 2>/dev/null || true
+				break
+			fi
+			# Check the pid so a server someone else started on this port
+			# in the meantime is never mistaken for ours.
+			if [[ "$(redis_cli "$port" info server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')" == "$pid" ]]; then
+				return 0
+			fi
+			sleep 0.2
+		done
+		if kill -0 "$pid" 2>/dev/null; then
+			stop_pid "$pid"
+			cat "$log" >&2
+			die "redis-server ($name) did not answer on 127.0.0.1:$port within 20s (log above)"
+		fi
+		# It is dead and reaped: forget the pid so cleanup can't hit a reuse.
+		unset 'redis_pids[-1]'
+		if ! grep -qi 'address already in use' "$log"; then
+			cat "$log" >&2
+			die "redis-server ($name) exited during startup (log above)"
+		fi
+		say "port $port${busport:+ or $busport} was taken, retrying redis-server ($name) on another"
+	done
+	die "redis-server ($name) could not get a free port"
+}
+
+start_redis standalone
+redis_standalone_port=$port
+
+# The bus port gets its own free port: by default it is PORT+10000, which
+# may be taken, or past 65535 for the high ports pick_port can return.
+# --cluster-announce-ip makes CLUSTER SLOTS/SHARDS report 127.0.0.1 instead of
+# an empty address, so cluster clients can follow the topology.
+start_redis cluster --cluster-enabled yes --cluster-config-file "$tmp/nodes-@PORT@.conf" \
+	--cluster-port @BUSPORT@ --cluster-announce-ip 127.0.0.1
+redis_cluster_port=$port
+
+# ADDSLOTSRANGE is Redis 7+; the long form keeps older servers working.
+# (Outputs are captured, not piped into grep -q, so pipefail can't trip on
+# SIGPIPE.)
+out=$(redis_cli "$redis_cluster_port" cluster addslotsrange 0 16383 2>&1 || true)
+if [[ "$out" != OK* ]]; then
+	# shellcheck disable=SC2046
+	out=$(redis_cli "$redis_cluster_port" cluster addslots $(seq 0 16383) 2>&1 || true)
+	[[ "$out" == OK* ]] || die "could not assign cluster slots on 127.0.0.1:$redis_cluster_port: $out"
+fi
+for i in $(seq 1 100); do
+	out=$(redis_cli "$redis_cluster_port" cluster info 2>&1 || true)
+	[[ "$out" == *cluster_state:ok* ]] && break
+	if [[ $i -eq 100 ]]; then
+		echo "$out" >&2
+		cat "$tmp"/redis-cluster-*.log >&2
+		die "redis cluster on 127.0.0.1:$redis_cluster_port did not reach cluster_state:ok within 20s"
+	fi
+	sleep 0.2
+done
+
+# --- Postgres -------------------------------------------------------------------
+
+mkdir "$tmp/pgdata" "$tmp/pgsock"
+touch "$tmp/pg.log" "$tmp/initdb.log"
+if [[ $is_root -eq 1 ]]; then
+	chown "$pg_user" "$tmp/pgdata" "$tmp/pgsock" "$tmp/pg.log" "$tmp/initdb.log"
+fi
+
+# C.UTF-8 always exists on Debian, unlike whatever LANG the caller has.
+if ! as_pg "$pg_bin/initdb" -D "$tmp/pgdata" -A trust -U postgres --no-sync \
+	-E UTF8 --locale=C.UTF-8 >"$tmp/initdb.log" 2>&1; then
+	cat "$tmp/initdb.log" >&2
+	die "initdb failed (log above)"
+fi
+
+for _ in 1 2 3 4 5; do
+	pick_port
+	pg_port=$port
+	: >"$tmp/pg.log"
+	# Durability is pointless for a throwaway server and fsync is slow.
+	if as_pg "$pg_bin/pg_ctl" start -w -t 60 -D "$tmp/pgdata" -l "$tmp/pg.log" \
+		-o "-p $pg_port -k $tmp/pgsock -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+		>/dev/null 2>&1; then
+		pg_running=1
+		break
+	fi
+	if [[ -f "$tmp/pgdata/postmaster.pid" ]] || ! grep -qi 'address already in use\|could not bind' "$tmp/pg.log"; then
+		cat "$tmp/pg.log" >&2
+		die "postgres did not start on 127.0.0.1:$pg_port (log above)"
+	fi
+	say "port $pg_port was taken, retrying postgres on another"
+done
+[[ $pg_running -eq 1 ]] || die "postgres could not get a free port"
+
+# A full conninfo string, so stray PG* variables in the caller's environment
+# (PGSSLMODE, PGSERVICE, ...) can't redirect or break this.
+"$psql_bin" -X -q -v ON_ERROR_STOP=1 \
+	-d "host=127.0.0.1 port=$pg_port user=postgres dbname=postgres sslmode=disable connect_timeout=10" \
+	-c 'CREATE DATABASE batchmr_test' >/dev/null ||
+	die "could not create database batchmr_test"
+
+# --- Run the command ------------------------------------------------------------
+
+export BATCHMR_TEST_REDIS_URL="redis://127.0.0.1:$redis_standalone_port/0"
+export BATCHMR_TEST_REDIS_CLUSTER_ADDR="127.0.0.1:$redis_cluster_port"
+export BATCHMR_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/batchmr_test?sslmode=disable"
+say "redis :$redis_standalone_port, redis cluster :$redis_cluster_port, postgres :$pg_port (BATCHMR_TEST_REDIS_URL, BATCHMR_TEST_REDIS_CLUSTER_ADDR, BATCHMR_TEST_DATABASE_URL)"
+
+# Not exec: we still have to tear the servers down afterwards.
+cmd_started=1
+status=0
+"$@" || status=$?
+exit "$status"
