@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The two polling designs from public practice that the utilisation
+// benchmark compares against. Both are written here from their published
+// descriptions, as baselines only.
+
+// pollingZSet follows asynq's x/rate semaphore: one script removes expired
+// entries (client-clock deadlines), counts the set and adds the caller if
+// there is room; a caller that gets no token sleeps and tries again.
+type pollingZSet struct {
+	rdb   *redis.Client
+	key   string
+	limit int
+	sleep time.Duration
+	lease time.Duration
+}
+
+var zsetAcquire = redis.NewScript(`
+redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", tonumber(ARGV[2]) - 1)
+if redis.call("ZCARD", KEYS[1]) < tonumber(ARGV[1]) then
+  redis.call("ZADD", KEYS[1], ARGV[3], ARGV[4])
+  return 1
+end
+return 0`)
+
+func (z *pollingZSet) acquire(ctx context.Context) (func(), error) {
+	id := strconv.FormatUint(rand.Uint64(), 36)
+	for {
+		now := time.Now()
+		ok, err := zsetAcquire.Run(ctx, z.rdb, []string{z.key}, z.limit, now.UnixMilli(), now.Add(z.lease).UnixMilli(), id).Int()
+		if err != nil {
+			return nil, err
+		}
+		if ok == 1 {
+			return func() { z.rdb.ZRem(context.Background(), z.key, id) }, nil
+		}
+		if err := sleepCtx(ctx, z.sleep); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// lockCounter guards a counter with a SET NX lock: take the lock, read the
+// counter, increment it if below the limit, drop the lock; back off
+// exponentially (with jitter) while the lock is taken or the counter full.
+type lockCounter struct {
+	rdb      *redis.Client
+	lock     string
+	counter  string
+	limit    int
+	min, max time.Duration
+}
+
+func (l *lockCounter) acquire(ctx context.Context) (func(), error) {
+	backoff := l.min
+	for {
+		got, err := l.rdb.SetNX(ctx, l.lock, 1, 5*time.Second).Result()
+		if err != nil {
+			return nil, err
+		}
+		if got {
+			n, err := l.rdb.Get(ctx, l.counter).Int()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return nil, err
+			}
+			if n < l.limit {
+				l.rdb.Incr(ctx, l.counter)
+				l.rdb.Del(ctx, l.lock)
+				return func() { l.rdb.Decr(context.Background(), l.counter) }, nil
+			}
+			l.rdb.Del(ctx, l.lock)
+		}
+		jittered := backoff/2 + time.Duration(rand.Int64N(int64(backoff)))
+		if err := sleepCtx(ctx, jittered); err != nil {
+			return nil, err
+		}
+		backoff = min(2*backoff, l.max)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

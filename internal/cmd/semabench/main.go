@@ -1,0 +1,387 @@
+// Command semabench measures the semaphore against a real Redis, side by
+// side with a bare PING and with two polling designs, and prints Markdown
+// tables for BENCHMARKS.md. Run it with `make bench`, which starts a
+// throwaway Redis; or point -redis at a server of your own (it writes only
+// keys under a fresh "semabench:<random>" prefix and removes them).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	redisURL   = flag.String("redis", os.Getenv("BATCHMR_TEST_REDIS_URL"), "Redis URL (default $BATCHMR_TEST_REDIS_URL)")
+	rounds     = flag.Int("rounds", 5, "rounds of the round-trip comparison")
+	perRound   = flag.Int("n", 2000, "operations per round")
+	handoffs   = flag.Int("handoffs", 1000, "hand-off samples")
+	duration   = flag.Duration("duration", 3*time.Second, "length of each utilisation run")
+	goroutines = flag.Int("goroutines", 32, "goroutines per process in the utilisation runs")
+	processes  = flag.Int("processes", 2, "processes in the utilisation runs")
+	limit      = flag.Int("limit", 4, "permits in the utilisation runs")
+	hold       = flag.Duration("hold", 2*time.Millisecond, "work per permit in the utilisation runs")
+	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,utilisation")
+	designList = flag.String("designs", "", "utilisation designs to run, comma-separated (default all)")
+
+	// Set on the worker subprocesses of the utilisation runs.
+	worker = flag.String("worker", "", "internal: run as a utilisation worker for this design")
+	prefix = flag.String("prefix", "", "internal: key prefix")
+	start  = flag.Int64("start", 0, "internal: start time, unix ns")
+)
+
+func main() {
+	flag.Parse()
+	if *redisURL == "" {
+		fmt.Fprintln(os.Stderr, "semabench: no Redis: pass -redis URL or set BATCHMR_TEST_REDIS_URL (make bench does both)")
+		os.Exit(2)
+	}
+	opt, err := redis.ParseURL(*redisURL)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "semabench: -redis %q: %v\n", *redisURL, err)
+		os.Exit(2)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	if *worker != "" {
+		runWorker(rdb)
+		return
+	}
+	ctx := context.Background()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "semabench: Redis at %s: %v\n", opt.Addr, err)
+		os.Exit(1)
+	}
+	base := fmt.Sprintf("semabench:%08x", rand.Uint32())
+	defer cleanup(rdb, base)
+	info, _ := rdb.Info(ctx, "server").Result()
+	fmt.Printf("# semabench: %s, Go %s, %d CPUs, Redis %s on %s\n\n", time.Now().Format("2006-01-02"),
+		runtime.Version(), runtime.NumCPU(), infoField(info, "redis_version"), opt.Addr)
+
+	sections := []struct {
+		name string
+		run  func(context.Context, *redis.Client, string)
+	}{
+		{"roundtrip", roundTrips}, {"handoff", handoff}, {"commands", commandCounts}, {"utilisation", utilisation},
+	}
+	for _, sec := range sections {
+		if *only == "" || slices.Contains(strings.Split(*only, ","), sec.name) {
+			sec.run(ctx, rdb, base+":"+sec.name)
+		}
+	}
+}
+
+func newSem(rdb *redis.Client, prefix string, limit int) *semaphore.Semaphore {
+	s, err := semaphore.New(rdb, "db", semaphore.Options{Limit: limit, Prefix: prefix,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// roundTrips: uncontended Acquire+Release against a bare PING, interleaved
+// in rounds so that both see the same machine.
+func roundTrips(ctx context.Context, rdb *redis.Client, prefix string) {
+	s := newSem(rdb, prefix, 1)
+	defer s.Close()
+	var ratios, pings, pairs []float64
+	for r := 0; r < *rounds; r++ {
+		t0 := time.Now()
+		for i := 0; i < *perRound; i++ {
+			must(rdb.Ping(ctx).Err())
+		}
+		ping := float64(time.Since(t0).Microseconds()) / float64(*perRound)
+		t0 = time.Now()
+		for i := 0; i < *perRound; i++ {
+			p, err := s.Acquire(ctx)
+			must(err)
+			must(p.Release(ctx))
+		}
+		pair := float64(time.Since(t0).Microseconds()) / float64(*perRound)
+		pings, pairs, ratios = append(pings, ping), append(pairs, pair), append(ratios, pair/ping)
+	}
+	fmt.Printf("## 1. Uncontended Acquire+Release vs PING (%d rounds × %d, medians)\n\n", *rounds, *perRound)
+	fmt.Println("| PING round trip | Acquire+Release | ratio (target ≤ 2.3) |")
+	fmt.Println("|---|---|---|")
+	fmt.Printf("| %.1f µs | %.1f µs | **%.2f** |\n\n", median(pings), median(pairs), median(ratios))
+}
+
+// handoff: from the call of Release to the return of the waiter's Acquire,
+// the waiter being another handle (as another process would be).
+func handoff(ctx context.Context, rdb *redis.Client, prefix string) {
+	a := newSem(rdb, prefix, 1)
+	defer a.Close()
+	brdb := redis.NewClient(rdb.Options())
+	defer brdb.Close()
+	b := newSem(brdb, prefix, 1)
+	defer b.Close()
+	lat := make([]time.Duration, 0, *handoffs)
+	for i := 0; i < *handoffs; i++ {
+		p, err := a.Acquire(ctx)
+		must(err)
+		got := make(chan time.Time, 1)
+		go func() {
+			q, err := b.Acquire(ctx)
+			must(err)
+			got <- time.Now()
+			must(q.Release(ctx))
+		}()
+		for { // wait, outside the measurement, until b is queued
+			st, err := a.Stats(ctx)
+			must(err)
+			if len(st.Waiters) == 1 {
+				break
+			}
+		}
+		t0 := time.Now()
+		must(p.Release(ctx))
+		lat = append(lat, (<-got).Sub(t0))
+	}
+	slices.Sort(lat)
+	q := func(f float64) string { return fmtDur(lat[int(f*float64(len(lat)-1))]) }
+	fmt.Printf("## 2. Hand-off latency: Release called → waiter's Acquire returns (%d samples)\n\n", len(lat))
+	fmt.Println("| p50 | p90 | p99 (target ≤ 2 ms) | max |")
+	fmt.Println("|---|---|---|---|")
+	fmt.Printf("| %s | %s | **%s** | %s |\n\n", q(0.5), q(0.9), q(0.99), fmtDur(lat[len(lat)-1]))
+}
+
+// commandCounts: Redis commands per Acquire+Release from INFO commandstats,
+// which counts the commands scripts run as well as the ones clients send.
+func commandCounts(ctx context.Context, rdb *redis.Client, prefix string) {
+	s := newSem(rdb, prefix, 1)
+	defer s.Close()
+	p, err := s.Acquire(ctx) // load the scripts before counting
+	must(err)
+	must(p.Release(ctx))
+	const n = 1000
+	before := commandStats(ctx, rdb)
+	for i := 0; i < n; i++ {
+		p, err := s.Acquire(ctx)
+		must(err)
+		must(p.Release(ctx))
+	}
+	after := commandStats(ctx, rdb)
+	after["info"]-- // our own INFO call
+	var names []string
+	total := 0.0
+	sent := 0.0
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			names = append(names, k)
+			total += float64(d)
+			if k == "evalsha" || k == "eval" {
+				sent += float64(d)
+			}
+		}
+	}
+	slices.Sort(names)
+	fmt.Printf("## 4. Redis commands per uncontended Acquire+Release (INFO commandstats, %d pairs)\n\n", n)
+	fmt.Println("| sent by the client | run by Redis in all | by command |")
+	fmt.Println("|---|---|---|")
+	var parts []string
+	for _, k := range names {
+		parts = append(parts, fmt.Sprintf("%s %.1f", k, float64(after[k]-before[k])/n))
+	}
+	fmt.Printf("| %.1f | %.1f | %s |\n\n", sent/n, (total-sent)/n+sent/n, strings.Join(parts, ", "))
+}
+
+func commandStats(ctx context.Context, rdb *redis.Client) map[string]int64 {
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	must(err)
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		calls := strings.TrimPrefix(strings.Split(rest, ",")[0], "calls=")
+		n, _ := strconv.ParseInt(calls, 10, 64)
+		out[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return out
+}
+
+type workerResult struct {
+	BusyNs int64 `json:"busy_ns"`
+	Grants int64 `json:"grants"`
+}
+
+type design struct {
+	name, about string
+}
+
+var designs = []design{
+	{"batchmr", "batchmr semaphore: FIFO queue, hand-off on release"},
+	{"zset-poll-10ms", "asynq x/rate style: ZREMRANGEBYSCORE+ZCARD+ZADD, retry after 10 ms"},
+	{"zset-poll-1ms", "asynq x/rate style, retry after 1 ms"},
+	{"lock-counter", "SET NX lock + counter, backoff 1→32 ms with jitter"},
+}
+
+// utilisation runs each design with -processes worker processes of
+// -goroutines goroutines for -duration, every grant holding -hold, and
+// reports busy permit-time / (limit × wall time).
+func utilisation(ctx context.Context, rdb *redis.Client, prefix string) {
+	exe, err := os.Executable()
+	must(err)
+	fmt.Printf("## 3. Permit utilisation under contention: limit %d, %d goroutines in %d processes, %v of work per grant, %v per design\n\n",
+		*limit, *goroutines**processes, *processes, *hold, *duration)
+	fmt.Println("| design | utilisation (target ≥ 0.95) | vs batchmr | grants/s | Redis commands/s |")
+	fmt.Println("|---|---|---|---|---|")
+	var ours float64
+	for _, d := range designs {
+		if *designList != "" && !slices.Contains(strings.Split(*designList, ","), d.name) {
+			continue
+		}
+		p := prefix + ":" + d.name
+		startAt := time.Now().Add(500 * time.Millisecond)
+		before := infoInt(ctx, rdb, "stats", "total_commands_processed")
+		var wg sync.WaitGroup
+		var busy, grants atomic.Int64
+		for i := 0; i < *processes; i++ {
+			cmd := exec.Command(exe, "-worker", d.name, "-prefix", p, "-redis", *redisURL,
+				"-start", strconv.FormatInt(startAt.UnixNano(), 10), "-duration", duration.String(),
+				"-goroutines", strconv.Itoa(*goroutines), "-limit", strconv.Itoa(*limit), "-hold", hold.String())
+			cmd.Stderr = os.Stderr
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out, err := cmd.Output()
+				must(err)
+				var r workerResult
+				must(json.Unmarshal(out, &r))
+				busy.Add(r.BusyNs)
+				grants.Add(r.Grants)
+			}()
+		}
+		wg.Wait()
+		cmds := infoInt(ctx, rdb, "stats", "total_commands_processed") - before
+		u := float64(busy.Load()) / (float64(*limit) * float64(duration.Nanoseconds()))
+		if d.name == "batchmr" {
+			ours = u
+		}
+		fmt.Printf("| %s | **%.3f** | %.2f× | %.0f | %.0f |\n", d.about, u, u/ours,
+			float64(grants.Load())/duration.Seconds(), float64(cmds)/duration.Seconds())
+	}
+	fmt.Println()
+}
+
+// runWorker is one process of a utilisation run.
+func runWorker(rdb *redis.Client) {
+	ctx := context.Background()
+	var acquire func(context.Context) (func(), error)
+	switch *worker {
+	case "batchmr":
+		s := newSem(rdb, *prefix, *limit)
+		defer s.Close()
+		acquire = func(ctx context.Context) (func(), error) {
+			p, err := s.Acquire(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return func() { must(p.Release(context.Background())) }, nil
+		}
+	case "zset-poll-10ms", "zset-poll-1ms":
+		sleep := 10 * time.Millisecond
+		if *worker == "zset-poll-1ms" {
+			sleep = time.Millisecond
+		}
+		z := &pollingZSet{rdb: rdb, key: *prefix + ":zset", limit: *limit, sleep: sleep, lease: 30 * time.Second}
+		acquire = z.acquire
+	case "lock-counter":
+		l := &lockCounter{rdb: rdb, lock: *prefix + ":lock", counter: *prefix + ":count", limit: *limit, min: time.Millisecond, max: 32 * time.Millisecond}
+		acquire = l.acquire
+	default:
+		fmt.Fprintf(os.Stderr, "semabench: unknown design %q\n", *worker)
+		os.Exit(2)
+	}
+	begin := time.Unix(0, *start)
+	end := begin.Add(*duration)
+	time.Sleep(time.Until(begin))
+	runCtx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	var busy, grants atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < *goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for runCtx.Err() == nil {
+				release, err := acquire(runCtx)
+				if err != nil {
+					return // the run's deadline
+				}
+				t0 := time.Now()
+				time.Sleep(*hold)
+				t1 := time.Now()
+				release()
+				// Count only permit-time inside the measured window.
+				if t1.After(end) {
+					t1 = end
+				}
+				if t1.After(t0) {
+					busy.Add(int64(t1.Sub(t0)))
+					grants.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	must(json.NewEncoder(os.Stdout).Encode(workerResult{BusyNs: busy.Load(), Grants: grants.Load()}))
+}
+
+func infoInt(ctx context.Context, rdb *redis.Client, section, field string) int64 {
+	info, err := rdb.Info(ctx, section).Result()
+	must(err)
+	n, _ := strconv.ParseInt(infoField(info, field), 10, 64)
+	return n
+}
+
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return "?"
+}
+
+func cleanup(rdb *redis.Client, base string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, base+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func fmtDur(d time.Duration) string {
+	return fmt.Sprintf("%.3f ms", float64(d.Microseconds())/1000)
+}
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "semabench:", err)
+		os.Exit(1)
+	}
+}
