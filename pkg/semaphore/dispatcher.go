@@ -3,6 +3,7 @@ package semaphore
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -62,5 +63,6 @@ func (s *Semaphore) dispatch() {
 			continue
 		}
 		s.deliver(token, fence, time.Time{})
+		runtime.Gosched() // the new holder runs before our next BLPOP is sent
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -380,20 +381,45 @@ func (s *Semaphore) evalUntil(ctx context.Context, token string, sc *redis.Scrip
 	}
 }
 
+// eval runs a script with the arguments every script shares (see
+// scripts/lib.lua). Grants it makes are pushed to wake lists, ours included.
 func (s *Semaphore) eval(ctx context.Context, sc *redis.Script, args ...any) (any, error) {
-	argv := make([]any, 0, 3+len(args))
-	argv = append(argv, s.wakePrefix, s.opts.Limit, (2 * s.opts.Lease).Milliseconds())
+	return s.evalAs(ctx, "", sc, args...)
+}
+
+// evalAs is eval for a script that returns the grants it makes to process
+// self's waiters instead of pushing them to self's wake list.
+func (s *Semaphore) evalAs(ctx context.Context, self string, sc *redis.Script, args ...any) (any, error) {
+	argv := make([]any, 0, 4+len(args))
+	argv = append(argv, s.wakePrefix, s.opts.Limit, (2 * s.opts.Lease).Milliseconds(), self)
 	argv = append(argv, args...)
 	return sc.Run(ctx, s.rdb, s.keys, argv...).Result()
 }
 
-// releaseToken gives back whatever token holds or waits for in Redis.
+// releaseToken gives back whatever token holds or waits for in Redis, and
+// hands the capacity it frees to this process's own waiters directly when
+// they are next in line: no wake-up round trip for a local hand-off. Should
+// the reply be lost, the watchdog finds those grants at its next refresh.
 func (s *Semaphore) releaseToken(ctx context.Context, token string) (int64, error) {
-	res, err := s.eval(ctx, scriptRelease, token)
+	res, err := s.evalAs(ctx, s.process, scriptRelease, token)
 	if err != nil {
 		return 0, err
 	}
-	was, _ := res.(int64)
+	vals, _ := res.([]any)
+	if len(vals) == 0 || len(vals)%2 != 1 {
+		return 0, fmt.Errorf("unexpected reply %v from the release script", res)
+	}
+	for i := 1; i+1 < len(vals); i += 2 {
+		tok, _ := vals[i].(string)
+		fence, _ := vals[i+1].(int64)
+		s.deliver(tok, fence, time.Time{})
+	}
+	if len(vals) > 1 {
+		// Let the new holder run now, on this thread, rather than after our
+		// caller's next Redis call or once an idle thread wakes up.
+		runtime.Gosched()
+	}
+	was, _ := vals[0].(int64)
 	return was, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,14 +36,17 @@ var (
 	goroutines = flag.Int("goroutines", 32, "goroutines per process in the utilisation runs")
 	processes  = flag.Int("processes", 2, "processes in the utilisation runs")
 	limit      = flag.Int("limit", 4, "permits in the utilisation runs")
-	hold       = flag.Duration("hold", 2*time.Millisecond, "work per permit in the utilisation runs")
+	holds      = flag.String("holds", "2ms,10ms", "work per grant in the utilisation runs, comma-separated: one table each")
+	repeat     = flag.Int("repeat", 3, "interleaved runs per design in the utilisation runs; the median is reported")
+	hold       = flag.Duration("hold", 0, "internal: work per grant of a utilisation worker")
 	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,utilisation")
 	designList = flag.String("designs", "", "utilisation designs to run, comma-separated (default all)")
 
 	// Set on the worker subprocesses of the utilisation runs.
-	worker = flag.String("worker", "", "internal: run as a utilisation worker for this design")
-	prefix = flag.String("prefix", "", "internal: key prefix")
-	start  = flag.Int64("start", 0, "internal: start time, unix ns")
+	worker     = flag.String("worker", "", "internal: run as a utilisation worker for this design")
+	prefix     = flag.String("prefix", "", "internal: key prefix")
+	start      = flag.Int64("start", 0, "internal: start time, unix ns")
+	cpuProfile = flag.String("cpuprofile", "", "write each utilisation worker's CPU profile to this path + .<design>.<pid>")
 )
 
 func main() {
@@ -59,6 +63,12 @@ func main() {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	if *worker != "" {
+		if *cpuProfile != "" {
+			f, err := os.Create(fmt.Sprintf("%s.%s.%d", *cpuProfile, *worker, os.Getpid()))
+			must(err)
+			must(pprof.StartCPUProfile(f))
+			defer pprof.StopCPUProfile()
+		}
 		runWorker(rdb)
 		return
 	}
@@ -218,8 +228,31 @@ func commandStats(ctx context.Context, rdb *redis.Client) map[string]int64 {
 }
 
 type workerResult struct {
-	BusyNs int64 `json:"busy_ns"`
-	Grants int64 `json:"grants"`
+	BusyNs   int64 `json:"busy_ns"`
+	Grants   int64 `json:"grants"`
+	Commands int64 `json:"commands"` // commands this process sent to Redis
+
+	WaitsMicros []int64 `json:"waits_us"` // how long each grant waited in acquire
+}
+
+// redisCPU is the CPU time the Redis server has used so far.
+func redisCPU(ctx context.Context, rdb *redis.Client) time.Duration {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	must(err)
+	user, _ := strconv.ParseFloat(infoField(info, "used_cpu_user"), 64)
+	sys, _ := strconv.ParseFloat(infoField(info, "used_cpu_sys"), 64)
+	return time.Duration((user + sys) * float64(time.Second))
+}
+
+// counter counts the commands a client sends (pipelines count each command).
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
+}
+func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(int64(len(cmds))); return next(ctx, cmds) }
 }
 
 type design struct {
@@ -234,56 +267,123 @@ var designs = []design{
 }
 
 // utilisation runs each design with -processes worker processes of
-// -goroutines goroutines for -duration, every grant holding -hold, and
-// reports busy permit-time / (limit × wall time).
+// -goroutines goroutines for -duration, every grant holding the permit for
+// the hold time, and reports busy permit-time / (limit × wall time). Designs
+// run interleaved, -repeat times, and the median run is reported, so that
+// all designs see the same machine.
 func utilisation(ctx context.Context, rdb *redis.Client, prefix string) {
+	for _, h := range strings.Split(*holds, ",") {
+		hold, err := time.ParseDuration(h)
+		must(err)
+		utilisationFor(ctx, rdb, prefix+":"+h, hold)
+	}
+}
+
+type runResult struct {
+	util, grantsPerSec, cmdsPerSec, workerCPU, redisCPU float64
+	waits                                               []time.Duration
+}
+
+func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold time.Duration) {
 	exe, err := os.Executable()
 	must(err)
-	fmt.Printf("## 3. Permit utilisation under contention: limit %d, %d goroutines in %d processes, %v of work per grant, %v per design\n\n",
-		*limit, *goroutines**processes, *processes, *hold, *duration)
-	fmt.Println("| design | utilisation (target ≥ 0.95) | vs batchmr | grants/s | Redis commands/s |")
-	fmt.Println("|---|---|---|---|---|")
-	var ours float64
+	var chosen []design
 	for _, d := range designs {
-		if *designList != "" && !slices.Contains(strings.Split(*designList, ","), d.name) {
-			continue
+		if *designList == "" || slices.Contains(strings.Split(*designList, ","), d.name) {
+			chosen = append(chosen, d)
 		}
-		p := prefix + ":" + d.name
-		startAt := time.Now().Add(500 * time.Millisecond)
-		before := infoInt(ctx, rdb, "stats", "total_commands_processed")
-		var wg sync.WaitGroup
-		var busy, grants atomic.Int64
-		for i := 0; i < *processes; i++ {
-			cmd := exec.Command(exe, "-worker", d.name, "-prefix", p, "-redis", *redisURL,
-				"-start", strconv.FormatInt(startAt.UnixNano(), 10), "-duration", duration.String(),
-				"-goroutines", strconv.Itoa(*goroutines), "-limit", strconv.Itoa(*limit), "-hold", hold.String())
-			cmd.Stderr = os.Stderr
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				out, err := cmd.Output()
-				must(err)
-				var r workerResult
-				must(json.Unmarshal(out, &r))
-				busy.Add(r.BusyNs)
-				grants.Add(r.Grants)
-			}()
+	}
+	runs := make([][]runResult, len(chosen))
+	for r := 0; r < *repeat; r++ {
+		for i, d := range chosen {
+			runs[i] = append(runs[i], utilisationRun(ctx, rdb, exe, fmt.Sprintf("%s:%s:%d", prefix, d.name, r), d.name, hold))
 		}
-		wg.Wait()
-		cmds := infoInt(ctx, rdb, "stats", "total_commands_processed") - before
-		u := float64(busy.Load()) / (float64(*limit) * float64(duration.Nanoseconds()))
-		if d.name == "batchmr" {
-			ours = u
+	}
+	fmt.Printf("## 3. Permit utilisation under contention: limit %d, %d goroutines in %d processes, %v of work per grant (median of %d interleaved runs of %v)\n\n",
+		*limit, *goroutines**processes, *processes, hold, *repeat, *duration)
+	fmt.Println("| design | utilisation (target ≥ 0.95) | vs batchmr | runs | wait p50 / p99 / max | grants/s | client commands/s | worker CPU µs/grant | Redis CPU µs/grant |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	var ours float64
+	for i, d := range chosen {
+		rs := runs[i]
+		slices.SortFunc(rs, func(a, b runResult) int { return cmpFloat(a.util, b.util) })
+		m := rs[len(rs)/2]
+		if ours == 0 {
+			ours = m.util
 		}
-		fmt.Printf("| %s | **%.3f** | %.2f× | %.0f | %.0f |\n", d.about, u, u/ours,
-			float64(grants.Load())/duration.Seconds(), float64(cmds)/duration.Seconds())
+		var all []time.Duration
+		utils := make([]string, len(rs))
+		for j, r := range rs {
+			all = append(all, r.waits...)
+			utils[j] = fmt.Sprintf("%.3f", r.util)
+		}
+		slices.Sort(all)
+		q := func(f float64) time.Duration { return all[int(f*float64(len(all)-1))] }
+		fmt.Printf("| %s | **%.3f** | %.2f× | %s | %s / %s / %s | %.0f | %.0f | %.0f | %.0f |\n", d.about, m.util, m.util/ours,
+			strings.Join(utils, " "), fmtDur(q(0.5)), fmtDur(q(0.99)), fmtDur(all[len(all)-1]),
+			m.grantsPerSec, m.cmdsPerSec, m.workerCPU, m.redisCPU)
 	}
 	fmt.Println()
+}
+
+func utilisationRun(ctx context.Context, rdb *redis.Client, exe, prefix, name string, hold time.Duration) runResult {
+	startAt := time.Now().Add(500 * time.Millisecond)
+	cpuBefore := redisCPU(ctx, rdb)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var total workerResult
+	var cpu time.Duration
+	for i := 0; i < *processes; i++ {
+		cmd := exec.Command(exe, "-worker", name, "-cpuprofile", *cpuProfile, "-prefix", prefix, "-redis", *redisURL,
+			"-start", strconv.FormatInt(startAt.UnixNano(), 10), "-duration", duration.String(),
+			"-goroutines", strconv.Itoa(*goroutines), "-limit", strconv.Itoa(*limit), "-hold", hold.String())
+		cmd.Stderr = os.Stderr
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := cmd.Output()
+			must(err)
+			var r workerResult
+			must(json.Unmarshal(out, &r))
+			mu.Lock()
+			defer mu.Unlock()
+			total.BusyNs += r.BusyNs
+			total.Grants += r.Grants
+			total.Commands += r.Commands
+			total.WaitsMicros = append(total.WaitsMicros, r.WaitsMicros...)
+			cpu += cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		}()
+	}
+	wg.Wait()
+	g := float64(total.Grants)
+	res := runResult{
+		util:         float64(total.BusyNs) / (float64(*limit) * float64(duration.Nanoseconds())),
+		grantsPerSec: g / duration.Seconds(),
+		cmdsPerSec:   float64(total.Commands) / duration.Seconds(),
+		workerCPU:    float64(cpu.Microseconds()) / g,
+		redisCPU:     float64((redisCPU(ctx, rdb) - cpuBefore).Microseconds()) / g,
+	}
+	for _, w := range total.WaitsMicros {
+		res.waits = append(res.waits, time.Duration(w)*time.Microsecond)
+	}
+	return res
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 // runWorker is one process of a utilisation run.
 func runWorker(rdb *redis.Client) {
 	ctx := context.Background()
+	sent := &counter{}
+	rdb.AddHook(sent)
 	var acquire func(context.Context) (func(), error)
 	switch *worker {
 	case "batchmr":
@@ -317,16 +417,22 @@ func runWorker(rdb *redis.Client) {
 	defer cancel()
 	var busy, grants atomic.Int64
 	var wg sync.WaitGroup
+	var waitsMu sync.Mutex
+	var waits []int64
 	for g := 0; g < *goroutines; g++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for runCtx.Err() == nil {
+				asked := time.Now()
 				release, err := acquire(runCtx)
 				if err != nil {
 					return // the run's deadline
 				}
 				t0 := time.Now()
+				waitsMu.Lock()
+				waits = append(waits, t0.Sub(asked).Microseconds())
+				waitsMu.Unlock()
 				time.Sleep(*hold)
 				t1 := time.Now()
 				release()
@@ -342,7 +448,7 @@ func runWorker(rdb *redis.Client) {
 		}()
 	}
 	wg.Wait()
-	must(json.NewEncoder(os.Stdout).Encode(workerResult{BusyNs: busy.Load(), Grants: grants.Load()}))
+	must(json.NewEncoder(os.Stdout).Encode(workerResult{BusyNs: busy.Load(), Grants: grants.Load(), Commands: sent.n.Load(), WaitsMicros: waits}))
 }
 
 func infoInt(ctx context.Context, rdb *redis.Client, section, field string) int64 {

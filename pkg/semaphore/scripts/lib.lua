@@ -14,6 +14,11 @@
 --   ARGV[1] wake-list key prefix; a process's list is ARGV[1] .. processID
 --   ARGV[2] the client's configured limit, written only when KEYS[1] is absent
 --   ARGV[3] TTL (ms) of a wake list, so a dead process's list disappears
+--   ARGV[4] the calling process's ID, or "": grants to the caller's own
+--           waiters are not pushed to its wake list but collected in
+--           LOCAL_GRANTS for the script to return, so that the caller hands
+--           them over in-process, without a wake-up round trip
+-- Script-specific ARGV start at ARGV[5].
 --
 -- A token is "<processID>:<sequence>:<weight>": the weight and the owning
 -- process travel inside it, so granting needs no extra lookup.
@@ -23,6 +28,8 @@ local K_INFO, K_FENCE, K_TICKET = KEYS[5], KEYS[6], KEYS[7]
 local WAKE_PREFIX = ARGV[1]
 local DEFAULT_LIMIT = tonumber(ARGV[2])
 local WAKE_TTL = tonumber(ARGV[3])
+local SELF = ARGV[4]
+local LOCAL_GRANTS = {} -- token, fence, token, fence, ...
 
 -- Redis server time, never the client's: clock skew between hosts cannot
 -- steal or expire permits. Redis >= 5 replicates effects, so reading TIME
@@ -52,14 +59,6 @@ local function get_limit()
   return DEFAULT_LIMIT
 end
 
-local function held_weight()
-  local sum = 0
-  for _, tok in ipairs(redis.call('ZRANGE', K_HOLDERS, 0, -1)) do
-    sum = sum + weight_of(tok)
-  end
-  return sum
-end
-
 -- wake tells the owning process about a token: "<token> <fence>" for a grant,
 -- "<token> !" for a request that can never be granted under the limit.
 local function wake(tok, msg)
@@ -74,16 +73,29 @@ local function drop_waiter(tok)
   redis.call('HDEL', K_INFO, tok)
 end
 
--- purge removes holders whose lease ran out and waiters whose heartbeat
--- stopped: a crashed process gives its permits and its place back.
-local function purge()
-  for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', now)) do
-    redis.call('ZREM', K_HOLDERS, tok)
-    redis.call('HDEL', K_INFO, tok)
-  end
+-- purge_waiters removes waiters whose heartbeat stopped: a crashed process
+-- gives its places in the queue back.
+local function purge_waiters()
   for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_ALIVE, '-inf', now)) do
     drop_waiter(tok)
   end
+end
+
+-- purge_holders removes holders whose lease ran out (a crashed process gives
+-- its permits back) and returns the weight the others hold: one pass, since
+-- every script needs both.
+local function purge_holders()
+  local held = 0
+  local h = redis.call('ZRANGE', K_HOLDERS, 0, -1, 'WITHSCORES')
+  for i = 1, #h, 2 do
+    if tonumber(h[i + 1]) <= now then
+      redis.call('ZREM', K_HOLDERS, h[i])
+      redis.call('HDEL', K_INFO, h[i])
+    else
+      held = held + weight_of(h[i])
+    end
+  end
+  return held
 end
 
 local function add_holder(tok, deadline)
@@ -98,12 +110,11 @@ end
 -- behind it is granted (FIFO for weighted requests). A granted waiter's first
 -- lease ends at its heartbeat deadline, so a waiter that died just before its
 -- grant blocks nobody past that deadline; a live one's watchdog extends it.
--- Returns the held weight afterwards.
-local function grant(limit)
-  local held = held_weight()
+-- Takes and returns the held weight; also returns whether the queue is empty.
+local function grant(limit, held)
   while true do
     local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
-    if not head then break end
+    if not head then return held, true end
     local w = weight_of(head)
     if w > limit then
       drop_waiter(head)
@@ -111,11 +122,16 @@ local function grant(limit)
     elseif held + w <= limit then
       local deadline = tonumber(redis.call('ZSCORE', K_ALIVE, head))
       drop_waiter(head)
-      wake(head, add_holder(head, deadline))
+      local fence = add_holder(head, deadline)
+      if process_of(head) == SELF then
+        LOCAL_GRANTS[#LOCAL_GRANTS + 1] = head
+        LOCAL_GRANTS[#LOCAL_GRANTS + 1] = fence
+      else
+        wake(head, fence)
+      end
       held = held + w
     else
-      break
+      return held, false
     end
   end
-  return held
 end

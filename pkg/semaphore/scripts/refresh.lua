@@ -1,20 +1,20 @@
 -- refresh is the watchdog's one call per interval: it extends the lease of
 -- every listed token that holds a permit and the heartbeat of every listed
 -- token that waits.
---   ARGV[4] lease (ms)
---   ARGV[5] heartbeat timeout (ms)
---   ARGV[6..] tokens
+--   ARGV[5] lease (ms)
+--   ARGV[6] heartbeat timeout (ms)
+--   ARGV[7..] tokens
 -- Returns one number per token, in order: its fence (> 0) if it holds a
 -- permit (a waiter whose wake message went missing learns of its grant here),
 -- 0 if it is queued, -1 if Redis no longer knows it (lease or heartbeat lost).
-local lease, heartbeat = tonumber(ARGV[4]), tonumber(ARGV[5])
+local lease, heartbeat = tonumber(ARGV[5]), tonumber(ARGV[6])
 local limit = get_limit()
-purge()
+purge_waiters()
 -- Grant first, so that a token granted by this very call reports its fence
 -- rather than a stale "queued".
-grant(limit)
+grant(limit, purge_holders())
 local out = {}
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   local tok = ARGV[i]
   if redis.call('ZSCORE', K_HOLDERS, tok) then
     redis.call('ZADD', K_HOLDERS, now + lease, tok)

@@ -1,10 +1,10 @@
 -- setlimit changes the fleet-wide limit and, when it rose, hands the new
 -- capacity to waiters at once. Holders above a lowered limit keep their
 -- permits until they release; nobody new is granted until the sum fits.
---   ARGV[4] new limit (>= 1)
+--   ARGV[5] new limit (>= 1)
 -- Returns the previous limit.
 local old = get_limit()
-redis.call('SET', K_LIMIT, ARGV[4])
-purge()
-grant(tonumber(ARGV[4]))
+redis.call('SET', K_LIMIT, ARGV[5])
+purge_waiters()
+grant(tonumber(ARGV[5]), purge_holders())
 return old

@@ -3,8 +3,8 @@
 --          {holderToken, leaseDeadline, info, ...},
 --          {waiterToken, ticket, info, ...}}
 local limit = get_limit()
-purge()
-grant(limit)
+purge_waiters()
+grant(limit, purge_holders())
 local holders = {}
 local h = redis.call('ZRANGE', K_HOLDERS, 0, -1, 'WITHSCORES')
 for i = 1, #h, 2 do
