@@ -451,13 +451,6 @@ func runWorker(rdb *redis.Client) {
 	must(json.NewEncoder(os.Stdout).Encode(workerResult{BusyNs: busy.Load(), Grants: grants.Load(), Commands: sent.n.Load(), WaitsMicros: waits}))
 }
 
-func infoInt(ctx context.Context, rdb *redis.Client, section, field string) int64 {
-	info, err := rdb.Info(ctx, section).Result()
-	must(err)
-	n, _ := strconv.ParseInt(infoField(info, field), 10, 64)
-	return n
-}
-
 func infoField(info, field string) string {
 	for _, line := range strings.Split(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
