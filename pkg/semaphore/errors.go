@@ -43,8 +43,11 @@ func transient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
+	if errors.Is(err, redis.ErrClosed) {
+		return false // the client was closed: nothing will reopen it
+	}
 	var netErr net.Error
-	if errors.As(err, &netErr) || errors.Is(err, net.ErrClosed) || errors.Is(err, redis.ErrClosed) {
+	if errors.As(err, &netErr) || errors.Is(err, net.ErrClosed) {
 		return true
 	}
 	msg := err.Error()

@@ -183,13 +183,13 @@ func TestWaiterWhoseHeartbeatLapsedDuringAnOutageQueuesAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
+	got := make(chan *semaphore.Permit, 1)
 	go func() {
 		q, err := s.Acquire(ctx)
-		if err == nil {
-			err = q.Release(ctx)
+		if err != nil {
+			t.Error(err)
 		}
-		got <- err
+		got <- q
 	}()
 	waitFor(t, 5*time.Second, "the waiter queued", func() bool { return len(stats(t, other).Waiters) == 1 })
 	px.cut()
@@ -200,9 +200,15 @@ func TestWaiterWhoseHeartbeatLapsedDuringAnOutageQueuesAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
+	case q := <-got:
+		if q == nil {
+			t.Fatal("the re-queued waiter's Acquire failed")
+		}
+		if st := stats(t, other); len(st.Holders) != 1 || st.Holders[0].ID != q.ID() {
+			t.Errorf("the re-queued waiter's permit is not the one Redis holds: %+v", st)
+		}
+		if err := q.Release(ctx); err != nil {
+			t.Error(err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the re-queued waiter was never granted")

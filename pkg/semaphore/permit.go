@@ -34,9 +34,9 @@ type Permit struct {
 	until time.Time // local time until which the lease is known to be valid
 }
 
-func newPermit(s *Semaphore, w *waiter, fence int64, until time.Time) *Permit {
+func newPermit(s *Semaphore, w *waiter, token string, fence int64, until time.Time) *Permit {
 	ctx, cancel := context.WithCancelCause(w.ctx)
-	return &Permit{sem: s, token: w.token, fence: fence, ctx: ctx, cancel: cancel, until: until}
+	return &Permit{sem: s, token: token, fence: fence, ctx: ctx, cancel: cancel, until: until}
 }
 
 // Context returns a context that is done when the permit is released, when
@@ -59,12 +59,14 @@ func (p *Permit) ID() string { return p.token }
 // to the oldest waiter at once. It returns nil if the permit was held until
 // now, an error wrapping ErrLeaseLost if its lease was lost before (the
 // permit is given back all the same, if Redis still had it), ErrClosed if its
-// Semaphore was closed, and ErrNotHeld if it was already released. If Redis
-// cannot be reached, the permit returns to the fleet when its lease runs out.
+// Semaphore was closed (which released it), and ErrNotHeld if it was already
+// released. If ctx is already done — the permit's own context after a lost
+// lease, say — Release still tries for up to 5s. If Redis cannot be reached,
+// the permit returns to the fleet when its lease runs out.
 func (p *Permit) Release(ctx context.Context) error {
 	p.mu.Lock()
 	state := p.state
-	if state != permitReleased {
+	if state == permitHeld || state == permitLost {
 		p.state = permitReleased
 	}
 	p.mu.Unlock()
@@ -75,9 +77,14 @@ func (p *Permit) Release(ctx context.Context) error {
 	case permitClosed:
 		return fmt.Errorf("semaphore %q: release: %w", name, ErrClosed)
 	}
-	p.sem.forgetHolder(p.token)
-	p.cancel(errReleased)
+	p.sem.forgetHolder(p)
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+	}
 	was, err := p.sem.releaseToken(ctx, p.token)
+	p.cancel(errReleased) // after the call, so that ctx may be p.Context()
 	if err != nil {
 		return fmt.Errorf("semaphore %q: release: %w (the permit returns to the fleet when its lease runs out)", name, err)
 	}
@@ -87,10 +94,13 @@ func (p *Permit) Release(ctx context.Context) error {
 	return nil
 }
 
-// lose marks a held permit as no longer held and cancels its context.
-func (p *Permit) lose(cause error) {
+// lose marks a held permit as no longer held and cancels its context. It
+// reports whether the permit was held, that is whether the caller now owns
+// giving it back; a concurrent Release owns that otherwise.
+func (p *Permit) lose(cause error) bool {
 	p.mu.Lock()
-	if p.state == permitHeld {
+	held := p.state == permitHeld
+	if held {
 		p.state = permitLost
 		if errors.Is(cause, ErrClosed) {
 			p.state = permitClosed
@@ -98,6 +108,7 @@ func (p *Permit) lose(cause error) {
 	}
 	p.mu.Unlock()
 	p.cancel(cause)
+	return held
 }
 
 // expired reports whether the lease is past the last deadline this process

@@ -110,11 +110,16 @@ func runHelper(role string) int {
 						return
 					}
 					say("fence %d", p.Fence())
-					if n := rdb.IncrBy(ctx, counter, int64(w)).Val(); n > int64(limit) {
+					n, err := rdb.IncrBy(ctx, counter, int64(w)).Result()
+					if err != nil {
+						say("error %v", err)
+					} else if n > int64(limit) {
 						say("violation held %d > limit %d", n, limit)
 					}
 					time.Sleep(time.Duration(500+rand.IntN(1000)) * time.Microsecond)
-					rdb.DecrBy(ctx, counter, int64(w))
+					if err := rdb.DecrBy(ctx, counter, int64(w)).Err(); err != nil {
+						say("error %v", err)
+					}
 					if err := p.Release(ctx); err != nil {
 						say("error %v", err)
 					}

@@ -14,12 +14,17 @@ import (
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
+// slack absorbs scheduling noise on a loaded 2-core machine running the
+// race detector; the bounds below are the design's plus slack.
+const slack = 500 * time.Millisecond
+
 // A holder killed with SIGKILL never releases: its permit must come back
-// when its lease runs out, plus at most one check.
+// when its lease runs out, plus at most one check — and not before the lease
+// it last refreshed has run out.
 func TestKilledHolderGivesItsPermitBackWithinItsLease(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
-	const lease = 600 * time.Millisecond
+	const lease = time.Second
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
 	h := startHelper(t, "hold", prefix, "SEMTEST_LEASE="+lease.String())
 	fence, _ := strconv.ParseInt(h.expect(t, "fence", 10*time.Second), 10, 64)
@@ -32,13 +37,19 @@ func TestKilledHolderGivesItsPermitBackWithinItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), lease+lease/3+2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*lease)
 	defer cancel()
 	p, err := s.Acquire(ctx)
 	if err != nil {
-		t.Fatalf("permit of a killed holder not returned within its lease: %v", err)
+		t.Fatalf("permit of a killed holder not returned: %v", err)
 	}
-	t.Logf("permit returned %v after kill -9 (lease %v)", time.Since(killed), lease)
+	took := time.Since(killed)
+	t.Logf("permit returned %v after kill -9 (lease %v)", took, lease)
+	// Its last refresh was at most Lease/3 before the kill; the waiter's own
+	// watchdog purges at most Lease/3 after the lease ends.
+	if took < lease-lease/3-50*time.Millisecond || took > lease+lease/3+slack {
+		t.Errorf("permit returned %v after the kill, want within [%v, %v]", took, lease-lease/3, lease+lease/3+slack)
+	}
 	if p.Fence() <= fence {
 		t.Errorf("fence %d not above the dead holder's %d", p.Fence(), fence)
 	}
@@ -51,7 +62,7 @@ func TestKilledHolderGivesItsPermitBackWithinItsLease(t *testing.T) {
 func TestKilledWaiterStopsBlockingTheQueueWithinItsHeartbeat(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
-	const lease = 600 * time.Millisecond
+	const lease = time.Second
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
 	ctx := context.Background()
 	p, err := s.Acquire(ctx)
@@ -83,8 +94,8 @@ func TestKilledWaiterStopsBlockingTheQueueWithinItsHeartbeat(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("queue unblocked %v after the head waiter was killed (heartbeat %v)", time.Since(killed), lease)
-	case <-time.After(lease + lease/3 + 2*time.Second):
-		t.Fatalf("a dead waiter blocked the queue for longer than its heartbeat: %+v", stats(t, s))
+	case <-time.After(lease + lease/3 + slack):
+		t.Fatalf("a dead waiter blocked the queue for longer than its heartbeat and one check: %+v", stats(t, s))
 	}
 }
 
@@ -94,14 +105,14 @@ func TestKilledWaiterStopsBlockingTheQueueWithinItsHeartbeat(t *testing.T) {
 func TestPausedHolderLearnsItsLeaseWasLost(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
-	const lease = 600 * time.Millisecond
+	const lease = time.Second
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
 	h := startHelper(t, "hold", prefix, "SEMTEST_LEASE="+lease.String())
 	oldFence, _ := strconv.ParseInt(h.expect(t, "fence", 10*time.Second), 10, 64)
 	if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), lease+lease/3+2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), lease+lease/3+slack)
 	defer cancel()
 	p, err := s.Acquire(ctx)
 	if err != nil {
@@ -116,7 +127,9 @@ func TestPausedHolderLearnsItsLeaseWasLost(t *testing.T) {
 	if err := h.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	cause := h.expect(t, "lost", lease/3+2*time.Second)
+	// Within one refresh interval of resuming (in practice at once: the
+	// missed tick fires on resume and finds the lease expired locally).
+	cause := h.expect(t, "lost", lease/3+slack)
 	t.Logf("resumed holder's context cancelled %v after SIGCONT", time.Since(resumed))
 	if !strings.Contains(cause, semaphore.ErrLeaseLost.Error()) {
 		t.Errorf("context cause after resuming = %q, want ErrLeaseLost", cause)

@@ -1,8 +1,10 @@
 package semaphore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -13,7 +15,7 @@ type Stats struct {
 	Name    string
 	Limit   int      // the fleet-wide limit in Redis
 	Held    int      // sum of the weights of Holders; may exceed Limit briefly after SetLimit lowered it
-	Holders []Holder // oldest grant first
+	Holders []Holder // in grant order (by fence): the oldest grant first
 	Waiters []Waiter // in grant order: the first is served next
 }
 
@@ -64,6 +66,7 @@ func (s *Semaphore) Stats(ctx context.Context) (Stats, error) {
 			LeaseLeft: ms(deadline - now),
 		})
 	}
+	slices.SortFunc(st.Holders, func(a, b Holder) int { return cmp.Compare(a.Fence, b.Fence) })
 	waiters, _ := vals[3].([]any)
 	for i := 0; i+2 < len(waiters); i += 3 {
 		tok, _ := waiters[i].(string)

@@ -18,6 +18,8 @@ func (s *Semaphore) watch() {
 			return
 		case <-t.C:
 			s.refresh()
+		case <-s.kick:
+			s.refresh()
 		}
 	}
 }
@@ -78,13 +80,14 @@ func (s *Semaphore) refresh() {
 }
 
 // applyHolderRefresh acts on Redis's word about a token that held a permit
-// here when the refresh was sent: st > 0 still holds (with fence st), -1 is
-// unknown to Redis: the lease was lost.
+// here when the refresh was sent: st == p's fence still holds; anything
+// else means the lease was lost.
 func (s *Semaphore) applyHolderRefresh(p *Permit, st int64, sent time.Time) {
-	if st > 0 {
+	if st == p.fence {
 		p.extend(sent.Add(s.opts.Lease))
 		return
 	}
+	// Unknown to Redis, or (should tokens ever be reused) another grant.
 	s.mu.Lock()
 	current := s.holders[p.token] == p
 	if current {

@@ -17,11 +17,15 @@ purge_waiters()
 local held, queue_empty = grant(limit, purge_holders())
 
 if redis.call('HEXISTS', K_INFO, tok) == 1 then -- a retry of a call that ran
+  -- Re-arm the deadline: the caller dates its lease or heartbeat from this
+  -- call, not from the one whose reply it lost.
   if redis.call('ZSCORE', K_HOLDERS, tok) then
+    redis.call('ZADD', K_HOLDERS, now + lease, tok)
     return {1, fence_of(tok), limit}
   end
   local ticket = redis.call('ZSCORE', K_QUEUE, tok)
   if ticket then
+    redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
     return {0, tonumber(ticket), limit}
   end
 end
@@ -39,5 +43,5 @@ end
 local ticket = redis.call('INCR', K_TICKET)
 redis.call('ZADD', K_QUEUE, ticket, tok)
 redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
-redis.call('HSET', K_INFO, tok, now)
+redis.call('HSET', K_INFO, tok, int(now))
 return {0, ticket, limit}

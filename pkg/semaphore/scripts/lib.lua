@@ -46,10 +46,16 @@ local function process_of(tok)
   return string.match(tok, '^([^:]+):')
 end
 
+-- int formats a number as an integer: Lua's default formatting switches to
+-- exponent notation above 1e14.
+local function int(n)
+  return string.format('%d', n)
+end
+
 local function fence_of(tok)
   local info = redis.call('HGET', K_INFO, tok)
   if not info then return 0 end
-  return tonumber(string.match(info, '^(%d+):'))
+  return tonumber(string.match(info, '^(%d+):')) or 0
 end
 
 local function get_limit()
@@ -63,8 +69,22 @@ end
 -- "<token> !" for a request that can never be granted under the limit.
 local function wake(tok, msg)
   local key = WAKE_PREFIX .. process_of(tok)
+  if type(msg) == 'number' then msg = int(msg) end
   redis.call('RPUSH', key, tok .. ' ' .. msg)
   redis.call('PEXPIRE', key, WAKE_TTL)
+end
+
+-- reject_heavy fails every queued request heavier than limit, wherever it
+-- stands in the queue: it could never be granted.
+local function reject_heavy(limit)
+  for _, tok in ipairs(redis.call('ZRANGE', K_QUEUE, 0, -1)) do
+    if weight_of(tok) > limit then
+      redis.call('ZREM', K_QUEUE, tok)
+      redis.call('ZREM', K_ALIVE, tok)
+      redis.call('HDEL', K_INFO, tok)
+      wake(tok, '!')
+    end
+  end
 end
 
 local function drop_waiter(tok)
@@ -101,7 +121,7 @@ end
 local function add_holder(tok, deadline)
   local fence = redis.call('INCR', K_FENCE)
   redis.call('ZADD', K_HOLDERS, deadline, tok)
-  redis.call('HSET', K_INFO, tok, fence .. ':' .. now)
+  redis.call('HSET', K_INFO, tok, int(fence) .. ':' .. int(now))
   return fence
 end
 
@@ -122,14 +142,18 @@ local function grant(limit, held)
     elseif held + w <= limit then
       local deadline = tonumber(redis.call('ZSCORE', K_ALIVE, head))
       drop_waiter(head)
-      local fence = add_holder(head, deadline)
-      if process_of(head) == SELF then
-        LOCAL_GRANTS[#LOCAL_GRANTS + 1] = head
-        LOCAL_GRANTS[#LOCAL_GRANTS + 1] = fence
-      else
-        wake(head, fence)
+      -- A waiter without a heartbeat (evicted, or edited by hand) is
+      -- treated as dead: dropped, not granted.
+      if deadline then
+        local fence = add_holder(head, deadline)
+        if process_of(head) == SELF then
+          LOCAL_GRANTS[#LOCAL_GRANTS + 1] = head
+          LOCAL_GRANTS[#LOCAL_GRANTS + 1] = fence
+        else
+          wake(head, fence)
+        end
+        held = held + w
       end
-      held = held + w
     else
       return held, false
     end

@@ -19,7 +19,7 @@ for i = 7, #ARGV do
   if redis.call('ZSCORE', K_HOLDERS, tok) then
     redis.call('ZADD', K_HOLDERS, now + lease, tok)
     out[#out + 1] = fence_of(tok)
-  elseif redis.call('ZSCORE', K_ALIVE, tok) then
+  elseif redis.call('ZSCORE', K_QUEUE, tok) then
     redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
     out[#out + 1] = 0
   else

@@ -1,0 +1,287 @@
+package semaphore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// waiter is one Acquire call in this process, from before its first Redis
+// call until it is granted or gives up.
+type waiter struct {
+	weight int
+	ctx    context.Context // the Acquire call's; parent of the Permit's context
+	ch     chan wakeup     // room for a requeue notice and the final answer
+
+	// Guarded by Semaphore.mu. token changes when the waiter re-queues, so
+	// that a grant meant for its old place can never reach it.
+	token string
+	// heartbeat is a lower bound on when Redis last set this waiter's
+	// heartbeat deadline: the send time of the first attempt, raised to the
+	// send time of each call Redis confirmed. A grant's first lease ends at
+	// that deadline, so heartbeat + Lease never overstates it.
+	heartbeat time.Time
+}
+
+// wakeup is the answer a waiter receives.
+type wakeup struct {
+	permit  *Permit
+	err     error
+	requeue bool // Redis dropped our place (heartbeat lost): ask again
+}
+
+func (s *Semaphore) newToken(n int) string {
+	return s.process + ":" + strconv.FormatUint(s.seq.Add(1), 10) + ":" + strconv.Itoa(n)
+}
+
+func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("weight %d is less than 1: ask for at least one permit", n)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	w := &waiter{weight: n, ctx: ctx, ch: make(chan wakeup, 2)}
+	// Enlisted before the first call, so that a grant arriving before the
+	// call returns finds its waiter.
+	if err := s.enlist(w); err != nil {
+		return nil, err
+	}
+	for {
+		token := s.tokenOf(w)
+		status, value, limit, sent, err := s.callAcquire(ctx, w, token, wait)
+		if err != nil {
+			s.giveUp(w)
+			return nil, err
+		}
+		switch status {
+		case acquireGranted:
+			s.deliver(token, value, sent)
+		case acquireQueued:
+			s.mu.Lock()
+			if s.waiters[token] == w {
+				w.heartbeat = sent
+			}
+			s.startBackgroundLocked(true)
+			s.mu.Unlock()
+		case acquireFull:
+			s.giveUp(w)
+			return nil, ErrNoPermit
+		case acquireTooHeavy:
+			s.giveUp(w)
+			return nil, fmt.Errorf("%w: asked for %d, the limit is %d", ErrExceedsLimit, n, limit)
+		default:
+			s.giveUp(w)
+			return nil, fmt.Errorf("unexpected reply %d from the acquire script", status)
+		}
+		select {
+		case m := <-w.ch:
+			switch {
+			case m.requeue:
+				if err := s.enlist(w); err != nil {
+					s.giveUp(w)
+					return nil, err
+				}
+			case m.err != nil:
+				s.giveUp(w) // idempotent: makes sure no place lingers in Redis
+				return nil, m.err
+			default:
+				return m.permit, nil
+			}
+		case <-ctx.Done():
+			s.giveUp(w)
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// enlist gives w a fresh token and registers it under that token,
+// replacing its old one.
+func (s *Semaphore) enlist(w *waiter) error {
+	token := s.newToken(w.weight)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if w.token != "" {
+		delete(s.waiters, w.token)
+	}
+	w.token, w.heartbeat = token, time.Now()
+	s.waiters[token] = w
+	return nil
+}
+
+func (s *Semaphore) tokenOf(w *waiter) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return w.token
+}
+
+// callAcquire runs acquire.lua for token, retrying transient Redis errors
+// with backoff while ctx lives, the Semaphore is open and the caller is
+// willing to wait. Retrying is safe: the script is idempotent per token.
+func (s *Semaphore) callAcquire(ctx context.Context, w *waiter, token string, wait bool) (status, value int64, limit int64, sent time.Time, err error) {
+	waitFlag := "0"
+	if wait {
+		waitFlag = "1"
+	}
+	backoff := 10 * time.Millisecond
+	for {
+		sent = time.Now()
+		var res any
+		res, err = s.evalUntil(ctx, token, scriptAcquire, token, s.opts.Lease.Milliseconds(), s.opts.Lease.Milliseconds(), waitFlag)
+		if err == nil {
+			vals, ok := res.([]any)
+			if !ok || len(vals) != 3 {
+				return 0, 0, 0, sent, fmt.Errorf("unexpected reply %v from the acquire script", res)
+			}
+			status, _ = vals[0].(int64)
+			value, _ = vals[1].(int64)
+			limit, _ = vals[2].(int64)
+			return status, value, limit, sent, nil
+		}
+		if errors.Is(err, ErrClosed) {
+			return 0, 0, 0, sent, err
+		}
+		if ctx.Err() != nil {
+			if errors.Is(err, ctx.Err()) {
+				return 0, 0, 0, sent, err
+			}
+			return 0, 0, 0, sent, fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)
+		}
+		if !wait || !transient(err) {
+			return 0, 0, 0, sent, err
+		}
+		s.log.Warn("semaphore: acquire: Redis unavailable, retrying", "error", err, "retry_in", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return 0, 0, 0, sent, fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)
+		case <-s.stop:
+			return 0, 0, 0, sent, ErrClosed
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// giveUp takes a waiter that will not return a permit out of the process
+// and out of Redis: its place in the queue, and any permit granted to it in
+// the meantime, however that grant arrived.
+func (s *Semaphore) giveUp(w *waiter) {
+	s.mu.Lock()
+	token := w.token
+	if s.waiters[token] == w {
+		delete(s.waiters, token)
+	}
+	s.mu.Unlock()
+	// No one sends to w.ch once w is out of the map: drain it all.
+	for drained := false; !drained; {
+		select {
+		case m := <-w.ch:
+			if m.permit != nil {
+				s.forgetHolder(m.permit)
+				m.permit.lose(errGivenUp)
+			}
+		default:
+			drained = true
+		}
+	}
+	done := make(chan struct{})
+	s.spawn(func() {
+		defer close(done)
+		s.releaseDetached(token)
+	})
+	// Wait briefly so that Acquire usually returns with Redis already
+	// clean; never long, so that an outage cannot hold Acquire past ctx.
+	select {
+	case <-done:
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// errGivenUp is the cause of the context of a permit granted to an Acquire
+// that gave up at the same moment; nobody sees that permit.
+var errGivenUp = errors.New("acquire gave up")
+
+// deliver turns the local waiter of token into a holder of the permit that
+// Redis granted it with fence. leaseFrom is when the call that set the
+// holder's lease deadline was sent; zero means the grant's deadline is the
+// waiter's heartbeat deadline. A notice for a token that no longer waits is
+// ignored: every path that gives a token up releases it itself. A grant
+// whose lease may already have run out (it waited in the wake list while
+// this process was paused) is not handed over; the watchdog is asked to
+// refresh now and hands it over if Redis still holds it, or re-queues.
+func (s *Semaphore) deliver(token string, fence int64, leaseFrom time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.waiters[token]
+	if !ok {
+		return
+	}
+	if leaseFrom.IsZero() {
+		leaseFrom = w.heartbeat
+	}
+	until := leaseFrom.Add(s.opts.Lease)
+	if !until.After(time.Now()) {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+		return
+	}
+	delete(s.waiters, token)
+	p := newPermit(s, w, token, fence, until)
+	s.holders[token] = p
+	s.startBackgroundLocked(false)
+	w.ch <- wakeup{permit: p}
+}
+
+// reject fails the local waiter of token: its weight exceeds the limit.
+func (s *Semaphore) reject(token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w, ok := s.waiters[token]; ok {
+		delete(s.waiters, token)
+		w.ch <- wakeup{err: fmt.Errorf("%w: the limit was lowered below this request's weight", ErrExceedsLimit)}
+	}
+}
+
+// requeue tells the local waiter of token that Redis dropped its place.
+func (s *Semaphore) requeue(token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w, ok := s.waiters[token]; ok && len(w.ch) == 0 {
+		w.ch <- wakeup{requeue: true}
+	}
+}
+
+// forgetHolder stops refreshing p, if it is still this process's holder.
+func (s *Semaphore) forgetHolder(p *Permit) {
+	s.mu.Lock()
+	if s.holders[p.token] == p {
+		delete(s.holders, p.token)
+	}
+	s.mu.Unlock()
+}
+
+// startBackgroundLocked starts the watchdog, and the dispatcher when a
+// waiter is queued, the first time each is needed. Processes that never wait
+// never hold a blocking connection.
+func (s *Semaphore) startBackgroundLocked(queued bool) {
+	if s.closed {
+		return
+	}
+	if !s.watching {
+		s.watching = true
+		s.wg.Add(1)
+		go s.watch()
+	}
+	if queued && !s.dispatching {
+		s.dispatching = true
+		s.wg.Add(1)
+		go s.dispatch()
+	}
+}

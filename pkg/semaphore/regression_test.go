@@ -1,0 +1,487 @@
+package semaphore_test
+
+// Each test here reproduces a bug that a review found (with an injected
+// delay or fault where the race needs one) and proves the fix.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+// The EVALSHA arguments: "evalsha", sha, numkeys, 7 keys, then ARGV. The
+// token is ARGV[5] of acquire and release; acquire's wait flag is ARGV[8].
+const (
+	argToken    = 3 + 7 + 4
+	argWaitFlag = 3 + 7 + 7
+)
+
+func isScript(cmd redis.Cmder, hash string) bool {
+	args := cmd.Args()
+	return cmd.Name() == "evalsha" && len(args) > 1 && args[1] == hash
+}
+
+func arg(cmd redis.Cmder, i int) string {
+	if args := cmd.Args(); i < len(args) {
+		return fmt.Sprint(args[i])
+	}
+	return ""
+}
+
+// faultHook lets a test act on a command after the server has run it (to
+// delay its reply, or replace it with an error), or refuse it unsent.
+type faultHook struct {
+	after  func(cmd redis.Cmder) // runs once the reply is in
+	refuse func(cmd redis.Cmder) bool
+}
+
+func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *faultHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.refuse != nil && h.refuse(cmd) {
+			err := errors.New("dial tcp: connection refused (injected)")
+			cmd.SetErr(err)
+			return err
+		}
+		err := next(ctx, cmd)
+		if h.after != nil {
+			h.after(cmd)
+			return cmd.Err()
+		}
+		return err
+	}
+}
+func (h *faultHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func hookedClient(t *testing.T, h *faultHook) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	c.AddHook(h)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// A grant pushed to a process cut off from Redis lapses before the process
+// reads it, and another process is granted. When the first process is back,
+// the stale wake-up must not hand it a permit: it re-queues instead.
+func TestAGrantThatLapsedInTheWakeListIsNeverHandedOver(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	px := startProxy(t, redisAddr(t))
+	const lease = time.Second
+	a := newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1, Lease: lease})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	ctx := context.Background()
+	p, err := other.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := a.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- q
+	}()
+	waitFor(t, 5*time.Second, "a queued", func() bool { return len(stats(t, other).Waiters) == 1 })
+	px.cut()
+	if err := p.Release(ctx); err != nil { // grants a's waiter; the wake-up waits in a's list
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a's unrefreshed grant to lapse", func() bool { return stats(t, other).Held == 0 })
+	q, err := other.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.restore()
+	select {
+	case r := <-got:
+		t.Fatalf("a was handed permit %s while %s holds the only one: %+v", r.ID(), q.ID(), stats(t, other))
+	case <-time.After(2 * lease):
+	}
+	if st := stats(t, other); len(st.Waiters) != 1 {
+		t.Fatalf("a did not re-queue: %+v", st)
+	}
+	if err := q.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if st := stats(t, other); len(st.Holders) != 1 || st.Holders[0].ID != r.ID() {
+		t.Errorf("a's permit is not the one Redis holds: %+v", st)
+	}
+	_ = r.Release(ctx)
+}
+
+// A waiter's "queued" reply is slow; meanwhile the releasing handle hands
+// it the permit in-process. Its lease must be dated from its enqueue, not
+// from the zero time: a live permit must not be cancelled.
+func TestALocalGrantBeforeTheQueuedReplyKeepsItsLease(t *testing.T) {
+	t.Parallel()
+	var slow atomic.Bool
+	h := &faultHook{after: func(cmd redis.Cmder) {
+		if slow.Load() && isScript(cmd, semaphore.AcquireScriptHash) && arg(cmd, argWaitFlag) == "1" {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}}
+	_, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	s := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
+	ctx := context.Background()
+	a, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow.Store(true)
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := s.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	waitFor(t, 5*time.Second, "b queued", func() bool { return len(stats(t, s).Waiters) == 1 })
+	if err := a.Release(ctx); err != nil { // hands b its permit before b's reply is read
+		t.Fatal(err)
+	}
+	b := <-got
+	select {
+	case <-b.Context().Done():
+		t.Fatalf("a live permit was cancelled: %v; Redis: %+v", context.Cause(b.Context()), stats(t, s))
+	case <-time.After(2 * lease):
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Errorf("Release = %v", err)
+	}
+}
+
+// The first acquire call is granted but its reply is lost; the retry 450ms
+// later finds the grant. The lease must be re-armed from the retry, so that
+// the local view never outlives Redis's.
+func TestARetriedAcquireDatesItsLeaseFromTheRetry(t *testing.T) {
+	t.Parallel()
+	var lostOnce, cutOff atomic.Bool
+	h := &faultHook{
+		after: func(cmd redis.Cmder) {
+			if isScript(cmd, semaphore.AcquireScriptHash) && lostOnce.CompareAndSwap(false, true) {
+				time.Sleep(450 * time.Millisecond)
+				cmd.SetErr(errors.New("read tcp: i/o timeout (injected)"))
+			}
+		},
+		refuse: func(cmd redis.Cmder) bool { return cutOff.Load() && isScript(cmd, semaphore.RefreshScriptHash) },
+	}
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	s := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
+	ctx := context.Background()
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cutOff.Store(true) // p's refreshes fail from now on
+	q, err := other.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Release(ctx)
+	if p.Context().Err() == nil {
+		t.Errorf("another process was granted while p's context was still live")
+	}
+}
+
+// A grant reaches a waiter (through the watchdog) and then its own acquire
+// call fails for good: the permit must be given back, not kept alive by the
+// watchdog forever.
+func TestAnAcquireThatFailsAfterItsGrantLeavesNothingHeld(t *testing.T) {
+	t.Parallel()
+	unblock := make(chan struct{})
+	var target atomic.Value
+	target.Store("")
+	var refuseRelease atomic.Bool
+	refuseRelease.Store(true)
+	h := &faultHook{
+		after: func(cmd redis.Cmder) {
+			if isScript(cmd, semaphore.AcquireScriptHash) && arg(cmd, argToken) == target.Load() {
+				<-unblock
+				cmd.SetErr(errors.New("ERR injected permanent error"))
+			}
+		},
+		// The give-back fails too, so only not refreshing the permit can
+		// return it: the watchdog must have forgotten it.
+		refuse: func(cmd redis.Cmder) bool {
+			return refuseRelease.Load() && isScript(cmd, semaphore.ReleaseScriptHash) && arg(cmd, argToken) == target.Load()
+		},
+	}
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	s := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	ctx := context.Background()
+	p0, err := s.Acquire(ctx) // starts s's watchdog
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p0.Release(ctx)
+	p, err := other.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next token s hands out is sequence 2 of weight 1.
+	target.Store(p0.ID()[:len(p0.ID())-len("1:1")] + "2:1")
+	failed := make(chan error, 1)
+	go func() { _, err := s.Acquire(ctx); failed <- err }()
+	waitFor(t, 5*time.Second, "s queued", func() bool { return len(stats(t, other).Waiters) == 1 })
+	_ = p.Release(ctx)    // grants s's waiter
+	time.Sleep(lease / 2) // s's watchdog finds the grant and delivers it
+	close(unblock)
+	if err := <-failed; err == nil {
+		t.Fatal("Acquire succeeded despite the injected error")
+	}
+	time.Sleep(200 * time.Millisecond) // past the give-back attempt
+	refuseRelease.Store(false)
+	waitFor(t, 5*lease, "the orphaned grant to be given back", func() bool { return stats(t, other).Held == 0 })
+}
+
+func TestAcquireOnAClosedClientFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	_, prefix := testenv.Redis(t)
+	opt, _ := redis.ParseURL(testenv.RedisURL(t))
+	c := redis.NewClient(opt)
+	s, err := semaphore.New(c, "db", semaphore.Options{Limit: 1, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_ = c.Close()
+	done := make(chan error, 1)
+	go func() { _, err := s.Acquire(context.Background()); done <- err }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, redis.ErrClosed) {
+			t.Errorf("Acquire on a closed client = %v, want redis.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Acquire on a closed client kept retrying")
+	}
+}
+
+func TestCloseEndsAnAcquireRetryingAgainstUnreachableRedis(t *testing.T) {
+	t.Parallel()
+	_, prefix := testenv.Redis(t)
+	px := startProxy(t, redisAddr(t))
+	px.cut()
+	s := newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1})
+	done := make(chan error, 1)
+	go func() { _, err := s.Acquire(context.Background()); done <- err }()
+	time.Sleep(200 * time.Millisecond) // retrying by now
+	go func() { _ = s.Close() }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, semaphore.ErrClosed) {
+			t.Errorf("Acquire after Close = %v, want ErrClosed", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Acquire kept retrying after Close")
+	}
+}
+
+func TestReleaseWithThePermitsOwnContextGivesItBack(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	p, err := s.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(p.Context()); err != nil {
+		t.Errorf("Release(p.Context()) = %v", err)
+	}
+	if st := stats(t, s); st.Held != 0 {
+		t.Errorf("Redis still holds %d after Release(p.Context())", st.Held)
+	}
+	// And with a context cancelled before Release.
+	ctx, cancel := context.WithCancel(context.Background())
+	q, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := q.Release(ctx); err != nil {
+		t.Errorf("Release with a cancelled context = %v", err)
+	}
+	if st := stats(t, s); st.Held != 0 {
+		t.Errorf("Redis still holds %d after Release with a cancelled context", st.Held)
+	}
+}
+
+func TestReleaseRacingCloseNeverReportsALostLease(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	counts := map[string]int{}
+	for i := 0; i < 1000; i++ {
+		s, err := semaphore.New(rdb, "db", semaphore.Options{Limit: 1, Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var rerr error
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() { defer wg.Done(); <-start; rerr = p.Release(context.Background()) }()
+		go func() {
+			defer wg.Done()
+			<-start
+			for j := 0; j < i%50; j++ { // vary who goes first
+				runtime.Gosched()
+			}
+			_ = s.Close()
+		}()
+		close(start)
+		wg.Wait()
+		switch {
+		case rerr == nil:
+			counts["nil"]++
+		case errors.Is(rerr, semaphore.ErrClosed):
+			counts["closed"]++
+		default:
+			t.Fatalf("Release racing Close = %v, want nil or ErrClosed", rerr)
+		}
+		if st := stats(t, s); st.Held != 0 {
+			t.Fatalf("after Release racing Close, Redis holds %+v", st.Holders)
+		}
+	}
+	t.Logf("Release racing Close: %v", counts)
+}
+
+func TestSetLimitFailsHeavyWaitersAnywhereInTheQueue(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 4, Lease: time.Minute})
+	ctx := context.Background()
+	p, err := s.AcquireN(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(ctx)
+	light := make(chan error, 1)
+	go func() {
+		q, err := s.AcquireN(ctx, 2) // at the head; fits under the new limit
+		if err == nil {
+			err = q.Release(ctx)
+		}
+		light <- err
+	}()
+	waitFor(t, 5*time.Second, "the light waiter", func() bool { return len(stats(t, s).Waiters) == 1 })
+	heavy := make(chan error, 1)
+	go func() { _, err := s.AcquireN(ctx, 4); heavy <- err }()
+	waitFor(t, 5*time.Second, "the heavy waiter", func() bool { return len(stats(t, s).Waiters) == 2 })
+	if err := s.SetLimit(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-heavy:
+		if !errors.Is(err, semaphore.ErrExceedsLimit) {
+			t.Errorf("heavy waiter = %v, want ErrExceedsLimit", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatalf("the heavy waiter behind the head was not failed: %+v", stats(t, s).Waiters)
+	}
+	if st := stats(t, s); len(st.Waiters) != 1 {
+		t.Errorf("waiters after SetLimit = %+v, want only the light one", st.Waiters)
+	}
+	_ = p.Release(ctx)
+	if err := <-light; err != nil {
+		t.Error(err)
+	}
+}
+
+func TestStatsListsHoldersInGrantOrder(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 20, Lease: 300 * time.Millisecond})
+	ctx := context.Background()
+	for i := 0; i < 12; i++ {
+		p, err := s.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Release(ctx)
+	}
+	time.Sleep(250 * time.Millisecond) // a refresh: all lease deadlines now equal
+	st := stats(t, s)
+	if len(st.Holders) != 12 {
+		t.Fatalf("%d holders, want 12", len(st.Holders))
+	}
+	for i := 1; i < len(st.Holders); i++ {
+		if st.Holders[i].Fence <= st.Holders[i-1].Fence {
+			t.Fatalf("holder with fence %d listed after fence %d", st.Holders[i].Fence, st.Holders[i-1].Fence)
+		}
+	}
+}
+
+// Contended, with some holds spanning refresh ticks and hand-offs both
+// in-process and across handles: with Redis healthy, no lease is ever lost.
+func TestHoldersOfAHealthySemaphoreNeverLoseTheirLease(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	const lease = 300 * time.Millisecond
+	sems := []*semaphore.Semaphore{
+		newSem(t, rdb, prefix, semaphore.Options{Limit: 2, Lease: lease}),
+		newSem(t, rdb, prefix, semaphore.Options{Limit: 2, Lease: lease}),
+	}
+	ctx := context.Background()
+	var lost, released atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 150; i++ {
+				p, err := sems[g%2].Acquire(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if i%30 == 0 {
+					time.Sleep(lease / 2) // spans a refresh tick
+				} else {
+					time.Sleep(time.Millisecond)
+				}
+				err = p.Release(ctx)
+				switch {
+				case errors.Is(err, semaphore.ErrLeaseLost):
+					lost.Add(1)
+				case err != nil:
+					t.Error(err)
+				default:
+					released.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if lost.Load() > 0 || released.Load() != 600 {
+		t.Errorf("%d leases lost, %d released of 600, with Redis healthy", lost.Load(), released.Load())
+	}
+}
