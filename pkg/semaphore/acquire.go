@@ -13,7 +13,10 @@ import (
 type waiter struct {
 	weight int
 	ctx    context.Context // the Acquire call's; parent of the Permit's context
-	ch     chan wakeup     // room for a requeue notice and the final answer
+	// ch has room for a requeue notice and the final answer: a requeue is
+	// sent only while ch is empty, the final answer only by whoever takes
+	// the waiter out of Semaphore.waiters.
+	ch chan wakeup
 
 	// Guarded by Semaphore.mu. token changes when the waiter re-queues, so
 	// that a grant meant for its old place can never reach it.
@@ -23,6 +26,11 @@ type waiter struct {
 	// send time of each call Redis confirmed. A grant's first lease ends at
 	// that deadline, so heartbeat + Lease never overstates it.
 	heartbeat time.Time
+	// known: Redis has confirmed this token (a queued reply, or a grant).
+	// Only known waiters are refreshed: a refresh that reached Redis before
+	// the token's first acquire call would call it unknown and re-queue a
+	// waiter that is about to be queued or granted.
+	known bool
 }
 
 // wakeup is the answer a waiter receives.
@@ -62,7 +70,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 		case acquireQueued:
 			s.mu.Lock()
 			if s.waiters[token] == w {
-				w.heartbeat = sent
+				w.heartbeat, w.known = sent, true
 			}
 			s.startBackgroundLocked(true)
 			s.mu.Unlock()
@@ -80,10 +88,13 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 		case m := <-w.ch:
 			switch {
 			case m.requeue:
+				old := token
 				if err := s.enlist(w); err != nil {
 					s.giveUp(w)
 					return nil, err
 				}
+				// Redis no longer knows the old token; make sure of it.
+				s.spawn(func() { s.releaseDetached(old) })
 			case m.err != nil:
 				s.giveUp(w) // idempotent: makes sure no place lingers in Redis
 				return nil, m.err
@@ -109,7 +120,7 @@ func (s *Semaphore) enlist(w *waiter) error {
 	if w.token != "" {
 		delete(s.waiters, w.token)
 	}
-	w.token, w.heartbeat = token, time.Now()
+	w.token, w.heartbeat, w.known = token, time.Now(), false
 	s.waiters[token] = w
 	return nil
 }
@@ -181,9 +192,12 @@ func (s *Semaphore) giveUp(w *waiter) {
 	for drained := false; !drained; {
 		select {
 		case m := <-w.ch:
-			if m.permit != nil {
-				s.forgetHolder(m.permit)
-				m.permit.lose(errGivenUp)
+			if p := m.permit; p != nil {
+				s.forgetHolder(p)
+				p.lose(errGivenUp)
+				if p.token != token {
+					s.spawn(func() { s.releaseDetached(p.token) })
+				}
 			}
 		default:
 			drained = true
@@ -210,10 +224,12 @@ var errGivenUp = errors.New("acquire gave up")
 // Redis granted it with fence. leaseFrom is when the call that set the
 // holder's lease deadline was sent; zero means the grant's deadline is the
 // waiter's heartbeat deadline. A notice for a token that no longer waits is
-// ignored: every path that gives a token up releases it itself. A grant
-// whose lease may already have run out (it waited in the wake list while
-// this process was paused) is not handed over; the watchdog is asked to
-// refresh now and hands it over if Redis still holds it, or re-queues.
+// ignored: every path that gives a token up (or re-queues under a new one)
+// releases the old token itself. A grant whose lease may already have run
+// out (it waited in the wake list, or its reply was slow, while this process
+// was paused) is not handed over; the watchdog is started if need be and
+// asked to refresh now, and hands it over if Redis still holds it, or
+// re-queues.
 func (s *Semaphore) deliver(token string, fence int64, leaseFrom time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -226,6 +242,8 @@ func (s *Semaphore) deliver(token string, fence int64, leaseFrom time.Time) {
 	}
 	until := leaseFrom.Add(s.opts.Lease)
 	if !until.After(time.Now()) {
+		w.known = true // Redis granted it: a refresh will say what became of it
+		s.startBackgroundLocked(false)
 		select {
 		case s.kick <- struct{}{}:
 		default:

@@ -39,7 +39,11 @@ func (s *Semaphore) evalUntil(ctx context.Context, token string, sc *redis.Scrip
 	}
 	done := make(chan result, 1)
 	s.spawn(func() {
-		v, err := s.eval(context.WithoutCancel(ctx), sc, args...)
+		// Detached from ctx, so that the reply tells what Redis did; bounded,
+		// so that Close never waits on it for long.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		v, err := s.eval(cctx, sc, args...)
 		done <- result{v, err}
 	})
 	var err error

@@ -127,19 +127,8 @@ func TestReleaseHandsThePermitOverWithoutPolling(t *testing.T) {
 	waiterSem := newSem(t, wrdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
 	ctx := context.Background()
 
-	p, err := holderSem.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	granted := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := waiterSem.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		granted <- q
-	}()
-	waitFor(t, 5*time.Second, "the waiter queued", func() bool { return len(stats(t, holderSem).Waiters) == 1 })
+	p := mustAcquire(t, holderSem)
+	granted := acquireQueued(t, waiterSem, holderSem, 1)
 	before := counter.snapshot()
 	time.Sleep(time.Second) // a polling waiter would retry many times here
 	during := counter.snapshot()

@@ -45,6 +45,32 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+func mustAcquire(t *testing.T, s *semaphore.Semaphore) *semaphore.Permit {
+	t.Helper()
+	p, err := s.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// acquireQueued starts an Acquire on s in the background and returns once
+// observer's Stats shows queued waiters in all. The channel receives the
+// permit, or nil if Acquire failed (the failure is reported).
+func acquireQueued(t *testing.T, s, observer *semaphore.Semaphore, queued int) <-chan *semaphore.Permit {
+	t.Helper()
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := s.Acquire(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	waitFor(t, 5*time.Second, fmt.Sprintf("%d waiters queued", queued), func() bool { return len(stats(t, observer).Waiters) == queued })
+	return got
+}
+
 func stats(t *testing.T, s *semaphore.Semaphore) semaphore.Stats {
 	t.Helper()
 	st, err := s.Stats(context.Background())

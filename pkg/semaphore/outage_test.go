@@ -179,19 +179,8 @@ func TestWaiterWhoseHeartbeatLapsedDuringAnOutageQueuesAgain(t *testing.T) {
 	s := newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1, Lease: lease})
 	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
 	ctx := context.Background()
-	p, err := other.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := s.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- q
-	}()
-	waitFor(t, 5*time.Second, "the waiter queued", func() bool { return len(stats(t, other).Waiters) == 1 })
+	p := mustAcquire(t, other)
+	got := acquireQueued(t, s, other, 1)
 	px.cut()
 	waitFor(t, 5*time.Second, "Redis to drop the silent waiter", func() bool { return len(stats(t, other).Waiters) == 0 })
 	px.restore()

@@ -96,7 +96,8 @@ func (p *Permit) Release(ctx context.Context) error {
 
 // lose marks a held permit as no longer held and cancels its context. It
 // reports whether the permit was held, that is whether the caller now owns
-// giving it back; a concurrent Release owns that otherwise.
+// giving it back. Otherwise it does nothing: a concurrent Release owns the
+// permit, and may be using its context for the call that gives it back.
 func (p *Permit) lose(cause error) bool {
 	p.mu.Lock()
 	held := p.state == permitHeld
@@ -107,7 +108,9 @@ func (p *Permit) lose(cause error) bool {
 		}
 	}
 	p.mu.Unlock()
-	p.cancel(cause)
+	if held {
+		p.cancel(cause)
+	}
 	return held
 }
 

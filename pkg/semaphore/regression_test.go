@@ -40,6 +40,7 @@ func arg(cmd redis.Cmder, i int) string {
 // faultHook lets a test act on a command after the server has run it (to
 // delay its reply, or replace it with an error), or refuse it unsent.
 type faultHook struct {
+	before func(cmd redis.Cmder) // runs before the command is sent
 	after  func(cmd redis.Cmder) // runs once the reply is in
 	refuse func(cmd redis.Cmder) bool
 }
@@ -51,6 +52,9 @@ func (h *faultHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			err := errors.New("dial tcp: connection refused (injected)")
 			cmd.SetErr(err)
 			return err
+		}
+		if h.before != nil {
+			h.before(cmd)
 		}
 		err := next(ctx, cmd)
 		if h.after != nil {
@@ -87,19 +91,8 @@ func TestAGrantThatLapsedInTheWakeListIsNeverHandedOver(t *testing.T) {
 	a := newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1, Lease: lease})
 	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
 	ctx := context.Background()
-	p, err := other.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := a.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- q
-	}()
-	waitFor(t, 5*time.Second, "a queued", func() bool { return len(stats(t, other).Waiters) == 1 })
+	p := mustAcquire(t, other)
+	got := acquireQueued(t, a, other, 1)
 	px.cut()
 	if err := p.Release(ctx); err != nil { // grants a's waiter; the wake-up waits in a's list
 		t.Fatal(err)
@@ -483,5 +476,76 @@ func TestHoldersOfAHealthySemaphoreNeverLoseTheirLease(t *testing.T) {
 	wg.Wait()
 	if lost.Load() > 0 || released.Load() != 600 {
 		t.Errorf("%d leases lost, %d released of 600, with Redis healthy", lost.Load(), released.Load())
+	}
+}
+
+// A waiter is registered before its first acquire call; a refresh that
+// reaches Redis before that call must not call the token unknown and
+// re-queue the waiter under a new token, leaving the first grant orphaned.
+func TestARefreshBeforeTheFirstAcquireCallDoesNotRequeue(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	var target atomic.Value
+	target.Store("")
+	h := &faultHook{before: func(cmd redis.Cmder) {
+		if isScript(cmd, semaphore.AcquireScriptHash) && arg(cmd, argToken) == target.Load() {
+			time.Sleep(lease / 2) // a watchdog refresh happens meanwhile
+		}
+	}}
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 2, Lease: lease})
+	observer := newSem(t, rdb, prefix, semaphore.Options{Limit: 2, Lease: time.Minute})
+	keep := mustAcquire(t, s) // keeps s's watchdog running
+	defer keep.Release(context.Background())
+	target.Store(keep.ID()[:len(keep.ID())-len("1:1")] + "2:1")
+	p := mustAcquire(t, s)
+	if st := stats(t, observer); st.Held != 2 || len(st.Holders) != 2 {
+		t.Fatalf("after two grants Redis shows %+v", st)
+	}
+	if err := p.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * lease) // an orphan would be kept alive by the watchdog
+	if st := stats(t, observer); st.Held != 1 || len(st.Waiters) != 0 {
+		t.Errorf("after releasing p, Redis shows %+v: a grant was orphaned", st)
+	}
+}
+
+// The reply to an acquire that was granted at once arrives after the lease
+// could have run out (the process stalled). The grant is not handed over
+// as is; the watchdog — started for it if need be — settles it, and Acquire
+// returns a permit Redis holds rather than waiting forever.
+func TestAGrantWhoseReplyCameTooLateIsSettledNotStuck(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	var stall atomic.Bool
+	stall.Store(true)
+	h := &faultHook{after: func(cmd redis.Cmder) {
+		if isScript(cmd, semaphore.AcquireScriptHash) && stall.CompareAndSwap(true, false) {
+			time.Sleep(lease + lease/2)
+		}
+	}}
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
+	observer := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := s.Acquire(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	select {
+	case p := <-got:
+		if p == nil {
+			t.Fatal("Acquire failed")
+		}
+		if st := stats(t, observer); len(st.Holders) != 1 || st.Holders[0].ID != p.ID() {
+			t.Errorf("Acquire returned %s but Redis shows %+v", p.ID(), st)
+		}
+		_ = p.Release(context.Background())
+	case <-time.After(5 * time.Second):
+		t.Fatal("Acquire is stuck on a grant whose reply came after its lease")
 	}
 }

@@ -42,9 +42,11 @@ func (s *Semaphore) refresh() {
 		tokens = append(tokens, tok)
 		snapshot = append(snapshot, p)
 	}
-	for tok := range s.waiters {
-		tokens = append(tokens, tok)
-		snapshot = append(snapshot, nil)
+	for tok, w := range s.waiters {
+		if w.known {
+			tokens = append(tokens, tok)
+			snapshot = append(snapshot, nil)
+		}
 	}
 	s.mu.Unlock()
 	for _, p := range lost {

@@ -39,7 +39,7 @@ var (
 	holds      = flag.String("holds", "2ms,10ms", "work per grant in the utilisation runs, comma-separated: one table each")
 	repeat     = flag.Int("repeat", 3, "interleaved runs per design in the utilisation runs; the median is reported")
 	hold       = flag.Duration("hold", 0, "internal: work per grant of a utilisation worker")
-	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,utilisation")
+	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,idle,utilisation")
 	designList = flag.String("designs", "", "utilisation designs to run, comma-separated (default all)")
 
 	// Set on the worker subprocesses of the utilisation runs.
@@ -87,7 +87,7 @@ func main() {
 		name string
 		run  func(context.Context, *redis.Client, string)
 	}{
-		{"roundtrip", roundTrips}, {"handoff", handoff}, {"commands", commandCounts}, {"utilisation", utilisation},
+		{"roundtrip", roundTrips}, {"handoff", handoff}, {"commands", commandCounts}, {"idle", idleRoundTrips}, {"utilisation", utilisation},
 	}
 	for _, sec := range sections {
 		if *only == "" || slices.Contains(strings.Split(*only, ","), sec.name) {
@@ -169,6 +169,28 @@ func handoff(ctx context.Context, rdb *redis.Client, prefix string) {
 	fmt.Println("| p50 | p90 | p99 (target ≤ 2 ms) | max |")
 	fmt.Println("|---|---|---|---|")
 	fmt.Printf("| %s | %s | **%s** | %s |\n\n", q(0.5), q(0.9), q(0.99), fmtDur(lat[len(lat)-1]))
+}
+
+// idleRoundTrips: a bare PING's round trip after the client slept. On
+// machines whose idle CPUs wake slowly (VMs especially), a round trip from
+// idle costs several times one from busy; every hand-off pays one.
+func idleRoundTrips(ctx context.Context, rdb *redis.Client, _ string) {
+	fmt.Println("## 5. PING round trip after the client was idle (300 samples each)")
+	fmt.Println()
+	fmt.Println("| idle before the PING | p50 | p90 |")
+	fmt.Println("|---|---|---|")
+	for _, idle := range []time.Duration{0, 500 * time.Microsecond, 2 * time.Millisecond, 10 * time.Millisecond} {
+		var d []time.Duration
+		for i := 0; i < 300; i++ {
+			time.Sleep(idle)
+			t := time.Now()
+			must(rdb.Ping(ctx).Err())
+			d = append(d, time.Since(t))
+		}
+		slices.Sort(d)
+		fmt.Printf("| %v | %v | %v |\n", idle, d[len(d)/2].Round(time.Microsecond), d[len(d)*9/10].Round(time.Microsecond))
+	}
+	fmt.Println()
 }
 
 // commandCounts: Redis commands per Acquire+Release from INFO commandstats,
