@@ -41,7 +41,7 @@ func arg(cmd redis.Cmder, i int) string {
 // delay its reply, or replace it with an error), or refuse it unsent.
 type faultHook struct {
 	before func(cmd redis.Cmder) // runs before the command is sent
-	after  func(cmd redis.Cmder) // runs once the reply is in
+	after  func(cmd redis.Cmder) // runs once a reply without error is in
 	refuse func(cmd redis.Cmder) bool
 }
 
@@ -57,9 +57,14 @@ func (h *faultHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			h.before(cmd)
 		}
 		err := next(ctx, cmd)
-		if h.after != nil {
+		if h.after != nil && err == nil { // a NOSCRIPT miss did not run the script
 			h.after(cmd)
-			return cmd.Err()
+			// Inside a hook, next's error is not yet set on cmd: return it
+			// (a NOSCRIPT must reach go-redis's EVAL fallback) unless after
+			// injected one of its own.
+			if injected := cmd.Err(); injected != nil {
+				return injected
+			}
 		}
 		return err
 	}
