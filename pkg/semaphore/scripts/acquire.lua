@@ -1,5 +1,7 @@
 -- acquire takes a permit for a token at once, or queues the token.
--- Idempotent: a retried call with the same token returns the same outcome.
+-- Idempotent: a retried call with the same token returns the same outcome,
+-- with its deadline re-armed (the caller dates its lease or heartbeat from
+-- the retry, not from the call whose reply it lost).
 --   ARGV[5] token
 --   ARGV[6] lease (ms)
 --   ARGV[7] heartbeat timeout (ms) of a queued waiter
@@ -13,34 +15,38 @@ local tok = ARGV[5]
 local lease, heartbeat = tonumber(ARGV[6]), tonumber(ARGV[7])
 
 local limit = get_limit()
-purge_waiters()
 local held, queue_empty = grant(limit, purge_holders())
+local w = weight_of(tok)
 
-if redis.call('HEXISTS', K_INFO, tok) == 1 then -- a retry of a call that ran
-  -- Re-arm the deadline: the caller dates its lease or heartbeat from this
-  -- call, not from the one whose reply it lost.
-  if redis.call('ZSCORE', K_HOLDERS, tok) then
-    redis.call('ZADD', K_HOLDERS, now + lease, tok)
-    return {1, fence_of(tok), limit}
+if queue_empty and held + w <= limit then
+  -- The fast path: one ZADD NX both grants and detects a retry.
+  if redis.call('ZADD', K_HOLDERS, 'NX', now + lease, tok) == 1 then
+    local fence = redis.call('INCR', K_FENCE)
+    redis.call('HSET', K_INFO, tok, int(fence) .. ':' .. int(now))
+    return {1, fence, limit}
   end
-  local ticket = redis.call('ZSCORE', K_QUEUE, tok)
-  if ticket then
-    redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
-    return {0, tonumber(ticket), limit}
-  end
+  redis.call('ZADD', K_HOLDERS, now + lease, tok)
+  return {1, fence_of(tok), limit}
 end
 
-local w = weight_of(tok)
+-- A retry of a call that ran: already holding, or already queued.
+if redis.call('ZSCORE', K_HOLDERS, tok) then
+  redis.call('ZADD', K_HOLDERS, now + lease, tok)
+  return {1, fence_of(tok), limit}
+end
+local ticket = redis.call('ZSCORE', K_QUEUE, tok)
+if ticket then
+  redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
+  return {0, tonumber(ticket), limit}
+end
+
 if w > limit then
   return {-1, 0, limit}
-end
-if queue_empty and held + w <= limit then
-  return {1, add_holder(tok, now + lease), limit}
 end
 if ARGV[8] ~= '1' then
   return {2, 0, limit}
 end
-local ticket = redis.call('INCR', K_TICKET)
+ticket = redis.call('INCR', K_TICKET)
 redis.call('ZADD', K_QUEUE, ticket, tok)
 redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
 redis.call('HSET', K_INFO, tok, int(now))

@@ -94,8 +94,12 @@ local function drop_waiter(tok)
 end
 
 -- purge_waiters removes waiters whose heartbeat stopped: a crashed process
--- gives its places in the queue back.
+-- gives its places in the queue back. Once per call is enough; grant calls
+-- it only when someone is queued, so the uncontended path skips it.
+local waiters_purged = false
 local function purge_waiters()
+  if waiters_purged then return end
+  waiters_purged = true
   for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_ALIVE, '-inf', now)) do
     drop_waiter(tok)
   end
@@ -134,6 +138,10 @@ end
 local function grant(limit, held)
   while true do
     local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
+    if head and not waiters_purged then
+      purge_waiters() -- the head may be dead
+      head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
+    end
     if not head then return held, true end
     local w = weight_of(head)
     if w > limit then

@@ -7,7 +7,6 @@
 -- caller's own waiters (ARGV[4]), which it must hand over itself.
 local tok = ARGV[5]
 local limit = get_limit()
-purge_waiters()
 -- Purge before looking: a token whose lease ran out was lost, not released.
 local held = purge_holders()
 local was = 0
