@@ -71,6 +71,19 @@ func acquireQueued(t *testing.T, s, observer *semaphore.Semaphore, queued int) <
 	return got
 }
 
+// cutOffPair returns two handles on one semaphore of limit 1: s, whose Redis
+// connections pass through px so that the test can cut it off, with the
+// given lease; and other, connected directly, with otherLease (zero: the
+// default).
+func cutOffPair(t *testing.T, lease, otherLease time.Duration) (s, other *semaphore.Semaphore, px *proxy) {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	px = startProxy(t, redisAddr(t))
+	s = newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1, Lease: lease})
+	other = newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: otherLease})
+	return s, other, px
+}
+
 func stats(t *testing.T, s *semaphore.Semaphore) semaphore.Stats {
 	t.Helper()
 	st, err := s.Stats(context.Background())

@@ -108,11 +108,8 @@ func TestAcquireReturnsAPermanentRedisErrorAtOnce(t *testing.T) {
 
 func TestHolderKeepsItsPermitAcrossAShortOutage(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := testenv.Redis(t)
-	px := startProxy(t, redisAddr(t))
 	const lease = 2 * time.Second
-	s := newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1, Lease: lease})
-	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	s, other, px := cutOffPair(t, lease, 0)
 	ctx := context.Background()
 	p, err := s.Acquire(ctx)
 	if err != nil {
@@ -138,11 +135,8 @@ func TestHolderKeepsItsPermitAcrossAShortOutage(t *testing.T) {
 
 func TestHolderCutOffPastItsLeaseIsCancelled(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := testenv.Redis(t)
-	px := startProxy(t, redisAddr(t))
 	const lease = 600 * time.Millisecond
-	s := newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1, Lease: lease})
-	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	s, other, px := cutOffPair(t, lease, 0)
 	ctx := context.Background()
 	p, err := s.Acquire(ctx)
 	if err != nil {
@@ -173,11 +167,8 @@ func TestHolderCutOffPastItsLeaseIsCancelled(t *testing.T) {
 
 func TestWaiterWhoseHeartbeatLapsedDuringAnOutageQueuesAgain(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := testenv.Redis(t)
-	px := startProxy(t, redisAddr(t))
 	const lease = 600 * time.Millisecond
-	s := newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1, Lease: lease})
-	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	s, other, px := cutOffPair(t, lease, time.Minute)
 	ctx := context.Background()
 	p := mustAcquire(t, other)
 	got := acquireQueued(t, s, other, 1)

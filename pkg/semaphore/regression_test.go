@@ -90,11 +90,8 @@ func hookedClient(t *testing.T, h *faultHook) *redis.Client {
 // the stale wake-up must not hand it a permit: it re-queues instead.
 func TestAGrantThatLapsedInTheWakeListIsNeverHandedOver(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := testenv.Redis(t)
-	px := startProxy(t, redisAddr(t))
 	const lease = time.Second
-	a := newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1, Lease: lease})
-	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	a, other, px := cutOffPair(t, lease, time.Minute)
 	ctx := context.Background()
 	p := mustAcquire(t, other)
 	got := acquireQueued(t, a, other, 1)
