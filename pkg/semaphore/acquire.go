@@ -59,7 +59,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 	}
 	for {
 		token := s.tokenOf(w)
-		status, value, limit, sent, err := s.callAcquire(ctx, w, token, wait)
+		status, value, limit, sent, err := s.callAcquire(ctx, token, wait)
 		if err != nil {
 			s.giveUp(w)
 			return nil, err
@@ -74,11 +74,11 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 			}
 			s.startBackgroundLocked(true)
 			s.mu.Unlock()
-		case acquireFull:
-			s.giveUp(w)
+		case acquireFull: // the script recorded nothing: nothing to give back
+			s.forgetWaiter(w)
 			return nil, ErrNoPermit
 		case acquireTooHeavy:
-			s.giveUp(w)
+			s.forgetWaiter(w)
 			return nil, fmt.Errorf("%w: asked for %d, the limit is %d", ErrExceedsLimit, n, limit)
 		default:
 			s.giveUp(w)
@@ -134,7 +134,7 @@ func (s *Semaphore) tokenOf(w *waiter) string {
 // callAcquire runs acquire.lua for token, retrying transient Redis errors
 // with backoff while ctx lives, the Semaphore is open and the caller is
 // willing to wait. Retrying is safe: the script is idempotent per token.
-func (s *Semaphore) callAcquire(ctx context.Context, w *waiter, token string, wait bool) (status, value int64, limit int64, sent time.Time, err error) {
+func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (status, value int64, limit int64, sent time.Time, err error) {
 	waitFlag := "0"
 	if wait {
 		waitFlag = "1"
@@ -178,10 +178,10 @@ func (s *Semaphore) callAcquire(ctx context.Context, w *waiter, token string, wa
 	}
 }
 
-// giveUp takes a waiter that will not return a permit out of the process
-// and out of Redis: its place in the queue, and any permit granted to it in
-// the meantime, however that grant arrived.
-func (s *Semaphore) giveUp(w *waiter) {
+// forgetWaiter takes w out of the process and drops any permit delivered to
+// it in the meantime, giving back in Redis only a permit granted under a
+// token it no longer uses. It returns w's current token.
+func (s *Semaphore) forgetWaiter(w *waiter) string {
 	s.mu.Lock()
 	token := w.token
 	if s.waiters[token] == w {
@@ -203,6 +203,14 @@ func (s *Semaphore) giveUp(w *waiter) {
 			drained = true
 		}
 	}
+	return token
+}
+
+// giveUp takes a waiter that will not return a permit out of the process
+// and out of Redis: its place in the queue, and any permit granted to it in
+// the meantime, however that grant arrived.
+func (s *Semaphore) giveUp(w *waiter) {
+	token := s.forgetWaiter(w)
 	done := make(chan struct{})
 	s.spawn(func() {
 		defer close(done)
