@@ -20,10 +20,7 @@ func TestWorksOnRedisCluster(t *testing.T) {
 	b := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
 	ctx := context.Background()
 
-	p, err := a.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, a)
 	got := make(chan *semaphore.Permit, 1)
 	go func() {
 		q, err := b.Acquire(ctx)

@@ -67,10 +67,7 @@ func TestHeavyWaiterAtTheHeadIsNotOvertakenByLightOnes(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 3})
 	ctx := context.Background()
-	small, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	small := mustAcquire(t, s)
 	var events []string
 	var mu sync.Mutex
 	log := func(e string) { mu.Lock(); events = append(events, e); mu.Unlock() }
@@ -162,10 +159,7 @@ func TestFiveHundredWaitersShareOneBlockingConnection(t *testing.T) {
 	admin, _ := testenv.Redis(t)
 	ctx := context.Background()
 
-	p, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, s)
 	const waiters = 500
 	var granted atomic.Int64
 	var wg sync.WaitGroup

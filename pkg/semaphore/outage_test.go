@@ -111,10 +111,7 @@ func TestHolderKeepsItsPermitAcrossAShortOutage(t *testing.T) {
 	const lease = 2 * time.Second
 	s, other, px := cutOffPair(t, lease, 0)
 	ctx := context.Background()
-	p, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, s)
 	px.cut()
 	time.Sleep(300 * time.Millisecond)
 	if _, err := other.TryAcquire(ctx); !errors.Is(err, semaphore.ErrNoPermit) {
@@ -138,10 +135,7 @@ func TestHolderCutOffPastItsLeaseIsCancelled(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	s, other, px := cutOffPair(t, lease, 0)
 	ctx := context.Background()
-	p, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, s)
 	px.cut()
 	select {
 	case <-p.Context().Done():
@@ -151,10 +145,7 @@ func TestHolderCutOffPastItsLeaseIsCancelled(t *testing.T) {
 	case <-time.After(lease + lease/3 + 2*time.Second):
 		t.Fatal("a holder cut off from Redis past its lease was not cancelled")
 	}
-	q, err := other.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := mustAcquire(t, other)
 	defer q.Release(ctx)
 	px.restore()
 	if err := p.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {

@@ -65,10 +65,7 @@ func TestKilledWaiterStopsBlockingTheQueueWithinItsHeartbeat(t *testing.T) {
 	const lease = time.Second
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
 	ctx := context.Background()
-	p, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, s)
 	h := startHelper(t, "wait", prefix, "SEMTEST_LEASE="+lease.String())
 	h.expect(t, "queued", 10*time.Second)
 	got := make(chan error, 1)

@@ -100,10 +100,7 @@ func TestAGrantThatLapsedInTheWakeListIsNeverHandedOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "a's unrefreshed grant to lapse", func() bool { return stats(t, other).Held == 0 })
-	q, err := other.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := mustAcquire(t, other)
 	px.restore()
 	select {
 	case r := <-got:
@@ -138,10 +135,7 @@ func TestALocalGrantBeforeTheQueuedReplyKeepsItsLease(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	s := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
 	ctx := context.Background()
-	a, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustAcquire(t, s)
 	slow.Store(true)
 	got := make(chan *semaphore.Permit, 1)
 	go func() {
@@ -186,15 +180,9 @@ func TestARetriedAcquireDatesItsLeaseFromTheRetry(t *testing.T) {
 	s := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
 	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
 	ctx := context.Background()
-	p, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, s)
 	cutOff.Store(true) // p's refreshes fail from now on
-	q, err := other.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := mustAcquire(t, other)
 	defer q.Release(ctx)
 	if p.Context().Err() == nil {
 		t.Errorf("another process was granted while p's context was still live")
@@ -234,10 +222,7 @@ func TestAnAcquireThatFailsAfterItsGrantLeavesNothingHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = p0.Release(ctx)
-	p, err := other.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, other)
 	// The next token s hands out is sequence 2 of weight 1.
 	target.Store(p0.ID()[:len(p0.ID())-len("1:1")] + "2:1")
 	failed := make(chan error, 1)
@@ -301,10 +286,7 @@ func TestReleaseWithThePermitsOwnContextGivesItBack(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
-	p, err := s.Acquire(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, s)
 	if err := p.Release(p.Context()); err != nil {
 		t.Errorf("Release(p.Context()) = %v", err)
 	}
@@ -313,7 +295,7 @@ func TestReleaseWithThePermitsOwnContextGivesItBack(t *testing.T) {
 	}
 	// And with a context cancelled before Release.
 	ctx, cancel := context.WithCancel(context.Background())
-	q, err := s.Acquire(ctx)
+	q, err := s.Acquire(ctx) // the permit's context descends from ctx
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,10 +317,7 @@ func TestReleaseRacingCloseNeverReportsALostLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := s.Acquire(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := mustAcquire(t, s)
 		var wg sync.WaitGroup
 		var rerr error
 		start := make(chan struct{})
@@ -417,10 +396,7 @@ func TestStatsListsHoldersInGrantOrder(t *testing.T) {
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 20, Lease: 300 * time.Millisecond})
 	ctx := context.Background()
 	for i := 0; i < 12; i++ {
-		p, err := s.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := mustAcquire(t, s)
 		defer p.Release(ctx)
 	}
 	time.Sleep(250 * time.Millisecond) // a refresh: all lease deadlines now equal

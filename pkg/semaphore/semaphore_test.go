@@ -196,10 +196,7 @@ func TestCancelledAcquireLeavesTheSemaphoreUnchanged(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
 	ctx := context.Background()
-	p, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, s)
 	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	if _, err := s.Acquire(wctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -262,10 +259,7 @@ func TestRaisingTheLimitWakesWaitersAtOnce(t *testing.T) {
 	// within the test, so only SetLimit can have granted.
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
 	ctx := context.Background()
-	p, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, s)
 	defer p.Release(ctx)
 	granted := make(chan *semaphore.Permit, 3)
 	for i := 0; i < 3; i++ {
@@ -335,10 +329,7 @@ func TestCloseFailsWaitersAndReleasesPermits(t *testing.T) {
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
 	observer := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
 	ctx := context.Background()
-	p, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustAcquire(t, s)
 	got := make(chan error, 1)
 	go func() {
 		_, err := s.Acquire(ctx)
