@@ -2,8 +2,10 @@ package semaphore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -11,17 +13,98 @@ import (
 
 // eval runs a script with the arguments every script shares (see
 // scripts/lib.lua). Grants it makes are pushed to wake lists, ours included.
-func (s *Semaphore) eval(ctx context.Context, sc *redis.Script, args ...any) (any, error) {
+func (s *Semaphore) eval(ctx context.Context, sc *script, args ...any) (any, error) {
 	return s.evalAs(ctx, "", sc, args...)
 }
 
 // evalAs is eval for a script that returns the grants it makes to process
 // self's waiters instead of pushing them to self's wake list.
-func (s *Semaphore) evalAs(ctx context.Context, self string, sc *redis.Script, args ...any) (any, error) {
+func (s *Semaphore) evalAs(ctx context.Context, self string, sc *script, args ...any) (any, error) {
 	argv := make([]any, 0, 4+len(args))
 	argv = append(argv, s.wakePrefix, s.opts.Limit, (2 * s.opts.Lease).Milliseconds(), self)
 	argv = append(argv, args...)
-	return sc.Run(ctx, s.rdb, s.keys, argv...).Result()
+	return s.run(ctx, sc, argv)
+}
+
+// How a Semaphore runs its scripts.
+const (
+	modeFunctions int32 = iota // FCALL, loading the library when missing
+	modeEval                   // EVALSHA: the server has no functions, or refused ours
+)
+
+// run runs sc as a function of this build's library, loading the library
+// when the server lacks it (after a restart, a flush or a failover to an
+// empty node), or as a script where functions are unavailable: Redis < 7,
+// or an ACL that forbids FUNCTION LOAD.
+func (s *Semaphore) run(ctx context.Context, sc *script, argv []any) (any, error) {
+	if s.scriptMode.Load() == modeFunctions {
+		res, err := s.rdb.FCall(ctx, sc.function, s.keys, argv...).Result()
+		switch {
+		case isNoPermission(err):
+			s.useEval("the server's ACL forbids FCALL", err)
+			return sc.eval.Run(ctx, s.rdb, s.keys, argv...).Result()
+		case !isMissingFunction(err):
+			return res, err
+		}
+		if err := s.loadLibrary(ctx, err); err != nil {
+			return nil, err
+		}
+		if s.scriptMode.Load() == modeFunctions {
+			res, err = s.rdb.FCall(ctx, sc.function, s.keys, argv...).Result()
+			if !isMissingFunction(err) {
+				return res, err
+			}
+			// Loaded, yet still missing: the load reached another node than
+			// the call (a client that routes FUNCTION LOAD at random).
+			s.useEval("the library was loaded but calls still do not find it", err)
+		}
+	}
+	return sc.eval.Run(ctx, s.rdb, s.keys, argv...).Result()
+}
+
+func isNoPermission(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOPERM")
+}
+
+// isMissingFunction reports whether err says the server has no such
+// function, or no functions at all.
+func isMissingFunction(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "function not found") || strings.Contains(msg, "unknown command")
+}
+
+// loadLibrary loads this build's function library on the node that holds
+// the semaphore's keys, or switches to scripts if the server cannot have it.
+// It returns only errors worth retrying: the server being unreachable.
+func (s *Semaphore) loadLibrary(ctx context.Context, callErr error) error {
+	if strings.Contains(strings.ToLower(callErr.Error()), "unknown command") {
+		s.useEval("the server has no FCALL (Redis < 7)", callErr)
+		return nil
+	}
+	var node redis.Cmdable = s.rdb
+	if c, ok := s.rdb.(*redis.ClusterClient); ok {
+		m, err := c.MasterForKey(ctx, s.keys[0])
+		if err != nil {
+			return err
+		}
+		node = m
+	}
+	err := node.FunctionLoadReplace(ctx, libraryCode).Err()
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		s.useEval("the server refused to load the function library", err)
+		return nil
+	}
+	return err
+}
+
+func (s *Semaphore) useEval(why string, err error) {
+	if s.scriptMode.Swap(modeEval) != modeEval {
+		s.log.Info("semaphore: running scripts with EVALSHA instead of functions: "+why, "error", err)
+	}
 }
 
 // evalUntil runs a script for token but returns as soon as ctx is done or
@@ -29,7 +112,7 @@ func (s *Semaphore) evalAs(ctx context.Context, self string, sc *redis.Script, a
 // applies its own read timeout, not ctx's, unless the client sets
 // ContextTimeoutEnabled). If it returns early and token is not empty,
 // whatever the late call did for token is undone when it returns.
-func (s *Semaphore) evalUntil(ctx context.Context, token string, sc *redis.Script, args ...any) (any, error) {
+func (s *Semaphore) evalUntil(ctx context.Context, token string, sc *script, args ...any) (any, error) {
 	if ctx.Done() == nil {
 		return s.eval(ctx, sc, args...)
 	}

@@ -65,6 +65,10 @@ func TestWorksOnRedisCluster(t *testing.T) {
 			t.Errorf("key %s is in slot %d, others in %d", k, slot, want)
 		}
 	}
+	// The function library was loaded on the node that owns the slot.
+	if serverHasFunctions(t, rdb) && (!a.UsesFunctions() || !b.UsesFunctions()) {
+		t.Error("the semaphore fell back to EVALSHA on a cluster that has functions")
+	}
 	_ = q.Release(ctx)
 	_ = r.Release(ctx)
 }

@@ -18,16 +18,26 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The EVALSHA arguments: "evalsha", sha, numkeys, 7 keys, then ARGV. The
-// token is ARGV[5] of acquire and release; acquire's wait flag is ARGV[8].
+// The arguments of EVALSHA and FCALL: the command, the sha or function name,
+// numkeys, 7 keys, then ARGV. The token is ARGV[5] of acquire and release;
+// acquire's wait flag is ARGV[8].
 const (
 	argToken    = 3 + 7 + 4
 	argWaitFlag = 3 + 7 + 7
 )
 
-func isScript(cmd redis.Cmder, hash string) bool {
+func isScript(cmd redis.Cmder, id semaphore.ScriptID) bool {
 	args := cmd.Args()
-	return cmd.Name() == "evalsha" && len(args) > 1 && args[1] == hash
+	if len(args) < 2 {
+		return false
+	}
+	switch cmd.Name() {
+	case "evalsha":
+		return args[1] == id.Hash
+	case "fcall":
+		return args[1] == id.Function
+	}
+	return false
 }
 
 func arg(cmd redis.Cmder, i int) string {
@@ -127,7 +137,7 @@ func TestALocalGrantBeforeTheQueuedReplyKeepsItsLease(t *testing.T) {
 	t.Parallel()
 	var slow atomic.Bool
 	h := &faultHook{after: func(cmd redis.Cmder) {
-		if slow.Load() && isScript(cmd, semaphore.AcquireScriptHash) && arg(cmd, argWaitFlag) == "1" {
+		if slow.Load() && isScript(cmd, semaphore.AcquireScript) && arg(cmd, argWaitFlag) == "1" {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}}
@@ -168,12 +178,12 @@ func TestARetriedAcquireDatesItsLeaseFromTheRetry(t *testing.T) {
 	var lostOnce, cutOff atomic.Bool
 	h := &faultHook{
 		after: func(cmd redis.Cmder) {
-			if isScript(cmd, semaphore.AcquireScriptHash) && lostOnce.CompareAndSwap(false, true) {
+			if isScript(cmd, semaphore.AcquireScript) && lostOnce.CompareAndSwap(false, true) {
 				time.Sleep(450 * time.Millisecond)
 				cmd.SetErr(errors.New("read tcp: i/o timeout (injected)"))
 			}
 		},
-		refuse: func(cmd redis.Cmder) bool { return cutOff.Load() && isScript(cmd, semaphore.RefreshScriptHash) },
+		refuse: func(cmd redis.Cmder) bool { return cutOff.Load() && isScript(cmd, semaphore.RefreshScript) },
 	}
 	rdb, prefix := testenv.Redis(t)
 	const lease = 600 * time.Millisecond
@@ -201,7 +211,7 @@ func TestAnAcquireThatFailsAfterItsGrantLeavesNothingHeld(t *testing.T) {
 	refuseRelease.Store(true)
 	h := &faultHook{
 		after: func(cmd redis.Cmder) {
-			if isScript(cmd, semaphore.AcquireScriptHash) && arg(cmd, argToken) == target.Load() {
+			if isScript(cmd, semaphore.AcquireScript) && arg(cmd, argToken) == target.Load() {
 				<-unblock
 				cmd.SetErr(errors.New("ERR injected permanent error"))
 			}
@@ -209,7 +219,7 @@ func TestAnAcquireThatFailsAfterItsGrantLeavesNothingHeld(t *testing.T) {
 		// The give-back fails too, so only not refreshing the permit can
 		// return it: the watchdog must have forgotten it.
 		refuse: func(cmd redis.Cmder) bool {
-			return refuseRelease.Load() && isScript(cmd, semaphore.ReleaseScriptHash) && arg(cmd, argToken) == target.Load()
+			return refuseRelease.Load() && isScript(cmd, semaphore.ReleaseScript) && arg(cmd, argToken) == target.Load()
 		},
 	}
 	rdb, prefix := testenv.Redis(t)
@@ -466,7 +476,7 @@ func TestARefreshBeforeTheFirstAcquireCallDoesNotRequeue(t *testing.T) {
 	var target atomic.Value
 	target.Store("")
 	h := &faultHook{before: func(cmd redis.Cmder) {
-		if isScript(cmd, semaphore.AcquireScriptHash) && arg(cmd, argToken) == target.Load() {
+		if isScript(cmd, semaphore.AcquireScript) && arg(cmd, argToken) == target.Load() {
 			time.Sleep(lease / 2) // a watchdog refresh happens meanwhile
 		}
 	}}
@@ -499,7 +509,7 @@ func TestAGrantWhoseReplyCameTooLateIsSettledNotStuck(t *testing.T) {
 	var stall atomic.Bool
 	stall.Store(true)
 	h := &faultHook{after: func(cmd redis.Cmder) {
-		if isScript(cmd, semaphore.AcquireScriptHash) && stall.CompareAndSwap(true, false) {
+		if isScript(cmd, semaphore.AcquireScript) && stall.CompareAndSwap(true, false) {
 			time.Sleep(lease + lease/2)
 		}
 	}}

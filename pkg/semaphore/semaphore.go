@@ -39,6 +39,7 @@ type Semaphore struct {
 	wakePrefix string
 	wakeKey    string
 	seq        atomic.Uint64
+	scriptMode atomic.Int32 // how scripts run: see run
 
 	mu          sync.Mutex
 	waiters     map[string]*waiter

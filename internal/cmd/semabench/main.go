@@ -227,7 +227,7 @@ func commandCounts(ctx context.Context, rdb *redis.Client, prefix string) {
 		if d := v - before[k]; d > 0 {
 			names = append(names, k)
 			total += float64(d)
-			if k == "evalsha" || k == "eval" {
+			if k == "evalsha" || k == "eval" || k == "fcall" {
 				sent += float64(d)
 			}
 		}

@@ -29,15 +29,19 @@ if queue_empty and held + w <= limit then
   return {1, fence_of(tok), limit}
 end
 
--- A retry of a call that ran: already holding, or already queued.
-if redis.call('ZSCORE', K_HOLDERS, tok) then
-  redis.call('ZADD', K_HOLDERS, now + lease, tok)
-  return {1, fence_of(tok), limit}
-end
-local ticket = redis.call('ZSCORE', K_QUEUE, tok)
-if ticket then
-  redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
-  return {0, tonumber(ticket), limit}
+-- A retry of a call that ran: already holding, or already queued. Every
+-- holder and waiter has an info entry, so one HGET rules out the common
+-- case, a new token.
+if redis.call('HGET', K_INFO, tok) then
+  if redis.call('ZSCORE', K_HOLDERS, tok) then
+    redis.call('ZADD', K_HOLDERS, now + lease, tok)
+    return {1, fence_of(tok), limit}
+  end
+  local ticket = redis.call('ZSCORE', K_QUEUE, tok)
+  if ticket then
+    redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
+    return {0, tonumber(ticket), limit}
+  end
 end
 
 if w > limit then
@@ -46,7 +50,7 @@ end
 if ARGV[8] ~= '1' then
   return {2, 0, limit}
 end
-ticket = redis.call('INCR', K_TICKET)
+local ticket = redis.call('INCR', K_TICKET)
 redis.call('ZADD', K_QUEUE, ticket, tok)
 redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
 redis.call('HSET', K_INFO, tok, int(now))

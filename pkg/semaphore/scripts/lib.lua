@@ -23,20 +23,29 @@
 -- A token is "<processID>:<sequence>:<weight>": the weight and the owning
 -- process travel inside it, so granting needs no extra lookup.
 
-local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_INFO, K_FENCE, K_TICKET = KEYS[5], KEYS[6], KEYS[7]
-local WAKE_PREFIX = ARGV[1]
-local DEFAULT_LIMIT = tonumber(ARGV[2])
-local WAKE_TTL = tonumber(ARGV[3])
-local SELF = ARGV[4]
-local LOCAL_GRANTS = {} -- token, fence, token, fence, ...
+-- The state of one call, set by begin. In a function library these outlive
+-- the call, so begin must reset every one of them.
+local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE, K_INFO, K_FENCE, K_TICKET
+local WAKE_PREFIX, DEFAULT_LIMIT, WAKE_TTL, SELF
+local LOCAL_GRANTS -- token, fence, token, fence, ...
+local now -- Redis server time (ms)
+local waiters_purged -- purge_waiters ran in this call
 
--- Redis server time, never the client's: clock skew between hosts cannot
--- steal or expire permits. Redis >= 5 replicates effects, so reading TIME
--- before writing is allowed; older servers need replicate_commands.
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function begin(keys, argv)
+  K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE = keys[1], keys[2], keys[3], keys[4]
+  K_INFO, K_FENCE, K_TICKET = keys[5], keys[6], keys[7]
+  WAKE_PREFIX = argv[1]
+  DEFAULT_LIMIT = tonumber(argv[2])
+  WAKE_TTL = tonumber(argv[3])
+  SELF = argv[4]
+  LOCAL_GRANTS = {}
+  waiters_purged = false
+  -- Redis server time, never the client's: clock skew between hosts cannot
+  -- steal or expire permits. Functions and Redis >= 5 scripts replicate
+  -- effects, so reading TIME before writing is allowed.
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 
 local function weight_of(tok)
   return tonumber(string.match(tok, ':(%d+)$'))
@@ -70,8 +79,11 @@ end
 local function wake(tok, msg)
   local key = WAKE_PREFIX .. process_of(tok)
   if type(msg) == 'number' then msg = int(msg) end
-  redis.call('RPUSH', key, tok .. ' ' .. msg)
-  redis.call('PEXPIRE', key, WAKE_TTL)
+  -- The TTL is set when a push creates the list: a live process drains its
+  -- list at once, so only a dead (or cut-off) process's list outlives it.
+  if redis.call('RPUSH', key, tok .. ' ' .. msg) == 1 then
+    redis.call('PEXPIRE', key, WAKE_TTL)
+  end
 end
 
 -- reject_heavy fails every queued request heavier than limit, wherever it
@@ -94,9 +106,9 @@ local function drop_waiter(tok)
 end
 
 -- purge_waiters removes waiters whose heartbeat stopped: a crashed process
--- gives its places in the queue back. Once per call is enough; grant calls
--- it only when someone is queued, so the uncontended path skips it.
-local waiters_purged = false
+-- gives its places in the queue back. Once per call is enough. grant calls
+-- it only when the queue head is dead; the watchdog's refresh and stats call
+-- it every time, so a dead waiter further back goes within Lease/3.
 local function purge_waiters()
   if waiters_purged then return end
   waiters_purged = true
@@ -134,36 +146,39 @@ end
 -- behind it is granted (FIFO for weighted requests). A granted waiter's first
 -- lease ends at its heartbeat deadline, so a waiter that died just before its
 -- grant blocks nobody past that deadline; a live one's watchdog extends it.
--- Takes and returns the held weight; also returns whether the queue is empty.
+-- Every weight is at least 1, so a full semaphore grants nothing and costs no
+-- call: the common case under contention. A dead head (heartbeat lapsed, or
+-- missing: evicted or edited by hand) makes it purge every dead waiter.
+-- Takes and returns the held weight; also returns whether the queue is
+-- known to be empty.
 local function grant(limit, held)
-  while true do
+  while held < limit do
     local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
-    if head and not waiters_purged then
-      purge_waiters() -- the head may be dead
-      head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
-    end
     if not head then return held, true end
+    local deadline = tonumber(redis.call('ZSCORE', K_ALIVE, head))
     local w = weight_of(head)
-    if w > limit then
+    if not deadline or deadline <= now then
+      if not deadline then drop_waiter(head) end
+      waiters_purged = false
+      purge_waiters()
+    elseif w > limit then
       drop_waiter(head)
       wake(head, '!')
     elseif held + w <= limit then
-      local deadline = tonumber(redis.call('ZSCORE', K_ALIVE, head))
-      drop_waiter(head)
-      -- A waiter without a heartbeat (evicted, or edited by hand) is
-      -- treated as dead: dropped, not granted.
-      if deadline then
-        local fence = add_holder(head, deadline)
-        if process_of(head) == SELF then
-          LOCAL_GRANTS[#LOCAL_GRANTS + 1] = head
-          LOCAL_GRANTS[#LOCAL_GRANTS + 1] = fence
-        else
-          wake(head, fence)
-        end
-        held = held + w
+      -- add_holder overwrites the waiter's info entry: no HDEL needed.
+      redis.call('ZREM', K_QUEUE, head)
+      redis.call('ZREM', K_ALIVE, head)
+      local fence = add_holder(head, deadline)
+      if process_of(head) == SELF then
+        LOCAL_GRANTS[#LOCAL_GRANTS + 1] = head
+        LOCAL_GRANTS[#LOCAL_GRANTS + 1] = fence
+      else
+        wake(head, fence)
       end
+      held = held + w
     else
       return held, false
     end
   end
+  return held, false
 end

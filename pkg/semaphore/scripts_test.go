@@ -1,0 +1,139 @@
+package semaphore_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+// serverHasFunctions reports whether the server is Redis 7 or later.
+func serverHasFunctions(t *testing.T, rdb redis.UniversalClient) bool {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			major, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
+			return major >= 7
+		}
+	}
+	t.Fatalf("no redis_version in INFO server: %q", info)
+	return false
+}
+
+func libraryLoaded(t *testing.T, rdb redis.UniversalClient) bool {
+	t.Helper()
+	libs, err := rdb.FunctionList(context.Background(), redis.FunctionListQuery{LibraryNamePattern: semaphore.LibraryName}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(libs) == 1
+}
+
+// deleteLibrary removes this build's library, as a restart without
+// persistence would. Tests that call it do not run in parallel: the others
+// would reload it at once.
+func deleteLibrary(t *testing.T, rdb redis.UniversalClient) {
+	t.Helper()
+	err := rdb.FunctionDelete(context.Background(), semaphore.LibraryName).Err()
+	if err != nil && !strings.Contains(err.Error(), "not found") {
+		t.Fatal(err)
+	}
+}
+
+// cycle acquires and releases a permit, checking the commands s sent.
+func cycle(t *testing.T, s *semaphore.Semaphore, counter *cmdCounter, wantCmd string) {
+	t.Helper()
+	before := counter.snapshot()
+	p := mustAcquire(t, s)
+	if err := p.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	after := counter.snapshot()
+	if after[wantCmd] <= before[wantCmd] {
+		t.Errorf("no %s among the commands sent: %v -> %v", wantCmd, before, after)
+	}
+}
+
+func countedClient(t *testing.T, opt *redis.Options) (*redis.Client, *cmdCounter) {
+	t.Helper()
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	counter := &cmdCounter{n: map[string]int{}}
+	rdb.AddHook(counter)
+	return rdb, counter
+}
+
+// A server that loses the library (a restart without persistence, FUNCTION
+// FLUSH, a failover to a node that never had it) gets it back on the next
+// call, and that call succeeds.
+func TestFunctionLibraryIsReloadedWhenTheServerLosesIt(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	if !serverHasFunctions(t, rdb) {
+		t.Skip("Redis < 7 has no functions; the scripts run with EVALSHA")
+	}
+	opt, _ := redis.ParseURL(testenv.RedisURL(t))
+	crdb, counter := countedClient(t, opt)
+	s := newSem(t, crdb, prefix, semaphore.Options{Limit: 1})
+
+	deleteLibrary(t, rdb)
+	cycle(t, s, counter, "fcall")
+	if !libraryLoaded(t, rdb) || !s.UsesFunctions() {
+		t.Fatal("the first call did not load the library")
+	}
+	p := mustAcquire(t, s)
+	deleteLibrary(t, rdb)
+	if err := p.Release(context.Background()); err != nil {
+		t.Fatalf("release after the library vanished: %v", err)
+	}
+	cycle(t, s, counter, "fcall")
+	if !libraryLoaded(t, rdb) || !s.UsesFunctions() {
+		t.Fatal("the library was not reloaded")
+	}
+	if n := counter.snapshot()["evalsha"]; n != 0 {
+		t.Errorf("%d EVALSHA calls on a server with functions", n)
+	}
+}
+
+// Where an ACL forbids FCALL, or loading the library, the semaphore runs
+// the same code with EVALSHA instead of failing.
+func TestScriptsFallBackToEvalWhereFunctionsAreForbidden(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	if !serverHasFunctions(t, rdb) {
+		t.Skip("Redis < 7: EVALSHA is the only path, covered by every other test")
+	}
+	ctx := context.Background()
+	for _, tc := range []struct{ name, rules string }{
+		{"no FCALL", "-fcall"},
+		{"no FUNCTION LOAD", "-function"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			deleteLibrary(t, rdb)
+			user := strings.NewReplacer(":", "-", "/", "-").Replace(prefix) + strings.ReplaceAll(tc.rules, "-", "")
+			if err := rdb.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", tc.rules).Err(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { rdb.Do(context.Background(), "ACL", "DELUSER", user) })
+			opt, _ := redis.ParseURL(testenv.RedisURL(t))
+			opt.Username, opt.Password = user, "pw"
+			crdb, counter := countedClient(t, opt)
+			s := newSem(t, crdb, prefix, semaphore.Options{Limit: 1})
+
+			cycle(t, s, counter, "evalsha")
+			cycle(t, s, counter, "evalsha")
+			if s.UsesFunctions() {
+				t.Error("still using functions after the server refused them")
+			}
+			if libraryLoaded(t, rdb) {
+				t.Error("the library was loaded by a user without the right to")
+			}
+		})
+	}
+}
