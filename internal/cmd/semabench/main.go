@@ -293,6 +293,7 @@ type design struct {
 
 var designs = []design{
 	{"batchmr", "batchmr semaphore: FIFO queue, hand-off on release"},
+	{"batchmr-eval", "batchmr semaphore, scripts by EVALSHA (as on Redis < 7)"},
 	{"zset-poll-10ms", "asynq x/rate style: ZREMRANGEBYSCORE+ZCARD+ZADD, retry after 10 ms"},
 	{"zset-poll-1ms", "asynq x/rate style, retry after 1 ms"},
 	{"lock-counter", "SET NX lock + counter, backoff 1→32 ms with jitter"},
@@ -418,7 +419,11 @@ func runWorker(rdb *redis.Client) {
 	rdb.AddHook(sent)
 	var acquire func(context.Context) (func(), error)
 	switch *worker {
-	case "batchmr":
+	case "batchmr", "batchmr-eval":
+		if *worker == "batchmr-eval" {
+			rdb = evalOnlyClient(ctx, rdb)
+			rdb.AddHook(sent)
+		}
 		s := newSem(rdb, *prefix, *limit)
 		defer s.Close()
 		acquire = func(ctx context.Context) (func(), error) {
@@ -483,6 +488,27 @@ func runWorker(rdb *redis.Client) {
 	must(json.NewEncoder(os.Stdout).Encode(workerResult{BusyNs: busy.Load(), Grants: grants.Load(), Commands: sent.n.Load(), WaitsMicros: waits}))
 }
 
+// evalOnlyClient returns a client of a user whose ACL denies FCALL, so that
+// the semaphore runs its scripts with EVALSHA, as it does on Redis < 7.
+// The user exists only for the run: cleanup deletes it.
+func evalOnlyClient(ctx context.Context, rdb *redis.Client) *redis.Client {
+	if err := rdb.Do(ctx, "ACL", "SETUSER", evalOnlyUser(*prefix), "on", ">semabench", "~*", "&*", "+@all", "-fcall").Err(); err != nil {
+		// Redis < 7 has no FCALL: every client runs EVALSHA already.
+		fmt.Fprintln(os.Stderr, "semabench: batchmr-eval runs as the default user:", err)
+		return rdb
+	}
+	opt := *rdb.Options()
+	opt.Username, opt.Password = evalOnlyUser(*prefix), "semabench"
+	return redis.NewClient(&opt)
+}
+
+// evalOnlyUser names the EVALSHA-only user of the run whose keys start
+// with prefix: its first segment is the run's own "semabench:<random>".
+func evalOnlyUser(prefix string) string {
+	parts := strings.SplitN(prefix, ":", 3)
+	return strings.Join(parts[:min(2, len(parts))], "-") + "-evalonly"
+}
+
 func infoField(info, field string) string {
 	for _, line := range strings.Split(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
@@ -494,6 +520,7 @@ func infoField(info, field string) string {
 
 func cleanup(rdb *redis.Client, base string) {
 	ctx := context.Background()
+	rdb.Do(ctx, "ACL", "DELUSER", evalOnlyUser(base))
 	iter := rdb.Scan(ctx, 0, base+"*", 1000).Iterator()
 	for iter.Next(ctx) {
 		rdb.Del(ctx, iter.Val())
