@@ -1,0 +1,311 @@
+package mapreduce
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// Config configures a Client. Only Jobs is required.
+type Config struct {
+	// Jobs holds the jobs this process can start and run. Required.
+	Jobs *Jobs
+	// Prefix starts every Redis key batchmr writes for runs. Default
+	// "batchmr". asynq's own keys (tasks, queues) are asynq's: "asynq:…".
+	Prefix string
+	// Logger receives warnings and errors. Default slog.Default().
+	Logger *slog.Logger
+	// EnqueueConcurrency is how many map tasks one split enqueues at once.
+	// Default 16.
+	EnqueueConcurrency int
+	// CancelPoll is how often a process checks whether the runs its
+	// handlers work on were cancelled. Default 250ms.
+	CancelPoll time.Duration
+}
+
+// Client starts, inspects and cancels runs, and is the asynq handler that
+// executes them: register it on a worker's asynq.ServeMux with Register.
+// It is safe for concurrent use.
+type Client struct {
+	rdb    redis.UniversalClient
+	jobs   *Jobs
+	prefix string
+	log    *slog.Logger
+	cfg    Config
+	aq     *asynq.Client
+	insp   *asynq.Inspector
+
+	watchMu  sync.Mutex
+	watches  map[string]map[*watch]struct{}
+	watching bool
+}
+
+// New returns a Client that keeps runs in rdb and enqueues tasks through
+// asynq on the same Redis.
+func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
+	if rdb == nil {
+		return nil, errors.New("mapreduce: New: nil redis client")
+	}
+	if cfg.Jobs == nil {
+		return nil, errors.New("mapreduce: New: Config.Jobs is nil: build a registry with NewJobs and AddJob")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "batchmr"
+	}
+	if strings.ContainsAny(cfg.Prefix, "{}") {
+		return nil, fmt.Errorf("mapreduce: New: Prefix %q contains a brace: braces are Redis Cluster hash tags, which batchmr sets itself", cfg.Prefix)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.EnqueueConcurrency < 0 || cfg.CancelPoll < 0 {
+		return nil, errors.New("mapreduce: New: EnqueueConcurrency and CancelPoll must not be negative: leave them zero for the defaults")
+	}
+	if cfg.EnqueueConcurrency == 0 {
+		cfg.EnqueueConcurrency = 16
+	}
+	if cfg.CancelPoll == 0 {
+		cfg.CancelPoll = 250 * time.Millisecond
+	}
+	return &Client{
+		rdb:     rdb,
+		jobs:    cfg.Jobs,
+		prefix:  cfg.Prefix,
+		log:     cfg.Logger,
+		cfg:     cfg,
+		aq:      asynq.NewClientFromRedisClient(rdb),
+		insp:    asynq.NewInspectorFromRedisClient(rdb),
+		watches: map[string]map[*watch]struct{}{},
+	}, nil
+}
+
+// Close releases the asynq client and inspector. It does not close the
+// redis client.
+func (c *Client) Close() error {
+	return errors.Join(c.aq.Close(), c.insp.Close())
+}
+
+// runKeys are the Redis keys of one run and of its job.
+type runKeys struct {
+	run, recorded, results, failures string // the run's own
+	runs, active                     string // the job's
+}
+
+func (k runKeys) all() []string {
+	return []string{k.run, k.recorded, k.results, k.failures, k.active}
+}
+
+// jobOf returns the job name a run ID starts with.
+func jobOf(runID string) (string, bool) {
+	job, _, ok := strings.Cut(runID, ":")
+	return job, ok && jobNameRE.MatchString(job)
+}
+
+func (c *Client) keys(runID string) (runKeys, error) {
+	job, ok := jobOf(runID)
+	if !ok {
+		return runKeys{}, fmt.Errorf("%q is not a run ID: run IDs look like <job>:<key>, as Start returns them", runID)
+	}
+	base := c.prefix + ":{" + job + "}"
+	run := base + ":run:" + runID
+	return runKeys{
+		run: run, recorded: run + ":recorded", results: run + ":results", failures: run + ":failures",
+		runs: base + ":runs", active: base + ":active",
+	}, nil
+}
+
+// StartOptions are the per-run options of Start.
+type StartOptions struct {
+	// Key names the run: the run ID is "<job>:<Key>", and every Start with
+	// the same job and Key makes one run (the others get ErrRunExists).
+	// Schedulers use the tick's time, so that replicas firing on the same
+	// tick start the run once. Default: a new key from the current time and
+	// random bits. Up to 200 characters from [A-Za-z0-9_.:+-].
+	Key string
+}
+
+var keyRE = regexp.MustCompile(`^[A-Za-z0-9_.:+-]{1,200}$`)
+
+// Start creates a run of job with args (a value of the job's argument type
+// A, a *A, or nil for A's zero value) and enqueues its split. It returns the
+// run ID. If a run with the same ID exists, it returns that ID and an error
+// wrapping ErrRunExists; if the job forbids overlap and another run is
+// active, an error wrapping ErrRunActive that names it.
+func (c *Client) Start(ctx context.Context, job string, args any, opts StartOptions) (string, error) {
+	r, ok := c.jobs.lookup(job)
+	if !ok {
+		return "", fmt.Errorf("mapreduce: start %q: %w (registered: %s)", job, ErrUnknownJob, strings.Join(c.jobs.Names(), ", "))
+	}
+	key := opts.Key
+	if key == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		key = time.Now().UTC().Format("20060102T150405.000Z") + "-" + hex.EncodeToString(b[:])
+	} else if !keyRE.MatchString(key) {
+		return "", fmt.Errorf("mapreduce: start %q: Key %q is invalid: use up to 200 characters from [A-Za-z0-9_.:+-]", job, key)
+	}
+	id := job + ":" + key
+	encoded, err := r.encodeArgs(args)
+	if err != nil {
+		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
+	}
+	o := r.options()
+	k, _ := c.keys(id)
+	overlap := "0"
+	if o.AllowOverlap {
+		overlap = "1"
+	}
+	res, err := scriptStart.Run(ctx, c.rdb, []string{k.run, k.runs, k.active},
+		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue).Slice()
+	if err != nil {
+		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
+	}
+	status, _ := res[0].(int64)
+	detail, _ := res[1].(string)
+	switch status {
+	case -1:
+		return "", fmt.Errorf("mapreduce: start %q: %w: %s (set JobOptions.AllowOverlap to run both)", job, ErrRunActive, detail)
+	case 0:
+		if State(detail) == StateSplitting {
+			// The first Start may have died before enqueuing the split.
+			if err := c.enqueueStep(ctx, id, TypeSplit, o); err != nil {
+				return id, fmt.Errorf("mapreduce: start %s: %w", id, err)
+			}
+		}
+		return id, fmt.Errorf("mapreduce: start %s: %w (state %s)", id, ErrRunExists, detail)
+	}
+	if err := c.enqueueStep(ctx, id, TypeSplit, o); err != nil {
+		return id, fmt.Errorf("mapreduce: start %s: the run was created but its split could not be enqueued (a worker's reconciler will enqueue it): %w", id, err)
+	}
+	return id, nil
+}
+
+// Status returns a snapshot of the run, or an error wrapping ErrRunNotFound.
+func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
+	k, err := c.keys(id)
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: status: %w", err)
+	}
+	h, err := c.rdb.HGetAll(ctx, k.run).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: status %s: %w", id, err)
+	}
+	if len(h) == 0 {
+		return nil, fmt.Errorf("mapreduce: status %s: %w (never started, or expired after its retention)", id, ErrRunNotFound)
+	}
+	return parseStatus(id, h), nil
+}
+
+// Wait blocks until the run has ended or ctx is done, and returns its last
+// status. A run that ended failed or cancelled is not an error: check
+// Status.State.
+func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
+	delay := 20 * time.Millisecond
+	for {
+		st, err := c.Status(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if st.State.Ended() {
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			return st, fmt.Errorf("mapreduce: wait %s: %w (last state %s)", id, ctx.Err(), st.State)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, time.Second)
+	}
+}
+
+// Cancel ends the run as cancelled: no page starts any more, handlers at
+// work on it see their context cancelled with cause ErrRunCancelled, and
+// Reduce does not run. Cancelling a cancelled run does nothing; a run that
+// succeeded or failed gives an error wrapping ErrRunEnded.
+func (c *Client) Cancel(ctx context.Context, id string) error {
+	ended, state, err := c.finish(ctx, id, StateCancelled, nil, "cancelled", "")
+	if err != nil {
+		return fmt.Errorf("mapreduce: cancel %s: %w", id, err)
+	}
+	switch {
+	case ended, state == StateCancelled:
+		return nil
+	case state == "":
+		return fmt.Errorf("mapreduce: cancel %s: %w", id, ErrRunNotFound)
+	default:
+		return fmt.Errorf("mapreduce: cancel %s: %w (%s)", id, ErrRunEnded, state)
+	}
+}
+
+// Runs returns the job's runs still within their retention, newest first.
+func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
+	if !jobNameRE.MatchString(job) {
+		return nil, fmt.Errorf("mapreduce: runs: job name %q is invalid", job)
+	}
+	k, _ := c.keys(job + ":x")
+	ids, err := c.rdb.ZRevRange(ctx, k.runs, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
+	}
+	cmds := make([]*redis.MapStringStringCmd, len(ids))
+	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			rk, _ := c.keys(id)
+			cmds[i] = p.HGetAll(ctx, rk.run)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
+	}
+	out := make([]*Status, 0, len(ids))
+	for i, cmd := range cmds {
+		if h := cmd.Val(); len(h) > 0 {
+			out = append(out, parseStatus(ids[i], h))
+		}
+	}
+	return out, nil
+}
+
+// DecodeResult decodes a run's Result into v with its job's codec.
+func (c *Client) DecodeResult(st *Status, v any) error {
+	r, ok := c.jobs.lookup(st.Job)
+	if !ok {
+		return fmt.Errorf("mapreduce: decode result of %s: job %q: %w", st.ID, st.Job, ErrUnknownJob)
+	}
+	if st.Result == nil {
+		return fmt.Errorf("mapreduce: decode result of %s: the run has no result (state %s)", st.ID, st.State)
+	}
+	return r.options().Codec.Unmarshal(st.Result, v)
+}
+
+// finish runs finish.lua; from restricts the state the run must be in.
+func (c *Client) finish(ctx context.Context, id string, to State, result []byte, msg string, from State) (ended bool, state State, err error) {
+	k, err := c.keys(id)
+	if err != nil {
+		return false, "", err
+	}
+	retention := 24 * time.Hour
+	if job, _ := jobOf(id); job != "" {
+		if r, ok := c.jobs.lookup(job); ok {
+			retention = r.options().Retention
+		}
+	}
+	res, err := scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, retention.Milliseconds(), string(from)).Slice()
+	if err != nil {
+		return false, "", err
+	}
+	n, _ := res[0].(int64)
+	s, _ := res[1].(string)
+	return n == 1, State(s), nil
+}

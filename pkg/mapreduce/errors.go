@@ -1,0 +1,23 @@
+package mapreduce
+
+import "errors"
+
+var (
+	// ErrUnknownJob is returned for a job name that no AddJob registered.
+	ErrUnknownJob = errors.New("no job registered under this name")
+	// ErrRunExists is returned by Start when a run with the same ID (the
+	// same job and Key) already exists; the ID returned is that run's.
+	ErrRunExists = errors.New("run already exists")
+	// ErrRunActive is returned by Start when the job forbids overlapping
+	// runs and another run of it has not ended.
+	ErrRunActive = errors.New("another run of the job is still active")
+	// ErrRunNotFound is returned for a run ID Redis does not know: never
+	// started, or expired after its retention.
+	ErrRunNotFound = errors.New("run not found")
+	// ErrRunEnded is returned by Cancel for a run that already succeeded
+	// or failed.
+	ErrRunEnded = errors.New("run already ended")
+	// ErrRunCancelled is the cause of the context of a Split, Map or
+	// Reduce whose run was cancelled, and what emit returns then.
+	ErrRunCancelled = errors.New("run cancelled")
+)

@@ -1,0 +1,246 @@
+package mapreduce_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// env is one test's world: a real Redis, a key prefix and an asynq queue
+// that no other test uses, and a job registry.
+type env struct {
+	t      *testing.T
+	rdb    *redis.Client
+	prefix string
+	queue  string
+	jobs   *mapreduce.Jobs
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	e := &env{t: t, rdb: rdb, prefix: prefix, queue: strings.ReplaceAll(prefix, ":", "-"), jobs: mapreduce.NewJobs()}
+	t.Cleanup(func() { deleteQueue(rdb, e.queue) })
+	return e
+}
+
+// deleteQueue removes an asynq queue's keys: asynq has no key prefix, but
+// every key of a queue carries its name as hash tag.
+func deleteQueue(rdb *redis.Client, queue string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, "asynq:{"+queue+"}:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
+	rdb.SRem(ctx, "asynq:queues", queue)
+}
+
+// client returns a mapreduce client of the env's registry.
+func (e *env) client() *mapreduce.Client {
+	e.t.Helper()
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, CancelPoll: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// worker starts an asynq server on the env's queue that runs c's tasks,
+// with short intervals so that tests run fast; it stops when the test ends.
+func (e *env) worker(c *mapreduce.Client, concurrency int) *asynq.Server {
+	e.t.Helper()
+	srv := asynq.NewServerFromRedisClient(e.rdb, asynq.Config{
+		Concurrency:              concurrency,
+		Queues:                   map[string]int{e.queue: 1},
+		TaskCheckInterval:        10 * time.Millisecond,
+		DelayedTaskCheckInterval: 50 * time.Millisecond,
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond },
+		ShutdownTimeout:          5 * time.Second,
+		LogLevel:                 asynq.FatalLevel,
+	})
+	mux := asynq.NewServeMux()
+	c.Register(mux)
+	if err := srv.Start(mux); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(srv.Shutdown)
+	return srv
+}
+
+func (e *env) opts(o mapreduce.JobOptions) mapreduce.JobOptions {
+	o.Queue = e.queue
+	return o
+}
+
+func (e *env) addJob(err error) {
+	e.t.Helper()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// wait waits for a run to end, failing the test after timeout.
+func wait(t *testing.T, c *mapreduce.Client, id string, timeout time.Duration) *mapreduce.Status {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	st, err := c.Wait(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// waitFor polls cond until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// --- the sum job: the test workload -----------------------------------------
+
+// sumArgs asks for the sum of 0..N-1 in pages of PageSize numbers.
+type sumArgs struct {
+	N, PageSize int
+}
+
+// span is a page: the numbers [Lo, Hi).
+type span struct {
+	Lo, Hi int
+}
+
+// counts records what a job's functions saw, for the assertions.
+type counts struct {
+	mu       sync.Mutex
+	maps     map[int]int // page Lo -> Map calls
+	reduces  int
+	reduced  []mapreduce.PageResult[span, int]
+	mapCalls int
+}
+
+func newCounts() *counts { return &counts{maps: map[int]int{}} }
+
+func (c *counts) mapped(lo int) {
+	c.mu.Lock()
+	c.maps[lo]++
+	c.mapCalls++
+	c.mu.Unlock()
+}
+
+func (c *counts) snapshot() (mapCalls, reduces int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mapCalls, c.reduces
+}
+
+func splitSpans(_ context.Context, a sumArgs, emit func(span) error) error {
+	for lo := 0; lo < a.N; lo += a.PageSize {
+		if err := emit(span{lo, min(lo+a.PageSize, a.N)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sumSpan(p span) int {
+	s := 0
+	for i := p.Lo; i < p.Hi; i++ {
+		s += i
+	}
+	return s
+}
+
+// sumJob is a complete job: its Map sums a span, its Reduce the sums.
+func sumJob(name string, c *counts, o mapreduce.JobOptions) mapreduce.Job[sumArgs, span, int, int] {
+	return mapreduce.Job[sumArgs, span, int, int]{
+		Name:  name,
+		Split: splitSpans,
+		Map: func(ctx context.Context, p span) (int, error) {
+			c.mapped(p.Lo)
+			return sumSpan(p), nil
+		},
+		Reduce: func(ctx context.Context, a sumArgs, pages iter.Seq2[mapreduce.PageResult[span, int], error]) (int, error) {
+			c.mu.Lock()
+			c.reduces++
+			c.reduced = nil
+			c.mu.Unlock()
+			total := 0
+			for pr, err := range pages {
+				if err != nil {
+					return 0, err
+				}
+				c.mu.Lock()
+				c.reduced = append(c.reduced, pr)
+				c.mu.Unlock()
+				if pr.Err == nil {
+					total += pr.Result
+				}
+			}
+			return total, nil
+		},
+		Options: o,
+	}
+}
+
+func resultOf(t *testing.T, c *mapreduce.Client, st *mapreduce.Status) int {
+	t.Helper()
+	var n int
+	if err := c.DecodeResult(st, &n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func mustStart(t *testing.T, c *mapreduce.Client, job string, args any, opts mapreduce.StartOptions) string {
+	t.Helper()
+	id, err := c.Start(context.Background(), job, args, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// pendingTasks returns the tasks waiting in the env's queue, of one type.
+func (e *env) pendingTasks(typ string) []*asynq.TaskInfo {
+	e.t.Helper()
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	var out []*asynq.TaskInfo
+	for page := 1; ; page++ {
+		infos, err := insp.ListPendingTasks(e.queue, asynq.Page(page), asynq.PageSize(1000))
+		if err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
+			e.t.Fatal(err)
+		}
+		for _, ti := range infos {
+			if ti.Type == typ {
+				out = append(out, ti)
+			}
+		}
+		if len(infos) < 1000 {
+			return out
+		}
+	}
+}
+
+func task(ti *asynq.TaskInfo) *asynq.Task { return asynq.NewTask(ti.Type, ti.Payload) }
+
+var _ = fmt.Sprint

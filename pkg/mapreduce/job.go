@@ -1,0 +1,162 @@
+package mapreduce
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"iter"
+	"regexp"
+	"time"
+)
+
+// Job is a MapReduce job: a name and three functions over plain Go values.
+// A is the run's arguments, P a page descriptor, R a page's result and O the
+// run's result. Each travels encoded (JSON unless Codec is set), so all four
+// must survive an encode/decode round trip.
+type Job[A, P, R, O any] struct {
+	// Name identifies the job in run IDs, Redis keys and logs: 1 to 100
+	// characters from [A-Za-z0-9_.-].
+	Name string
+
+	// Split streams the run's pages by calling emit once per page, in a
+	// deterministic order: a split that fails part-way is retried from the
+	// start, and the page at position i must be the same page each time.
+	// emit enqueues the page's map task; it blocks while the enqueue queue
+	// is full, so a split of a million pages never holds them all. It
+	// returns an error when the page cannot be enqueued or the run was
+	// cancelled (ErrRunCancelled); Split should then return that error.
+	Split func(ctx context.Context, args A, emit func(page P) error) error
+
+	// Map processes one page. It runs at least once per page, possibly
+	// more (a retry after an error, a worker crash, a duplicate delivery),
+	// and possibly concurrently with itself: it must be idempotent. Its
+	// result is recorded exactly once. Results should be small; write large
+	// outputs to your own store and return a reference.
+	Map func(ctx context.Context, page P) (R, error)
+
+	// Reduce combines the run's pages, in page order: each page's result,
+	// or, for a page that failed for good, its error. It starts only once
+	// every page is recorded, and a run records exactly one Reduce outcome.
+	// Under SuccessSemantics it is not called when a page failed. It may
+	// be nil: the run then succeeds with no result once every page is
+	// recorded.
+	Reduce func(ctx context.Context, args A, pages iter.Seq2[PageResult[P, R], error]) (O, error)
+
+	// Options tunes how the job runs; the zero value is usable.
+	Options JobOptions
+}
+
+// PageResult is one page's outcome, as Reduce sees it.
+type PageResult[P, R any] struct {
+	Index  int   // the page's position in the split, from 0
+	Result R     // Map's result; the zero value if the page failed
+	Err    error // the last error of a page that failed for good, or nil
+	Page   P     // the page descriptor; set for failed pages only
+}
+
+// Semantics says what a run does when pages fail for good.
+type Semantics int
+
+const (
+	// SuccessSemantics (the default): a run succeeds only if every page
+	// succeeds. If any page failed, Reduce is not called and the run fails
+	// with an error naming the failed pages.
+	SuccessSemantics Semantics = iota
+	// CompleteSemantics: a run reduces over whatever succeeded once every
+	// page has either succeeded or failed for good; Reduce sees the
+	// failures and decides.
+	CompleteSemantics
+)
+
+// JobOptions tunes a job. Zero values take the documented defaults.
+type JobOptions struct {
+	// Queue is the asynq queue of the job's tasks. Default "default".
+	// Workers must serve it (asynq.Config.Queues).
+	Queue string
+	// MapRetries is how many times a failing page is retried before it
+	// fails for good. Default 3; a negative value means no retries.
+	MapRetries int
+	// MapTimeout bounds one Map call. Default 30 minutes.
+	MapTimeout time.Duration
+	// SplitTimeout bounds one Split call. Default 1 hour.
+	SplitTimeout time.Duration
+	// ReduceTimeout bounds one Reduce call. Default 1 hour.
+	ReduceTimeout time.Duration
+	// StepRetries is how many times a failing Split or Reduce is retried
+	// before the run fails. Default 3; a negative value means no retries.
+	StepRetries int
+	// Semantics says what a run does when pages fail for good. Default
+	// SuccessSemantics.
+	Semantics Semantics
+	// AllowOverlap lets a run start while another run of the job is still
+	// active. By default Start refuses with ErrRunActive.
+	AllowOverlap bool
+	// Retention is how long a finished run's status and results stay
+	// readable before Redis expires them. Default 24 hours.
+	Retention time.Duration
+	// Codec encodes arguments, pages, results and the run's result.
+	// Default JSON.
+	Codec Codec
+}
+
+// Codec encodes the values a job passes between processes.
+type Codec interface {
+	Marshal(v any) ([]byte, error)
+	Unmarshal(data []byte, v any) error
+}
+
+type jsonCodec struct{}
+
+func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+// JSON is the default Codec.
+var JSON Codec = jsonCodec{}
+
+var jobNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,100}$`)
+
+func (o JobOptions) withDefaults() JobOptions {
+	if o.Queue == "" {
+		o.Queue = "default"
+	}
+	if o.MapRetries == 0 {
+		o.MapRetries = 3
+	} else if o.MapRetries < 0 {
+		o.MapRetries = 0
+	}
+	if o.StepRetries == 0 {
+		o.StepRetries = 3
+	} else if o.StepRetries < 0 {
+		o.StepRetries = 0
+	}
+	if o.MapTimeout == 0 {
+		o.MapTimeout = 30 * time.Minute
+	}
+	if o.SplitTimeout == 0 {
+		o.SplitTimeout = time.Hour
+	}
+	if o.ReduceTimeout == 0 {
+		o.ReduceTimeout = time.Hour
+	}
+	if o.Retention == 0 {
+		o.Retention = 24 * time.Hour
+	}
+	if o.Codec == nil {
+		o.Codec = JSON
+	}
+	return o
+}
+
+func (o JobOptions) validate() error {
+	switch {
+	case o.MapTimeout < 0, o.SplitTimeout < 0, o.ReduceTimeout < 0:
+		return fmt.Errorf("a timeout is negative: leave it zero for the default")
+	case o.Retention < 0:
+		return fmt.Errorf("Retention %v is negative: leave it zero for the default (24h)", o.Retention)
+	case o.Retention > 0 && o.Retention < time.Second:
+		return fmt.Errorf("Retention %v is below Redis's 1 ms key expiry resolution in practice: use at least 1s", o.Retention)
+	case o.Semantics != SuccessSemantics && o.Semantics != CompleteSemantics:
+		return fmt.Errorf("unknown Semantics %d: use SuccessSemantics or CompleteSemantics", o.Semantics)
+	}
+	return nil
+}

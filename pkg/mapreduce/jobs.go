@@ -1,0 +1,201 @@
+package mapreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"reflect"
+	"sort"
+	"sync"
+)
+
+// Jobs is a registry of jobs, shared by the processes that start runs and
+// the workers that run them. Build it once at start-up with AddJob.
+type Jobs struct {
+	mu     sync.RWMutex
+	byName map[string]jobRunner
+}
+
+// NewJobs returns an empty registry.
+func NewJobs() *Jobs {
+	return &Jobs{byName: map[string]jobRunner{}}
+}
+
+// AddJob registers job in jobs. It returns an error if the job is invalid
+// (a bad name, a missing Split or Map, bad options) or its name is taken.
+func AddJob[A, P, R, O any](jobs *Jobs, job Job[A, P, R, O]) error {
+	if jobs == nil {
+		return errors.New("mapreduce: AddJob: nil Jobs: create one with NewJobs")
+	}
+	if !jobNameRE.MatchString(job.Name) {
+		return fmt.Errorf("mapreduce: AddJob: job name %q is invalid: use 1 to 100 characters from [A-Za-z0-9_.-]", job.Name)
+	}
+	if job.Split == nil || job.Map == nil {
+		return fmt.Errorf("mapreduce: AddJob: job %q needs both Split and Map (Reduce is optional)", job.Name)
+	}
+	if err := job.Options.validate(); err != nil {
+		return fmt.Errorf("mapreduce: AddJob: job %q: %w", job.Name, err)
+	}
+	job.Options = job.Options.withDefaults()
+	jobs.mu.Lock()
+	defer jobs.mu.Unlock()
+	if _, dup := jobs.byName[job.Name]; dup {
+		return fmt.Errorf("mapreduce: AddJob: a job named %q is already registered", job.Name)
+	}
+	jobs.byName[job.Name] = &typedJob[A, P, R, O]{job}
+	return nil
+}
+
+func (j *Jobs) lookup(name string) (jobRunner, bool) {
+	if j == nil {
+		return nil, false
+	}
+	j.mu.RLock()
+	defer j.mu.RUnlock()
+	r, ok := j.byName[name]
+	return r, ok
+}
+
+// Names returns the registered job names, sorted.
+func (j *Jobs) Names() []string {
+	j.mu.RLock()
+	defer j.mu.RUnlock()
+	names := make([]string, 0, len(j.byName))
+	for n := range j.byName {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// jobRunner is a Job with its types erased: what the task handlers need.
+type jobRunner interface {
+	name() string
+	options() JobOptions
+	encodeArgs(args any) ([]byte, error)
+	split(ctx context.Context, args []byte, emit func(page []byte) error) error
+	mapPage(ctx context.Context, page []byte) ([]byte, error)
+	hasReduce() bool
+	reduce(ctx context.Context, args []byte, pages iter.Seq2[storedPage, error]) ([]byte, error)
+}
+
+// storedPage is one recorded page as Redis holds it.
+type storedPage struct {
+	index   int
+	result  []byte   // set if the page succeeded
+	failure *failure // set if it failed for good
+}
+
+// failure is a page that failed for good: its descriptor and last error.
+type failure struct {
+	Page  []byte `json:"page"`
+	Error string `json:"error"`
+}
+
+type typedJob[A, P, R, O any] struct{ Job[A, P, R, O] }
+
+func (j *typedJob[A, P, R, O]) name() string        { return j.Name }
+func (j *typedJob[A, P, R, O]) options() JobOptions { return j.Options }
+func (j *typedJob[A, P, R, O]) hasReduce() bool     { return j.Reduce != nil }
+
+func (j *typedJob[A, P, R, O]) encodeArgs(args any) ([]byte, error) {
+	var a A
+	switch v := args.(type) {
+	case A:
+		a = v
+	case *A:
+		if v != nil {
+			a = *v
+		}
+	case nil:
+		// The zero A: for jobs without arguments.
+	default:
+		return nil, fmt.Errorf("job %q takes arguments of type %v, not %T", j.Name, reflect.TypeFor[A](), args)
+	}
+	b, err := j.Options.Codec.Marshal(a)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the arguments of job %q: %w", j.Name, err)
+	}
+	return b, nil
+}
+
+func (j *typedJob[A, P, R, O]) decodeArgs(b []byte) (A, error) {
+	var a A
+	if err := j.Options.Codec.Unmarshal(b, &a); err != nil {
+		return a, fmt.Errorf("decoding the arguments of job %q: %w", j.Name, err)
+	}
+	return a, nil
+}
+
+func (j *typedJob[A, P, R, O]) split(ctx context.Context, args []byte, emit func([]byte) error) error {
+	a, err := j.decodeArgs(args)
+	if err != nil {
+		return err
+	}
+	return j.Split(ctx, a, func(p P) error {
+		b, err := j.Options.Codec.Marshal(p)
+		if err != nil {
+			return fmt.Errorf("encoding a page of job %q: %w", j.Name, err)
+		}
+		return emit(b)
+	})
+}
+
+func (j *typedJob[A, P, R, O]) mapPage(ctx context.Context, page []byte) ([]byte, error) {
+	var p P
+	if err := j.Options.Codec.Unmarshal(page, &p); err != nil {
+		return nil, &malformedError{fmt.Errorf("decoding a page of job %q: %w", j.Name, err)}
+	}
+	r, err := j.Map(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	b, err := j.Options.Codec.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("encoding a result of job %q: %w", j.Name, err)
+	}
+	return b, nil
+}
+
+func (j *typedJob[A, P, R, O]) reduce(ctx context.Context, args []byte, pages iter.Seq2[storedPage, error]) ([]byte, error) {
+	a, err := j.decodeArgs(args)
+	if err != nil {
+		return nil, err
+	}
+	typed := func(yield func(PageResult[P, R], error) bool) {
+		for sp, err := range pages {
+			var pr PageResult[P, R]
+			pr.Index = sp.index
+			if err == nil {
+				if sp.failure != nil {
+					pr.Err = errors.New(sp.failure.Error)
+					if uerr := j.Options.Codec.Unmarshal(sp.failure.Page, &pr.Page); uerr != nil {
+						err = fmt.Errorf("decoding failed page %d of job %q: %w", sp.index, j.Name, uerr)
+					}
+				} else if uerr := j.Options.Codec.Unmarshal(sp.result, &pr.Result); uerr != nil {
+					err = fmt.Errorf("decoding the result of page %d of job %q: %w", sp.index, j.Name, uerr)
+				}
+			}
+			if !yield(pr, err) || err != nil {
+				return
+			}
+		}
+	}
+	o, err := j.Reduce(ctx, a, typed)
+	if err != nil {
+		return nil, err
+	}
+	b, err := j.Options.Codec.Marshal(o)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the result of job %q: %w", j.Name, err)
+	}
+	return b, nil
+}
+
+// malformedError marks input that no retry can fix.
+type malformedError struct{ err error }
+
+func (e *malformedError) Error() string { return e.err.Error() }
+func (e *malformedError) Unwrap() error { return e.err }
+

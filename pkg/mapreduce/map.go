@@ -1,0 +1,86 @@
+package mapreduce
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// handleMap runs Map for one page and records its outcome. A page already
+// recorded, or of a run that no longer takes results, is not processed
+// again. Errors are returned to asynq, which retries them; on the last
+// attempt the page is recorded as failed first, so that the run can go on.
+func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
+	p, err := decodeMapPayload(t)
+	if err != nil {
+		return err
+	}
+	r, err := c.runner(t, p.Run)
+	if err != nil {
+		c.failRun(ctx, p.Run, err)
+		return err
+	}
+	o := r.options()
+	k, _ := c.keys(p.Run)
+	var (
+		state *redis.StringCmd
+		bit   *redis.IntCmd
+	)
+	if _, err := c.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		state = pl.HGet(ctx, k.run, "state")
+		bit = pl.GetBit(ctx, k.recorded, int64(p.Index))
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, err)
+	}
+	switch st := State(state.Val()); {
+	case st == StateReducing:
+		// Recorded, and possibly by a handler that died before enqueuing
+		// the reduce: make sure it is enqueued.
+		return c.enqueueStep(ctx, p.Run, TypeReduce, o)
+	case st != StateSplitting && st != StateMapping:
+		return nil // ended, or expired
+	case bit.Val() == 1:
+		return nil // a duplicate delivery
+	}
+
+	wctx, stop := c.watchRun(ctx, p.Run)
+	result, mapErr := r.mapPage(wctx, p.page())
+	stop()
+	if cause := context.Cause(wctx); mapErr != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {
+		return nil // the run ended while the page was processed
+	}
+	var outcome []byte
+	failed := mapErr != nil
+	if failed {
+		var m *malformedError
+		if errors.As(mapErr, &m) {
+			mapErr = fmt.Errorf("%w: %w", mapErr, asynq.SkipRetry)
+		}
+		mapErr = fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, mapErr)
+		if !lastAttempt(ctx, mapErr) {
+			return mapErr
+		}
+		outcome, _ = json.Marshal(failure{Page: p.page(), Error: mapErr.Error()})
+	} else {
+		outcome = result
+	}
+	flag := "0"
+	if failed {
+		flag = "1"
+	}
+	res, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, p.Index, outcome, flag).Slice()
+	if err != nil {
+		return fmt.Errorf("mapreduce: page %d of %s: recording its outcome: %w", p.Index, p.Run, errors.Join(err, mapErr))
+	}
+	if st, _ := res[1].(string); State(st) == StateReducing {
+		if err := c.enqueueStep(ctx, p.Run, TypeReduce, o); err != nil {
+			return fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, err)
+		}
+	}
+	return mapErr // nil, or the final failure: asynq archives the task
+}

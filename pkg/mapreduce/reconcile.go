@@ -1,0 +1,196 @@
+package mapreduce
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// Repairs counts what one Reconcile pass fixed.
+type Repairs struct {
+	SplitsEnqueued  int // splitting runs whose split task was gone
+	ReducesEnqueued int // reducing runs whose reduce task was gone
+	RunsFailed      int // runs whose split or reduce task asynq archived
+	PagesFailed     int // unrecorded pages whose map task was archived or gone
+}
+
+func (r Repairs) total() int {
+	return r.SplitsEnqueued + r.ReducesEnqueued + r.RunsFailed + r.PagesFailed
+}
+
+// StuckAfter is how long a mapping run must go without recording a page
+// before Reconcile looks at its unrecorded pages one by one.
+const StuckAfter = 2 * time.Minute
+
+// maxPageChecks bounds the task lookups of one pass over one stuck run.
+const maxPageChecks = 1000
+
+// Reconcile makes one pass over the unfinished runs of every registered job
+// and repairs what a crash or a lost enqueue left behind:
+//   - a splitting run without a split task (Start died between creating the
+//     run and enqueuing the split): the split is enqueued;
+//   - a reducing run without a reduce task (the handler that recorded the
+//     last page died before enqueuing it): the reduce is enqueued;
+//   - a split or reduce task that asynq archived without our handler seeing
+//     its last attempt (the worker crashed every time): the run fails with
+//     the task's last error;
+//   - a mapping run that recorded nothing for StuckAfter: an unrecorded
+//     page whose task asynq archived is recorded as failed with the task's
+//     last error, and one whose task is gone (deleted by hand, lost in a
+//     Redis failover) as failed too: its page descriptor went with it.
+//
+// Every repair is idempotent, so any number of workers may reconcile at
+// once. RunReconciler calls it periodically.
+func (c *Client) Reconcile(ctx context.Context) (Repairs, error) {
+	var rep Repairs
+	var errs []error
+	for _, job := range c.jobs.Names() {
+		if err := c.reconcileJob(ctx, job, &rep); err != nil {
+			errs = append(errs, fmt.Errorf("job %q: %w", job, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return rep, fmt.Errorf("mapreduce: reconcile: %w", err)
+	}
+	return rep, nil
+}
+
+// RunReconciler calls Reconcile every interval until ctx is done, logging
+// what it repaired and what failed. Run it in every worker (or at least
+// one): it is what turns a crash at the wrong moment into a delay rather
+// than a stuck run.
+func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
+	if interval <= 0 {
+		interval = 30 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		rep, err := c.Reconcile(ctx)
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("mapreduce: reconcile failed; retrying at the next interval", "error", err)
+		}
+		if rep.total() > 0 {
+			c.log.Info("mapreduce: reconciler repaired runs", "splits_enqueued", rep.SplitsEnqueued,
+				"reduces_enqueued", rep.ReducesEnqueued, "runs_failed", rep.RunsFailed,
+				"pages_failed", rep.PagesFailed)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) error {
+	r, _ := c.jobs.lookup(job)
+	o := r.options()
+	runs, err := c.Runs(ctx, job)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, st := range runs {
+		var err error
+		switch st.State {
+		case StateSplitting:
+			err = c.repairStep(ctx, st.ID, TypeSplit, o, &rep.SplitsEnqueued, rep)
+		case StateReducing:
+			err = c.repairStep(ctx, st.ID, TypeReduce, o, &rep.ReducesEnqueued, rep)
+		case StateMapping:
+			if time.Since(st.Updated) >= StuckAfter {
+				err = c.repairPages(ctx, st, o, rep)
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("run %s: %w", st.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// repairStep checks the split or reduce task of a run in that step.
+func (c *Client) repairStep(ctx context.Context, run, typ string, o JobOptions, enqueued *int, rep *Repairs) error {
+	step := "split"
+	if typ == TypeReduce {
+		step = "reduce"
+	}
+	info, err := c.insp.GetTaskInfo(o.Queue, taskID(run, step))
+	switch {
+	case isTaskGone(err):
+		if err := c.enqueueStep(ctx, run, typ, o); err != nil {
+			return err
+		}
+		*enqueued++
+	case err != nil:
+		return err
+	case info.State == asynq.TaskStateArchived:
+		msg := fmt.Sprintf("mapreduce: the %s task was archived by asynq after its retries ran out: %s", step, info.LastErr)
+		ended, _, err := c.finish(ctx, run, StateFailed, nil, msg, "")
+		if err != nil {
+			return err
+		}
+		if ended {
+			rep.RunsFailed++
+		}
+	}
+	return nil
+}
+
+// repairPages looks at the unrecorded pages of a stuck mapping run.
+func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep *Repairs) error {
+	k, _ := c.keys(st.ID)
+	bits, err := c.rdb.Get(ctx, k.recorded).Bytes()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	checks := 0
+	for i := 0; i < st.Total && checks < maxPageChecks; i++ {
+		if bitSet(bits, i) {
+			continue
+		}
+		checks++
+		info, err := c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, i))
+		switch {
+		case isTaskGone(err):
+			// Gone without being recorded: deleted by hand, or lost with a
+			// Redis that failed over. Its page descriptor went with it, so
+			// only a new split could recreate it: fail the page.
+			if err := c.recordLost(ctx, k, i, "the map task disappeared before its page was recorded"); err != nil {
+				return err
+			}
+			rep.PagesFailed++
+		case err != nil:
+			return err
+		case info.State == asynq.TaskStateArchived:
+			var p mapPayload
+			_ = json.Unmarshal(info.Payload, &p)
+			outcome, _ := json.Marshal(failure{Page: p.page(), Error: "mapreduce: archived by asynq after its retries ran out: " + info.LastErr})
+			if _, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, i, outcome, "1").Slice(); err != nil {
+				return err
+			}
+			rep.PagesFailed++
+		}
+	}
+	// A page recorded by the repairs may have been the last one.
+	if s, err := c.rdb.HGet(ctx, k.run, "state").Result(); err == nil && State(s) == StateReducing {
+		return c.enqueueStep(ctx, st.ID, TypeReduce, o)
+	}
+	return nil
+}
+
+func (c *Client) recordLost(ctx context.Context, k runKeys, i int, why string) error {
+	outcome, _ := json.Marshal(failure{Error: "mapreduce: " + why})
+	_, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, i, outcome, "1").Slice()
+	return err
+}
+
+func isTaskGone(err error) bool {
+	return errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound)
+}

@@ -1,0 +1,145 @@
+package mapreduce
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"strconv"
+	"strings"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// handleReduce runs Reduce over every recorded page and ends the run. Only
+// a run in the reducing state is reduced, and only the first outcome is
+// recorded: a duplicate reduce task, or one that overlapped a slow first
+// one, cannot change the result.
+func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
+	run, err := decodeRunPayload(t)
+	if err != nil {
+		return err
+	}
+	r, err := c.runner(t, run)
+	if err != nil {
+		c.failRun(ctx, run, err)
+		return err
+	}
+	k, _ := c.keys(run)
+	vals, err := c.rdb.HMGet(ctx, k.run, "state", "args", "total", "failed").Result()
+	if err != nil {
+		return fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
+	}
+	if s, _ := vals[0].(string); State(s) != StateReducing {
+		return nil // ended already, or expired
+	}
+	args, _ := vals[1].(string)
+	total, _ := strconv.Atoi(fmt.Sprint(vals[2]))
+	failedPages, _ := strconv.Atoi(fmt.Sprint(vals[3]))
+	pages := c.storedPages(ctx, k, total)
+
+	if failedPages > 0 && r.options().Semantics == SuccessSemantics {
+		msg, err := c.describeFailures(ctx, k, total, failedPages)
+		if err != nil {
+			return fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
+		}
+		return c.end(ctx, run, StateFailed, nil, msg)
+	}
+	var result []byte
+	if r.hasReduce() {
+		wctx, stop := c.watchRun(ctx, run)
+		result, err = r.reduce(wctx, []byte(args), pages)
+		stop()
+		if cause := context.Cause(wctx); err != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {
+			return nil
+		}
+		if err != nil {
+			err = fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
+			if lastAttempt(ctx, err) {
+				if ferr := c.end(context.WithoutCancel(ctx), run, StateFailed, nil, err.Error()); ferr != nil {
+					return errors.Join(err, ferr)
+				}
+			}
+			return err
+		}
+	}
+	return c.end(ctx, run, StateSucceeded, result, "")
+}
+
+// end finishes a reducing run.
+func (c *Client) end(ctx context.Context, run string, to State, result []byte, msg string) error {
+	if _, _, err := c.finish(ctx, run, to, result, msg, StateReducing); err != nil {
+		return fmt.Errorf("mapreduce: reduce of %s: recording the outcome: %w", run, err)
+	}
+	return nil
+}
+
+// storedPageChunk is how many pages one round trip reads.
+const storedPageChunk = 512
+
+// storedPages yields every page of a run in index order, reading them from
+// Redis a chunk at a time, so that Reduce over a million pages never holds
+// them all.
+func (c *Client) storedPages(ctx context.Context, k runKeys, total int) iter.Seq2[storedPage, error] {
+	return func(yield func(storedPage, error) bool) {
+		for lo := 0; lo < total; lo += storedPageChunk {
+			hi := min(lo+storedPageChunk, total)
+			fields := make([]string, 0, hi-lo)
+			for i := lo; i < hi; i++ {
+				fields = append(fields, strconv.Itoa(i))
+			}
+			var res, fail *redis.SliceCmd
+			_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				res = p.HMGet(ctx, k.results, fields...)
+				fail = p.HMGet(ctx, k.failures, fields...)
+				return nil
+			})
+			if err != nil {
+				yield(storedPage{index: lo}, fmt.Errorf("reading pages %d-%d: %w", lo, hi-1, err))
+				return
+			}
+			for j, i := 0, lo; i < hi; i, j = i+1, j+1 {
+				sp := storedPage{index: i}
+				var err error
+				if s, ok := res.Val()[j].(string); ok {
+					sp.result = []byte(s)
+				} else if s, ok := fail.Val()[j].(string); ok {
+					sp.failure = &failure{}
+					if uerr := json.Unmarshal([]byte(s), sp.failure); uerr != nil {
+						err = fmt.Errorf("page %d: malformed failure record: %w", i, uerr)
+					}
+				} else {
+					err = fmt.Errorf("page %d has no recorded outcome (its keys expired, or were deleted)", i)
+				}
+				if !yield(sp, err) || err != nil {
+					return
+				}
+			}
+		}
+	}
+}
+
+// describeFailures names the failed pages of a run, for the error of a run
+// that fails under SuccessSemantics.
+func (c *Client) describeFailures(ctx context.Context, k runKeys, total, failed int) (string, error) {
+	const show = 10
+	var parts []string
+	for sp, err := range c.storedPages(ctx, k, total) {
+		if err != nil {
+			return "", err
+		}
+		if sp.failure != nil {
+			parts = append(parts, fmt.Sprintf("page %d: %s", sp.index, sp.failure.Error))
+			if len(parts) == show {
+				break
+			}
+		}
+	}
+	more := ""
+	if failed > len(parts) {
+		more = fmt.Sprintf("; and %d more", failed-len(parts))
+	}
+	return fmt.Sprintf("%d of %d pages failed (SuccessSemantics: Reduce not run): %s%s", failed, total, strings.Join(parts, "; "), more), nil
+}

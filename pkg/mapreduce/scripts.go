@@ -1,0 +1,25 @@
+package mapreduce
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Every change to a run is one script; see each file's header for its KEYS,
+// ARGV and reply. All keys of a job share the hash tag {<job>}.
+var (
+	//go:embed scripts/start.lua
+	luaStart string
+	//go:embed scripts/record.lua
+	luaRecord string
+	//go:embed scripts/splitdone.lua
+	luaSplitDone string
+	//go:embed scripts/finish.lua
+	luaFinish string
+
+	scriptStart     = redis.NewScript(luaStart)
+	scriptRecord    = redis.NewScript(luaRecord)
+	scriptSplitDone = redis.NewScript(luaSplitDone)
+	scriptFinish    = redis.NewScript(luaFinish)
+)

@@ -1,0 +1,44 @@
+-- finish ends a run, once: succeeded or failed (from the reduce step, or a
+-- split or run that cannot go on), or cancelled. A run that has already
+-- ended keeps its outcome, so a duplicate reduce cannot overwrite the first
+-- one's result. Every key of the run then expires after the retention.
+-- KEYS[1] run       HASH
+-- KEYS[2] recorded  STRING
+-- KEYS[3] results   HASH
+-- KEYS[4] failures  HASH
+-- KEYS[5] active    STRING  the job's active run ID
+-- ARGV[1] run ID
+-- ARGV[2] new state: succeeded, failed or cancelled
+-- ARGV[3] encoded result ("" for none)
+-- ARGV[4] error message ("" for none)
+-- ARGV[5] retention (ms)
+-- ARGV[6] the state the run must be in, or "" for any unfinished state
+-- Returns {1, state} if this call ended the run, {0, state} otherwise,
+-- state being the run's state after the call ("" if it does not exist).
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then
+  return {0, ''}
+end
+if st == 'succeeded' or st == 'failed' or st == 'cancelled' then
+  return {0, st}
+end
+if ARGV[6] ~= '' and st ~= ARGV[6] then
+  return {0, st}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished', now, 'updated', now)
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'result', ARGV[3])
+end
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'error', ARGV[4])
+end
+local ttl = tonumber(ARGV[5])
+for i = 1, 4 do
+  redis.call('PEXPIRE', KEYS[i], ttl)
+end
+if redis.call('GET', KEYS[5]) == ARGV[1] then
+  redis.call('DEL', KEYS[5])
+end
+return {1, ARGV[2]}

@@ -1,0 +1,44 @@
+-- record stores one page's outcome, exactly once: a page already recorded
+-- (a duplicate delivery, a retry after a crash) changes nothing. The call
+-- that records the last page of a run whose split has ended moves the run
+-- to reducing; the caller then enqueues the reduce task. While the split
+-- is still emitting, the total is unknown and no call can be the last.
+-- KEYS[1] run       HASH    the run record
+-- KEYS[2] recorded  STRING  bitmap: bit i set once page i is recorded
+-- KEYS[3] results   HASH    page index -> encoded result
+-- KEYS[4] failures  HASH    page index -> encoded {page, error}
+-- ARGV[1] page index
+-- ARGV[2] encoded result, or encoded failure
+-- ARGV[3] "1" if the page failed for good
+-- Returns {recorded, state}: recorded is 1 if this call recorded the page,
+-- 0 if it was recorded before or the run no longer takes results; state is
+-- the run's state after the call ("" if the run does not exist).
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then
+  return {0, ''}
+end
+if st ~= 'splitting' and st ~= 'mapping' then
+  return {0, st}
+end
+local i = tonumber(ARGV[1])
+if redis.call('SETBIT', KEYS[2], i, 1) == 1 then
+  return {0, st}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local done, failed
+if ARGV[3] == '1' then
+  redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+  failed = redis.call('HINCRBY', KEYS[1], 'failed', 1)
+  done = tonumber(redis.call('HGET', KEYS[1], 'done'))
+else
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+  done = redis.call('HINCRBY', KEYS[1], 'done', 1)
+  failed = tonumber(redis.call('HGET', KEYS[1], 'failed'))
+end
+redis.call('HSET', KEYS[1], 'updated', now)
+if st == 'mapping' and done + failed == tonumber(redis.call('HGET', KEYS[1], 'total')) then
+  redis.call('HSET', KEYS[1], 'state', 'reducing', 'reducing_at', now)
+  return {1, 'reducing'}
+end
+return {1, st}

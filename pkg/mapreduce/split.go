@@ -1,0 +1,119 @@
+package mapreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// handleSplit runs the job's Split and enqueues one map task per page,
+// EnqueueConcurrency at a time. A retried split emits the same pages again:
+// their task IDs make the enqueues no-ops, and pages already recorded are
+// not enqueued at all. Only when every page is enqueued does it write the
+// total, which is what lets the last recorded page trigger the reduce.
+func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
+	run, err := decodeRunPayload(t)
+	if err != nil {
+		return err
+	}
+	r, err := c.runner(t, run)
+	if err != nil {
+		c.failRun(ctx, run, err)
+		return err
+	}
+	o := r.options()
+	k, _ := c.keys(run)
+	var (
+		fields   *redis.SliceCmd
+		recorded *redis.StringCmd
+	)
+	if _, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		fields = p.HMGet(ctx, k.run, "state", "args")
+		recorded = p.Get(ctx, k.recorded)
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("mapreduce: split of %s: %w", run, err)
+	}
+	vals := fields.Val()
+	state, _ := vals[0].(string)
+	args, _ := vals[1].(string)
+	if State(state) != StateSplitting {
+		return nil // already split, ended, or expired
+	}
+	bits := []byte(recorded.Val())
+
+	ctx, stop := c.watchRun(ctx, run)
+	defer stop()
+	type item struct {
+		i    int
+		page []byte
+	}
+	work := make(chan item, c.cfg.EnqueueConcurrency)
+	gctx, abort := context.WithCancelCause(ctx)
+	defer abort(nil)
+	var wg sync.WaitGroup
+	for range c.cfg.EnqueueConcurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range work {
+				if err := c.enqueueMap(gctx, run, it.i, it.page, o); err != nil {
+					abort(err)
+				}
+			}
+		}()
+	}
+	n := 0
+	splitErr := r.split(ctx, []byte(args), func(page []byte) error {
+		i := n
+		n++
+		if bitSet(bits, i) {
+			return nil
+		}
+		select {
+		case work <- item{i, page}:
+			return nil
+		case <-gctx.Done():
+			return context.Cause(gctx)
+		}
+	})
+	close(work)
+	wg.Wait()
+	if cause := context.Cause(ctx); errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded) {
+		return nil // the run ended while splitting: nothing more to do
+	}
+	if splitErr == nil {
+		splitErr = context.Cause(gctx) // an enqueue failed, or nil
+	}
+	if splitErr != nil {
+		err := fmt.Errorf("mapreduce: split of %s after %d pages: %w", run, n, splitErr)
+		if lastAttempt(ctx, splitErr) {
+			c.failRun(context.WithoutCancel(ctx), run, err)
+		}
+		return err
+	}
+	st, err := scriptSplitDone.Run(ctx, c.rdb, []string{k.run}, n).Text()
+	if err != nil {
+		return fmt.Errorf("mapreduce: split of %s: recording the total of %d pages: %w", run, n, err)
+	}
+	if State(st) == StateReducing {
+		return c.enqueueStep(ctx, run, TypeReduce, o)
+	}
+	return nil
+}
+
+// bitSet reads bit i of a Redis bitmap (most significant bit first).
+func bitSet(bits []byte, i int) bool {
+	return i/8 < len(bits) && bits[i/8]&(0x80>>(i%8)) != 0
+}
+
+// failRun ends a run as failed with err's message, unless it has ended.
+func (c *Client) failRun(ctx context.Context, run string, err error) {
+	if _, _, ferr := c.finish(ctx, run, StateFailed, nil, err.Error(), ""); ferr != nil {
+		c.log.Error("mapreduce: could not mark the run failed; the reconciler will retry", "run", run, "reason", err, "error", ferr)
+	}
+}

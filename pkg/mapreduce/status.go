@@ -1,0 +1,78 @@
+package mapreduce
+
+import (
+	"strconv"
+	"time"
+)
+
+// State is where a run is in its life.
+type State string
+
+// A run moves splitting → mapping → reducing → succeeded, and may end
+// failed or cancelled from any unfinished state.
+const (
+	StateSplitting State = "splitting" // Split is enqueuing pages; the total is not known yet
+	StateMapping   State = "mapping"   // every page is enqueued; pages are being processed
+	StateReducing  State = "reducing"  // every page is recorded; Reduce runs
+	StateSucceeded State = "succeeded"
+	StateFailed    State = "failed"
+	StateCancelled State = "cancelled"
+)
+
+// Ended reports whether the run is over: succeeded, failed or cancelled.
+func (s State) Ended() bool {
+	return s == StateSucceeded || s == StateFailed || s == StateCancelled
+}
+
+// Status is a snapshot of a run.
+type Status struct {
+	ID    string
+	Job   string
+	State State
+	// Total is the number of pages, or -1 while the split is running.
+	Total int
+	// Done and Failed count recorded pages: succeeded, and failed for good.
+	Done, Failed int
+	// Created is when Start created the run, SplitDone when the split had
+	// enqueued every page, Updated when the run last changed, and Finished
+	// when it ended; zero until then.
+	Created, SplitDone, Updated, Finished time.Time
+	// Error says why a failed run failed, or that it was cancelled.
+	Error string
+	// Result is the encoded value Reduce returned (JSON unless the job has
+	// another Codec): decode it with Client.DecodeResult.
+	Result []byte
+}
+
+func parseStatus(id string, h map[string]string) *Status {
+	st := &Status{
+		ID:     id,
+		Job:    h["job"],
+		State:  State(h["state"]),
+		Total:  atoi(h["total"]),
+		Done:   atoi(h["done"]),
+		Failed: atoi(h["failed"]),
+		Error:  h["error"],
+	}
+	if r, ok := h["result"]; ok {
+		st.Result = []byte(r)
+	}
+	st.Created = msTime(h["created"])
+	st.SplitDone = msTime(h["split_done"])
+	st.Updated = msTime(h["updated"])
+	st.Finished = msTime(h["finished"])
+	return st
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+func msTime(s string) time.Time {
+	ms, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}

@@ -1,0 +1,166 @@
+package mapreduce
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/hibiken/asynq"
+)
+
+// The asynq task types of a run. Each task's ID is derived from the run
+// (<run>:split, <run>:map:<index>, <run>:reduce), so enqueuing a task twice
+// — a retried split, a duplicate reduce trigger — makes one task.
+const (
+	TypeSplit  = "batchmr:split"
+	TypeMap    = "batchmr:map"
+	TypeReduce = "batchmr:reduce"
+)
+
+// Register routes the three task types to c on mux.
+func (c *Client) Register(mux *asynq.ServeMux) {
+	mux.Handle(TypeSplit, c)
+	mux.Handle(TypeMap, c)
+	mux.Handle(TypeReduce, c)
+}
+
+// ProcessTask makes Client an asynq.Handler for the task types above.
+// Another type, a malformed payload or an unknown job is an error wrapping
+// asynq.SkipRetry: asynq archives the task at once with that message
+// instead of retrying what cannot succeed.
+func (c *Client) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	switch t.Type() {
+	case TypeSplit:
+		return c.handleSplit(ctx, t)
+	case TypeMap:
+		return c.handleMap(ctx, t)
+	case TypeReduce:
+		return c.handleReduce(ctx, t)
+	}
+	return fmt.Errorf("mapreduce: task type %q is not batchmr's (%s, %s, %s): %w", t.Type(), TypeSplit, TypeMap, TypeReduce, asynq.SkipRetry)
+}
+
+// runPayload is the payload of split and reduce tasks.
+type runPayload struct {
+	Run string `json:"run"`
+}
+
+// mapPayload is the payload of a map task. A page the codec encoded as
+// JSON travels as JSON, readable in asynq's tools; any other bytes as
+// base64.
+type mapPayload struct {
+	Run       string          `json:"run"`
+	Index     int             `json:"i"`
+	Page      json.RawMessage `json:"page,omitempty"`
+	PageBytes []byte          `json:"page_b,omitempty"`
+}
+
+func (p *mapPayload) page() []byte {
+	if p.Page != nil {
+		return p.Page
+	}
+	return p.PageBytes
+}
+
+func taskID(run, step string) string { return run + ":" + step }
+
+func mapTaskID(run string, i int) string { return run + ":map:" + strconv.Itoa(i) }
+
+// malformed builds the error for a task that can never succeed.
+func malformed(t *asynq.Task, why error) error {
+	return fmt.Errorf("mapreduce: malformed %s task payload %.200q: %v: %w", t.Type(), t.Payload(), why, asynq.SkipRetry)
+}
+
+func decodeRunPayload(t *asynq.Task) (string, error) {
+	var p runPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+		return "", malformed(t, err)
+	}
+	if _, ok := jobOf(p.Run); !ok {
+		return "", malformed(t, fmt.Errorf("run ID %q is not <job>:<key>", p.Run))
+	}
+	return p.Run, nil
+}
+
+func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
+	var p mapPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+		return nil, malformed(t, err)
+	}
+	if _, ok := jobOf(p.Run); !ok {
+		return nil, malformed(t, fmt.Errorf("run ID %q is not <job>:<key>", p.Run))
+	}
+	if p.Index < 0 {
+		return nil, malformed(t, fmt.Errorf("page index %d is negative", p.Index))
+	}
+	if p.Page == nil && p.PageBytes == nil {
+		return nil, malformed(t, errors.New("no page"))
+	}
+	return &p, nil
+}
+
+// runner finds the job of a run; an unknown job cannot be run by this
+// worker, so the task is archived with a message that names it.
+func (c *Client) runner(t *asynq.Task, run string) (jobRunner, error) {
+	job, _ := jobOf(run)
+	r, ok := c.jobs.lookup(job)
+	if !ok {
+		return nil, fmt.Errorf("mapreduce: %s task of run %s: job %q: %w on this worker (registered: %v); register it with AddJob: %w",
+			t.Type(), run, job, ErrUnknownJob, c.jobs.Names(), asynq.SkipRetry)
+	}
+	return r, nil
+}
+
+// enqueueStep enqueues the split or reduce task of a run; an existing task
+// with that ID means it is already enqueued.
+func (c *Client) enqueueStep(ctx context.Context, run, typ string, o JobOptions) error {
+	payload, _ := json.Marshal(runPayload{Run: run})
+	step, timeout := "split", o.SplitTimeout
+	if typ == TypeReduce {
+		step, timeout = "reduce", o.ReduceTimeout
+	}
+	_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typ, payload),
+		asynq.TaskID(taskID(run, step)), asynq.Queue(o.Queue), asynq.MaxRetry(o.StepRetries),
+		asynq.Timeout(timeout), asynq.Retention(o.Retention))
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("enqueue %s of run %s: %w", step, run, err)
+	}
+	return nil
+}
+
+func (c *Client) enqueueMap(ctx context.Context, run string, i int, page []byte, o JobOptions) error {
+	p := mapPayload{Run: run, Index: i}
+	if json.Valid(page) {
+		p.Page = page
+	} else {
+		p.PageBytes = page
+	}
+	payload, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	_, err = c.aq.EnqueueContext(ctx, asynq.NewTask(TypeMap, payload),
+		asynq.TaskID(mapTaskID(run, i)), asynq.Queue(o.Queue), asynq.MaxRetry(o.MapRetries),
+		asynq.Timeout(o.MapTimeout))
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("enqueue page %d of run %s: %w", i, run, err)
+	}
+	return nil
+}
+
+// lastAttempt reports whether the task's handler will not be retried after
+// returning err.
+func lastAttempt(ctx context.Context, err error) bool {
+	if errors.Is(err, asynq.SkipRetry) {
+		return true
+	}
+	var m *malformedError
+	if errors.As(err, &m) {
+		return true
+	}
+	retried, ok1 := asynq.GetRetryCount(ctx)
+	max, ok2 := asynq.GetMaxRetry(ctx)
+	return ok1 && ok2 && retried >= max
+}

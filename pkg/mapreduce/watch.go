@@ -1,0 +1,95 @@
+package mapreduce
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// watch is one handler at work on a run; it is cancelled with cause
+// ErrRunCancelled when the run is cancelled while the handler works, and
+// ErrRunEnded when it fails or expires.
+type watch struct {
+	cancel context.CancelCauseFunc
+}
+
+// watchRun returns a context that is cancelled once the run ends (it was
+// cancelled, or failed) and a function to stop watching. One goroutine per
+// Client polls the states of all the runs its handlers work on, in one
+// pipelined round trip every CancelPoll; it exits when nothing is watched.
+func (c *Client) watchRun(ctx context.Context, run string) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	w := &watch{cancel: cancel}
+	c.watchMu.Lock()
+	set := c.watches[run]
+	if set == nil {
+		set = map[*watch]struct{}{}
+		c.watches[run] = set
+	}
+	set[w] = struct{}{}
+	if !c.watching {
+		c.watching = true
+		go c.pollRuns()
+	}
+	c.watchMu.Unlock()
+	return ctx, func() {
+		c.watchMu.Lock()
+		// A run's set leaves the map only once empty, so w is still in it.
+		delete(set, w)
+		if len(set) == 0 {
+			delete(c.watches, run)
+		}
+		c.watchMu.Unlock()
+		cancel(context.Canceled)
+	}
+}
+
+func (c *Client) pollRuns() {
+	t := time.NewTicker(c.cfg.CancelPoll)
+	defer t.Stop()
+	for range t.C {
+		c.watchMu.Lock()
+		if len(c.watches) == 0 {
+			c.watching = false
+			c.watchMu.Unlock()
+			return
+		}
+		runs := make([]string, 0, len(c.watches))
+		for run := range c.watches {
+			runs = append(runs, run)
+		}
+		c.watchMu.Unlock()
+
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CancelPoll*4)
+		cmds := make([]*redis.StringCmd, len(runs))
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, run := range runs {
+				k, _ := c.keys(run)
+				cmds[i] = p.HGet(ctx, k.run, "state")
+			}
+			return nil
+		})
+		cancel()
+		if err != nil && err != redis.Nil {
+			// Unreachable Redis: handlers go on; the next poll tries again.
+			c.log.Warn("mapreduce: checking runs for cancellation failed", "error", err)
+			continue
+		}
+		for i, run := range runs {
+			cause := ErrRunEnded
+			switch st := State(cmds[i].Val()); {
+			case st == StateCancelled:
+				cause = ErrRunCancelled
+			case st == StateFailed, cmds[i].Err() == redis.Nil:
+			default:
+				continue
+			}
+			c.watchMu.Lock()
+			for w := range c.watches[run] {
+				w.cancel(cause)
+			}
+			c.watchMu.Unlock()
+		}
+	}
+}
