@@ -198,4 +198,3 @@ type malformedError struct{ err error }
 
 func (e *malformedError) Error() string { return e.err.Error() }
 func (e *malformedError) Unwrap() error { return e.err }
-
