@@ -29,73 +29,102 @@ func (s *Semaphore) evalAs(ctx context.Context, self string, sc *script, args ..
 // How a Semaphore runs its scripts.
 const (
 	modeFunctions int32 = iota // FCALL, loading the library when missing
-	modeEval                   // EVALSHA: the server has no functions, or refused ours
+	modeEval                   // EVALSHA for good: the server has no functions, or its ACL forbids ours
 )
 
-// run runs sc as a function of this build's library, loading the library
-// when the server lacks it (after a restart, a flush or a failover to an
-// empty node), or as a script where functions are unavailable: Redis < 7,
-// or an ACL that forbids FUNCTION LOAD.
+// functionsPause is how long a handle runs EVALSHA after the library could
+// not be loaded or found for a reason that may pass (a failover, a busy or
+// full server), before it tries functions again.
+const functionsPause = 10 * time.Second
+
+// run runs sc as a function of the handle's library, loading the library
+// when the server lacks it (a restart without persistence, FUNCTION FLUSH,
+// a slot moved to a node that never had it). It runs the same Lua with
+// EVALSHA instead, for good where functions are unavailable (Redis < 7, an
+// ACL that forbids FCALL or FUNCTION LOAD), and for a while when they fail
+// for a reason that may pass.
 func (s *Semaphore) run(ctx context.Context, sc *script, argv []any) (any, error) {
-	if s.scriptMode.Load() == modeFunctions {
-		res, err := s.rdb.FCall(ctx, sc.function, s.keys, argv...).Result()
-		switch {
-		case isNoPermission(err):
-			s.useEval("the server's ACL forbids FCALL", err)
-			return sc.eval.Run(ctx, s.rdb, s.keys, argv...).Result()
-		case !isMissingFunction(err):
+	if s.scriptMode.Load() == modeEval || time.Now().UnixNano() < s.functionsAfter.Load() {
+		return sc.eval.Run(ctx, s.rdb, s.keys, argv...).Result()
+	}
+	fn := s.lib.functions[sc]
+	res, err := s.rdb.FCall(ctx, fn, s.keys, argv...).Result()
+	switch {
+	case err == nil:
+		return res, nil
+	case isUnknownCommand(err):
+		s.useEval("the server has no FCALL (Redis < 7)", err)
+	case isNoPermission(err):
+		s.useEval("the server's ACL forbids FCALL", err)
+	case isOOM(err):
+		// Under maxmemory Redis refuses a function outright, but runs a
+		// script until its first write that needs memory: a release, which
+		// frees memory, still works that way.
+	case !isFunctionNotFound(err):
+		return nil, err
+	default:
+		if err := s.loadLibrary(ctx); err != nil {
+			if !isServerError(err) {
+				return nil, err // unreachable: the caller retries or gives up
+			}
+			s.pauseFunctions("the function library could not be loaded", err)
+			break
+		}
+		res, err = s.rdb.FCall(ctx, fn, s.keys, argv...).Result()
+		if !isFunctionNotFound(err) {
 			return res, err
 		}
-		if err := s.loadLibrary(ctx, err); err != nil {
-			return nil, err
-		}
-		if s.scriptMode.Load() == modeFunctions {
-			res, err = s.rdb.FCall(ctx, sc.function, s.keys, argv...).Result()
-			if !isMissingFunction(err) {
-				return res, err
-			}
-			// Loaded, yet still missing: the load reached another node than
-			// the call (a client that routes FUNCTION LOAD at random).
-			s.useEval("the library was loaded but calls still do not find it", err)
-		}
+		// Loaded, yet still missing: the call reached a node the load did
+		// not (a cluster whose slot map is being refreshed).
+		s.pauseFunctions("the function library was loaded but the call did not find it", err)
 	}
 	return sc.eval.Run(ctx, s.rdb, s.keys, argv...).Result()
 }
 
-func isNoPermission(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOPERM")
+func isServerError(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && !errors.Is(err, redis.ErrClosed)
 }
 
-// isMissingFunction reports whether err says the server has no such
-// function, or no functions at all.
-func isMissingFunction(err error) bool {
-	if err == nil {
+func isNoPermission(err error) bool {
+	return isServerError(err) && strings.HasPrefix(err.Error(), "NOPERM")
+}
+
+func isOOM(err error) bool {
+	return isServerError(err) && strings.HasPrefix(err.Error(), "OOM")
+}
+
+func isUnknownCommand(err error) bool {
+	if !isServerError(err) {
 		return false
 	}
 	msg := strings.ToLower(err.Error())
-	return strings.Contains(msg, "function not found") || strings.Contains(msg, "unknown command")
+	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand")
 }
 
-// loadLibrary loads this build's function library on the node that holds
-// the semaphore's keys, or switches to scripts if the server cannot have it.
-// It returns only errors worth retrying: the server being unreachable.
-func (s *Semaphore) loadLibrary(ctx context.Context, callErr error) error {
-	if strings.Contains(strings.ToLower(callErr.Error()), "unknown command") {
-		s.useEval("the server has no FCALL (Redis < 7)", callErr)
-		return nil
+func isFunctionNotFound(err error) bool {
+	return isServerError(err) && strings.Contains(strings.ToLower(err.Error()), "function not found")
+}
+
+// loadLibrary loads the handle's function library wherever its calls may
+// go: every master of a cluster, every shard of a ring, or the one server.
+// A server that can never have it (no FUNCTION command, an ACL that forbids
+// loading) switches the handle to EVALSHA for good.
+func (s *Semaphore) loadLibrary(ctx context.Context) error {
+	load := func(ctx context.Context, c *redis.Client) error {
+		return c.FunctionLoadReplace(ctx, s.lib.code).Err()
 	}
-	var node redis.Cmdable = s.rdb
-	if c, ok := s.rdb.(*redis.ClusterClient); ok {
-		m, err := c.MasterForKey(ctx, s.keys[0])
-		if err != nil {
-			return err
-		}
-		node = m
+	var err error
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, load)
+	case *redis.Ring:
+		err = c.ForEachShard(ctx, load)
+	default:
+		err = s.rdb.FunctionLoadReplace(ctx, s.lib.code).Err()
 	}
-	err := node.FunctionLoadReplace(ctx, libraryCode).Err()
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		s.useEval("the server refused to load the function library", err)
+	if isUnknownCommand(err) || isNoPermission(err) {
+		s.useEval("the server cannot load the function library", err)
 		return nil
 	}
 	return err
@@ -105,6 +134,11 @@ func (s *Semaphore) useEval(why string, err error) {
 	if s.scriptMode.Swap(modeEval) != modeEval {
 		s.log.Info("semaphore: running scripts with EVALSHA instead of functions: "+why, "error", err)
 	}
+}
+
+func (s *Semaphore) pauseFunctions(why string, err error) {
+	s.functionsAfter.Store(time.Now().Add(functionsPause).UnixNano())
+	s.log.Warn("semaphore: running scripts with EVALSHA for a while: "+why, "retry_in", functionsPause, "error", err)
 }
 
 // evalUntil runs a script for token but returns as soon as ctx is done or

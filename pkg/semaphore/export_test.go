@@ -1,17 +1,34 @@
 package semaphore
 
+import "os"
+
+func init() {
+	forceEval = os.Getenv("BATCHMR_SEMAPHORE_SCRIPTS") == "eval"
+}
+
 // ScriptID names one script both ways a client may call it, so that tests
 // can inject faults into that script's calls.
 type ScriptID struct{ Hash, Function string }
 
 var (
-	AcquireScript = ScriptID{scriptAcquire.eval.Hash(), scriptAcquire.function}
-	ReleaseScript = ScriptID{scriptRelease.eval.Hash(), scriptRelease.function}
-	RefreshScript = ScriptID{scriptRefresh.eval.Hash(), scriptRefresh.function}
+	AcquireScript = ScriptID{scriptAcquire.eval.Hash(), defaultLibrary.functions[scriptAcquire]}
+	ReleaseScript = ScriptID{scriptRelease.eval.Hash(), defaultLibrary.functions[scriptRelease]}
+	RefreshScript = ScriptID{scriptRefresh.eval.Hash(), defaultLibrary.functions[scriptRefresh]}
 )
 
-// UsesFunctions reports whether s runs its scripts as functions.
-func (s *Semaphore) UsesFunctions() bool { return s.scriptMode.Load() == modeFunctions }
+// ForcedEval reports whether the suite runs with EVALSHA only.
+func ForcedEval() bool { return forceEval }
 
-// LibraryName is the name of this build's Redis function library.
-var LibraryName = libraryName
+// UsesFunctions reports whether s runs its scripts as functions.
+func (s *Semaphore) UsesFunctions() bool {
+	return s.scriptMode.Load() == modeFunctions && s.functionsAfter.Load() == 0
+}
+
+// UseOwnLibrary gives s a function library of its own, named after version,
+// so that a test may delete it or be refused it without touching the
+// library every other test (and test binary) on the server uses. Call it
+// before s makes any call. It returns the library's name.
+func (s *Semaphore) UseOwnLibrary(version string) string {
+	s.lib = newLibrary(version)
+	return s.lib.name
+}

@@ -2,6 +2,8 @@ package semaphore_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,21 +30,30 @@ func serverHasFunctions(t *testing.T, rdb redis.UniversalClient) bool {
 	return false
 }
 
-func libraryLoaded(t *testing.T, rdb redis.UniversalClient) bool {
+func libraryLoaded(t *testing.T, rdb redis.UniversalClient, name string) bool {
 	t.Helper()
-	libs, err := rdb.FunctionList(context.Background(), redis.FunctionListQuery{LibraryNamePattern: semaphore.LibraryName}).Result()
+	libs, err := rdb.FunctionList(context.Background(), redis.FunctionListQuery{LibraryNamePattern: name}).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return len(libs) == 1
 }
 
-// deleteLibrary removes this build's library, as a restart without
-// persistence would. Tests that call it do not run in parallel: the others
-// would reload it at once.
-func deleteLibrary(t *testing.T, rdb redis.UniversalClient) {
+// ownLibrary gives s a function library that only this test uses, deleted
+// when the test ends, and returns its name.
+func ownLibrary(t *testing.T, rdb redis.UniversalClient, s *semaphore.Semaphore) string {
 	t.Helper()
-	err := rdb.FunctionDelete(context.Background(), semaphore.LibraryName).Err()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := s.UseOwnLibrary("test" + hex.EncodeToString(b[:]))
+	t.Cleanup(func() { rdb.FunctionDelete(context.Background(), name) })
+	return name
+}
+
+// deleteLibrary removes a library, as a restart without persistence would.
+func deleteLibrary(t *testing.T, rdb redis.UniversalClient, name string) {
+	t.Helper()
+	err := rdb.FunctionDelete(context.Background(), name).Err()
 	if err != nil && !strings.Contains(err.Error(), "not found") {
 		t.Fatal(err)
 	}
@@ -71,31 +82,43 @@ func countedClient(t *testing.T, opt *redis.Options) (*redis.Client, *cmdCounter
 	return rdb, counter
 }
 
+func skipUnlessFunctions(t *testing.T, rdb redis.UniversalClient) {
+	t.Helper()
+	if semaphore.ForcedEval() {
+		t.Skip("BATCHMR_SEMAPHORE_SCRIPTS=eval: this run tests the EVALSHA path only")
+	}
+	if !serverHasFunctions(t, rdb) {
+		t.Skip("Redis < 7 has no functions; the scripts run with EVALSHA")
+	}
+}
+
 // A server that loses the library (a restart without persistence, FUNCTION
 // FLUSH, a failover to a node that never had it) gets it back on the next
 // call, and that call succeeds.
 func TestFunctionLibraryIsReloadedWhenTheServerLosesIt(t *testing.T) {
+	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
-	if !serverHasFunctions(t, rdb) {
-		t.Skip("Redis < 7 has no functions; the scripts run with EVALSHA")
-	}
+	skipUnlessFunctions(t, rdb)
 	opt, _ := redis.ParseURL(testenv.RedisURL(t))
 	crdb, counter := countedClient(t, opt)
 	s := newSem(t, crdb, prefix, semaphore.Options{Limit: 1})
+	lib := ownLibrary(t, rdb, s)
 
-	deleteLibrary(t, rdb)
 	cycle(t, s, counter, "fcall")
-	if !libraryLoaded(t, rdb) || !s.UsesFunctions() {
+	if !libraryLoaded(t, rdb, lib) || !s.UsesFunctions() {
 		t.Fatal("the first call did not load the library")
 	}
 	p := mustAcquire(t, s)
-	deleteLibrary(t, rdb)
+	deleteLibrary(t, rdb, lib)
 	if err := p.Release(context.Background()); err != nil {
 		t.Fatalf("release after the library vanished: %v", err)
 	}
-	cycle(t, s, counter, "fcall")
-	if !libraryLoaded(t, rdb) || !s.UsesFunctions() {
+	if !libraryLoaded(t, rdb, lib) {
 		t.Fatal("the library was not reloaded")
+	}
+	cycle(t, s, counter, "fcall")
+	if !s.UsesFunctions() {
+		t.Fatal("the handle stopped using functions")
 	}
 	if n := counter.snapshot()["evalsha"]; n != 0 {
 		t.Errorf("%d EVALSHA calls on a server with functions", n)
@@ -105,17 +128,15 @@ func TestFunctionLibraryIsReloadedWhenTheServerLosesIt(t *testing.T) {
 // Where an ACL forbids FCALL, or loading the library, the semaphore runs
 // the same code with EVALSHA instead of failing.
 func TestScriptsFallBackToEvalWhereFunctionsAreForbidden(t *testing.T) {
+	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
-	if !serverHasFunctions(t, rdb) {
-		t.Skip("Redis < 7: EVALSHA is the only path, covered by every other test")
-	}
+	skipUnlessFunctions(t, rdb)
 	ctx := context.Background()
 	for _, tc := range []struct{ name, rules string }{
 		{"no FCALL", "-fcall"},
 		{"no FUNCTION LOAD", "-function"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			deleteLibrary(t, rdb)
 			user := strings.NewReplacer(":", "-", "/", "-").Replace(prefix) + strings.ReplaceAll(tc.rules, "-", "")
 			if err := rdb.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", tc.rules).Err(); err != nil {
 				t.Fatal(err)
@@ -125,13 +146,14 @@ func TestScriptsFallBackToEvalWhereFunctionsAreForbidden(t *testing.T) {
 			opt.Username, opt.Password = user, "pw"
 			crdb, counter := countedClient(t, opt)
 			s := newSem(t, crdb, prefix, semaphore.Options{Limit: 1})
+			lib := ownLibrary(t, rdb, s)
 
 			cycle(t, s, counter, "evalsha")
 			cycle(t, s, counter, "evalsha")
 			if s.UsesFunctions() {
 				t.Error("still using functions after the server refused them")
 			}
-			if libraryLoaded(t, rdb) {
+			if libraryLoaded(t, rdb, lib) {
 				t.Error("the library was loaded by a user without the right to")
 			}
 		})

@@ -39,7 +39,9 @@ type Semaphore struct {
 	wakePrefix string
 	wakeKey    string
 	seq        atomic.Uint64
-	scriptMode atomic.Int32 // how scripts run: see run
+	lib            *library     // the function library its scripts run as
+	scriptMode     atomic.Int32 // how scripts run: see run
+	functionsAfter atomic.Int64 // unix ns before which scripts run with EVALSHA
 
 	mu          sync.Mutex
 	waiters     map[string]*waiter
@@ -72,7 +74,8 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 	}
 	base := opts.Prefix + ":{" + name + "}:"
 	process := newProcessID()
-	return &Semaphore{
+	s := &Semaphore{
+		lib:  defaultLibrary,
 		rdb:  rdb,
 		name: name,
 		opts: opts,
@@ -88,8 +91,17 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 		holders:    make(map[string]*Permit),
 		stop:       make(chan struct{}),
 		kick:       make(chan struct{}, 1),
-	}, nil
+	}
+	if forceEval {
+		s.scriptMode.Store(modeEval)
+	}
+	return s, nil
 }
+
+// forceEval makes every new handle run its scripts with EVALSHA, as on
+// Redis < 7. The tests set it (BATCHMR_SEMAPHORE_SCRIPTS=eval) to run the
+// whole suite down that path too.
+var forceEval = false
 
 // newProcessID names this handle in Redis: host and pid, so that Stats tells
 // an operator where a holder runs, and random bytes, so that two handles

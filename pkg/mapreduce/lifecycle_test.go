@@ -1,0 +1,296 @@
+package mapreduce_test
+
+import (
+	"context"
+	"errors"
+	"iter"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
+)
+
+// Cancel stops a run: Maps at work see their context cancelled with cause
+// ErrRunCancelled, no Map starts afterwards, the split stops enqueuing,
+// Reduce never runs, and the run ends cancelled.
+func TestCancelStopsTheRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.client()
+	var started, afterCancel atomic.Int32
+	var cancelled atomic.Bool
+	causes := make(chan error, 100)
+	var reduces atomic.Int32
+	j := sumJob("long", newCounts(), e.opts(mapreduce.JobOptions{}))
+	j.Split = func(ctx context.Context, a sumArgs, emit func(span) error) error {
+		for lo := 0; ; lo++ { // endless: only the cancellation stops it
+			if err := emit(span{lo, lo + 1}); err != nil {
+				return err
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	j.Map = func(ctx context.Context, p span) (int, error) {
+		started.Add(1)
+		if cancelled.Load() {
+			afterCancel.Add(1)
+		}
+		<-ctx.Done() // work until stopped
+		causes <- context.Cause(ctx)
+		return 0, ctx.Err()
+	}
+	j.Reduce = func(context.Context, sumArgs, iter.Seq2[mapreduce.PageResult[span, int], error]) (int, error) {
+		reduces.Add(1)
+		return 0, nil
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, j))
+	e.worker(c, 4) // the endless split takes one slot
+	id := mustStart(t, c, "long", sumArgs{}, mapreduce.StartOptions{})
+	waitFor(t, 10*time.Second, "three Maps at work", func() bool { return started.Load() == 3 })
+
+	if err := c.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	cancelled.Store(true)
+	for range 3 {
+		select {
+		case cause := <-causes:
+			if !errors.Is(cause, mapreduce.ErrRunCancelled) {
+				t.Errorf("a Map's context ended with cause %v, want ErrRunCancelled", cause)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a Map at work was not cancelled")
+		}
+	}
+	st, err := c.Status(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != mapreduce.StateCancelled {
+		t.Fatalf("state %s, want cancelled", st.State)
+	}
+	// Let the worker drain what the split had enqueued: none of it may run.
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	waitFor(t, 10*time.Second, "the queue to drain", func() bool {
+		q, err := insp.GetQueueInfo(e.queue)
+		return err == nil && q.Pending == 0 && q.Active == 0
+	})
+	enqueued := func() int {
+		q, _ := insp.GetQueueInfo(e.queue)
+		return q.Processed + q.Pending
+	}
+	before := enqueued()
+	time.Sleep(300 * time.Millisecond)
+	if after := enqueued(); after != before {
+		t.Errorf("tasks kept coming after the cancel: %d, then %d", before, after)
+	}
+	if n := afterCancel.Load(); n != 0 {
+		t.Errorf("%d Maps started after Cancel returned", n)
+	}
+	if n := reduces.Load(); n != 0 {
+		t.Errorf("Reduce ran %d times for a cancelled run", n)
+	}
+	if err := c.Cancel(context.Background(), id); err != nil {
+		t.Errorf("cancelling twice: %v", err)
+	}
+}
+
+func TestCancelOfAnEndedOrUnknownRunSaysSo(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	c := e.client()
+	e.worker(c, 2)
+	id := mustStart(t, c, "sum", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
+	wait(t, c, id, 30*time.Second)
+	if err := c.Cancel(context.Background(), id); !errors.Is(err, mapreduce.ErrRunEnded) {
+		t.Errorf("cancel of a succeeded run: %v, want ErrRunEnded", err)
+	}
+	if err := c.Cancel(context.Background(), "sum:nope"); !errors.Is(err, mapreduce.ErrRunNotFound) {
+		t.Errorf("cancel of an unknown run: %v, want ErrRunNotFound", err)
+	}
+	if _, err := c.Status(context.Background(), "not a run id"); err == nil || !strings.Contains(err.Error(), "<job>:<key>") {
+		t.Errorf("status of a malformed ID: %v", err)
+	}
+}
+
+// Two schedulers firing on the same tick call Start with the same Key: one
+// run, whichever call wins; the other learns it exists.
+func TestStartsWithTheSameKeyMakeOneRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("nightly", cnt, e.opts(mapreduce.JobOptions{}))))
+	a, b := e.client(), e.client() // two scheduler replicas
+	key := "tick-2026-11-21T06:00:00Z"
+	ids := make([]string, 8)
+	errs := make([]error, 8)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := a
+			if i%2 == 1 {
+				c = b
+			}
+			ids[i], errs[i] = c.Start(context.Background(), "nightly", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{Key: key})
+		}()
+	}
+	wg.Wait()
+	created := 0
+	for i := range ids {
+		if ids[i] != "nightly:"+key {
+			t.Errorf("Start %d returned ID %q", i, ids[i])
+		}
+		switch {
+		case errs[i] == nil:
+			created++
+		case !errors.Is(errs[i], mapreduce.ErrRunExists):
+			t.Errorf("Start %d: %v", i, errs[i])
+		}
+	}
+	if created != 1 {
+		t.Fatalf("%d Starts created a run, want exactly 1", created)
+	}
+	e.worker(a, 4)
+	st := wait(t, a, "nightly:"+key, 30*time.Second)
+	if st.State != mapreduce.StateSucceeded {
+		t.Fatalf("state %s (%s)", st.State, st.Error)
+	}
+	runs, err := a.Runs(context.Background(), "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 1 || cnt.reduces != 1 {
+		t.Errorf("%d runs listed and %d reduces, want 1 and 1", len(runs), cnt.reduces)
+	}
+}
+
+func TestOverlappingRunsAreRefusedUnlessAllowed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("solo", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("many", newCounts(), e.opts(mapreduce.JobOptions{AllowOverlap: true}))))
+	c := e.client()
+	ctx := context.Background()
+	first := mustStart(t, c, "solo", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
+	_, err := c.Start(ctx, "solo", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
+	if !errors.Is(err, mapreduce.ErrRunActive) || !strings.Contains(err.Error(), first) {
+		t.Fatalf("second Start while the first runs: %v, want ErrRunActive naming %s", err, first)
+	}
+	mustStart(t, c, "many", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
+	mustStart(t, c, "many", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
+
+	e.worker(c, 4)
+	wait(t, c, first, 30*time.Second)
+	second := mustStart(t, c, "solo", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
+	if st := wait(t, c, second, 30*time.Second); st.State != mapreduce.StateSucceeded {
+		t.Fatalf("the run after the first ended: %s (%s)", st.State, st.Error)
+	}
+	runs, err := c.Runs(ctx, "many")
+	if err != nil || len(runs) != 2 {
+		t.Fatalf("Runs(many) = %d runs, %v; want 2", len(runs), err)
+	}
+	for _, st := range runs {
+		wait(t, c, st.ID, 30*time.Second)
+	}
+}
+
+// A task whose payload cannot be decoded is archived at once with a message
+// saying so, not retried; so is a task of a job nobody registered, and its
+// run fails with an error naming the job.
+func TestMalformedTasksAndUnknownJobsAreArchivedWithAClearError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("known", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	starter := e.client()
+	// The worker knows no job at all.
+	worker, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: mapreduce.NewJobs(), Prefix: e.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aq := asynq.NewClientFromRedisClient(e.rdb)
+	t.Cleanup(func() { _ = aq.Close() })
+	for _, payload := range []string{`{not json`, `{"run":"no-colon","i":0,"page":1}`, `{"run":"known:x","i":-1,"page":1}`} {
+		if _, err := aq.Enqueue(asynq.NewTask(mapreduce.TypeMap, []byte(payload)), asynq.Queue(e.queue), asynq.MaxRetry(5)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := mustStart(t, starter, "known", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
+
+	e.worker(worker, 2)
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	var archived []*asynq.TaskInfo
+	waitFor(t, 10*time.Second, "four archived tasks", func() bool {
+		archived, _ = insp.ListArchivedTasks(e.queue)
+		return len(archived) == 4
+	})
+	for _, ti := range archived {
+		if ti.Retried != 0 {
+			t.Errorf("task %s was retried %d times before being archived", ti.Type, ti.Retried)
+		}
+		want := "malformed"
+		if ti.Type == mapreduce.TypeSplit {
+			want = `job "known"`
+		}
+		if !strings.Contains(ti.LastErr, want) {
+			t.Errorf("archived %s: error %q does not say %q", ti.Type, ti.LastErr, want)
+		}
+	}
+	st := wait(t, starter, id, 10*time.Second)
+	if st.State != mapreduce.StateFailed || !strings.Contains(st.Error, `job "known"`) || !strings.Contains(st.Error, "AddJob") {
+		t.Errorf("run of an unregistered job: %s %q, want failed naming the job and the fix", st.State, st.Error)
+	}
+	// Unknown task types are refused the same way.
+	if err := worker.ProcessTask(context.Background(), asynq.NewTask("other:type", nil)); !errors.Is(err, asynq.SkipRetry) {
+		t.Errorf("an unknown task type: %v, want SkipRetry", err)
+	}
+}
+
+func TestStartRefusesUnknownJobsAndWrongArguments(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	c := e.client()
+	ctx := context.Background()
+	if _, err := c.Start(ctx, "summ", nil, mapreduce.StartOptions{}); !errors.Is(err, mapreduce.ErrUnknownJob) || !strings.Contains(err.Error(), `"summ"`) || !strings.Contains(err.Error(), "sum") {
+		t.Errorf("unknown job: %v", err)
+	}
+	if _, err := c.Start(ctx, "sum", "ten", mapreduce.StartOptions{}); err == nil || !strings.Contains(err.Error(), "sumArgs") {
+		t.Errorf("wrong argument type: %v", err)
+	}
+	if _, err := c.Start(ctx, "sum", &sumArgs{N: 1, PageSize: 1}, mapreduce.StartOptions{Key: "a key with spaces"}); err == nil || !strings.Contains(err.Error(), "Key") {
+		t.Errorf("bad key: %v", err)
+	}
+}
+
+func TestAddJobRejectsInvalidJobs(t *testing.T) {
+	t.Parallel()
+	jobs := mapreduce.NewJobs()
+	ok := sumJob("ok", newCounts(), mapreduce.JobOptions{})
+	if err := mapreduce.AddJob(jobs, ok); err != nil {
+		t.Fatal(err)
+	}
+	bad := func(mutate func(*mapreduce.Job[sumArgs, span, int, int]), want string) {
+		t.Helper()
+		j := sumJob("other", newCounts(), mapreduce.JobOptions{})
+		mutate(&j)
+		if err := mapreduce.AddJob(jobs, j); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("AddJob: %v, want an error saying %q", err, want)
+		}
+	}
+	bad(func(j *mapreduce.Job[sumArgs, span, int, int]) { j.Name = "ok" }, "already registered")
+	bad(func(j *mapreduce.Job[sumArgs, span, int, int]) { j.Name = "has:colon" }, "[A-Za-z0-9_.-]")
+	bad(func(j *mapreduce.Job[sumArgs, span, int, int]) { j.Name = "" }, "[A-Za-z0-9_.-]")
+	bad(func(j *mapreduce.Job[sumArgs, span, int, int]) { j.Map = nil }, "Split and Map")
+	bad(func(j *mapreduce.Job[sumArgs, span, int, int]) { j.Options.Retention = -time.Second }, "Retention")
+	bad(func(j *mapreduce.Job[sumArgs, span, int, int]) { j.Options.Semantics = 7 }, "Semantics")
+	if _, err := mapreduce.New(nil, mapreduce.Config{Jobs: jobs}); err == nil {
+		t.Error("New with a nil redis client succeeded")
+	}
+}
