@@ -30,15 +30,15 @@ const releaseTimeout = 5 * time.Second
 // leases and its waiters' places alive. The redis client's pool must
 // therefore have room for at least two connections.
 type Semaphore struct {
-	rdb        redis.UniversalClient
-	name       string
-	opts       Options
-	log        *slog.Logger
-	keys       []string
-	process    string // this handle's identity in tokens and in its wake list's key
-	wakePrefix string
-	wakeKey    string
-	seq        atomic.Uint64
+	rdb            redis.UniversalClient
+	name           string
+	opts           Options
+	log            *slog.Logger
+	keys           []string
+	process        string // this handle's identity in tokens and in its wake list's key
+	wakePrefix     string
+	wakeKey        string
+	seq            atomic.Uint64
 	lib            *library     // the function library its scripts run as
 	scriptMode     atomic.Int32 // how scripts run: see run
 	functionsAfter atomic.Int64 // unix ns before which scripts run with EVALSHA
