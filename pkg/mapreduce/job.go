@@ -152,9 +152,9 @@ func (o JobOptions) validate() error {
 	case o.MapTimeout < 0, o.SplitTimeout < 0, o.ReduceTimeout < 0:
 		return fmt.Errorf("a timeout is negative: leave it zero for the default")
 	case o.Retention < 0:
-		return fmt.Errorf("Retention %v is negative: leave it zero for the default (24h)", o.Retention)
+		return fmt.Errorf("negative Retention %v: leave it zero for the default (24h)", o.Retention)
 	case o.Retention > 0 && o.Retention < time.Second:
-		return fmt.Errorf("Retention %v is below Redis's 1 ms key expiry resolution in practice: use at least 1s", o.Retention)
+		return fmt.Errorf("a Retention of %v is too short to read a finished run: use at least 1s", o.Retention)
 	case o.Semantics != SuccessSemantics && o.Semantics != CompleteSemantics:
 		return fmt.Errorf("unknown Semantics %d: use SuccessSemantics or CompleteSemantics", o.Semantics)
 	}

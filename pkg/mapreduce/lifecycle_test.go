@@ -166,8 +166,8 @@ func TestStartsWithTheSameKeyMakeOneRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(runs) != 1 || cnt.reduces != 1 {
-		t.Errorf("%d runs listed and %d reduces, want 1 and 1", len(runs), cnt.reduces)
+	if _, reduces := cnt.snapshot(); len(runs) != 1 || reduces != 1 {
+		t.Errorf("%d runs listed and %d reduces, want 1 and 1", len(runs), reduces)
 	}
 }
 
