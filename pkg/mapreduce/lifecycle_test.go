@@ -294,3 +294,121 @@ func TestAddJobRejectsInvalidJobs(t *testing.T) {
 		t.Error("New with a nil redis client succeeded")
 	}
 }
+
+// A finished run's keys expire after the job's retention, the job's run
+// index forgets it, and nothing else of it stays behind: many runs leave
+// nothing growing.
+func TestFinishedRunsExpireAndLeaveNothingBehind(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("brief", newCounts(), e.opts(mapreduce.JobOptions{Retention: time.Second}))))
+	c := e.client()
+	e.worker(c, 4)
+	ctx := context.Background()
+	var ids []string
+	for range 5 {
+		id := mustStart(t, c, "brief", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+		if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded {
+			t.Fatalf("run %s: %s (%s)", id, st.State, st.Error)
+		}
+		ids = append(ids, id)
+	}
+	// Every key of a finished run has a TTL within the retention.
+	keys, err := e.rdb.Keys(ctx, e.prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		ttl := e.rdb.PTTL(ctx, k).Val()
+		if strings.HasSuffix(k, ":runs") {
+			continue // the job's index, trimmed by Start
+		}
+		if ttl <= 0 || ttl > time.Second {
+			t.Errorf("key %s has TTL %v, want (0, 1s]", k, ttl)
+		}
+	}
+	time.Sleep(1100 * time.Millisecond)
+	for _, id := range ids {
+		if _, err := c.Status(ctx, id); !errors.Is(err, mapreduce.ErrRunNotFound) {
+			t.Errorf("run %s after its retention: %v, want ErrRunNotFound", id, err)
+		}
+	}
+	// The next Start trims the index down to itself.
+	last := mustStart(t, c, "brief", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	wait(t, c, last, 30*time.Second)
+	runs, err := c.Runs(ctx, "brief")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 1 || runs[0].ID != last {
+		t.Errorf("Runs after expiry: %d runs, want only %s", len(runs), last)
+	}
+	var zcard int64
+	for _, k := range keys {
+		if strings.HasSuffix(k, ":runs") {
+			zcard = e.rdb.ZCard(ctx, k).Val()
+		}
+	}
+	if zcard != 1 {
+		t.Errorf("the job's run index holds %d entries, want 1", zcard)
+	}
+}
+
+// The handler that records the last page moves the run to reducing and
+// then enqueues the reduce; if it dies in between, the reconciler enqueues
+// it. Likewise for a Start that died before enqueuing the split.
+func TestReconcilerRepairsLostEnqueues(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", cnt, e.opts(mapreduce.JobOptions{AllowOverlap: true}))))
+	c := e.client()
+	ctx := context.Background()
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+
+	// A run whose split task is lost.
+	lostSplit := mustStart(t, c, "sum", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{Key: "lost-split"})
+	if err := insp.DeleteTask(e.queue, lostSplit+":split"); err != nil {
+		t.Fatal(err)
+	}
+	// A run whose reduce task is lost: run its split and pages by hand, then
+	// delete the reduce the last page enqueued.
+	lostReduce := mustStart(t, c, "sum", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{Key: "lost-reduce"})
+	for _, typ := range []string{mapreduce.TypeSplit, mapreduce.TypeMap} {
+		for _, ti := range e.pendingTasks(typ) {
+			if strings.HasPrefix(ti.ID, lostReduce) {
+				if err := c.ProcessTask(ctx, task(ti)); err != nil {
+					t.Fatal(err)
+				}
+				if err := insp.DeleteTask(e.queue, ti.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if err := insp.DeleteTask(e.queue, lostReduce+":reduce"); err != nil {
+		t.Fatalf("the last page enqueued no reduce: %v", err)
+	}
+	if st, _ := c.Status(ctx, lostReduce); st.State != mapreduce.StateReducing {
+		t.Fatalf("state %s, want reducing", st.State)
+	}
+
+	rep, err := c.Reconcile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.SplitsEnqueued != 1 || rep.ReducesEnqueued != 1 {
+		t.Fatalf("repairs %+v, want one split and one reduce enqueued", rep)
+	}
+	// A second pass finds nothing to do: the tasks exist now.
+	if rep, err := c.Reconcile(ctx); err != nil || rep != (mapreduce.Repairs{}) {
+		t.Fatalf("second pass: %+v, %v; want nothing", rep, err)
+	}
+	e.worker(c, 4)
+	for _, id := range []string{lostSplit, lostReduce} {
+		st := wait(t, c, id, 30*time.Second)
+		if st.State != mapreduce.StateSucceeded || resultOf(t, c, st) != 45 {
+			t.Errorf("run %s: %s (%s), want succeeded with 45", id, st.State, st.Error)
+		}
+	}
+}
