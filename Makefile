@@ -47,9 +47,10 @@ test-inner: check
 	go test -race -count=1 -timeout 8m ./...
 	BATCHMR_SEMAPHORE_SCRIPTS=eval go test -race -count=1 -timeout 8m ./pkg/semaphore/
 
-# bench: run the semaphore benchmark (internal/cmd/semabench) against throwaway servers.
+# bench: run the semaphore and mapreduce benchmarks (internal/cmd/semabench,
+# internal/cmd/mrbench) against throwaway servers.
 bench:
-	scripts/with-servers.sh go run ./internal/cmd/semabench
+	scripts/with-servers.sh sh -c 'go run ./internal/cmd/semabench && go run ./internal/cmd/mrbench'
 
 # demo: placeholder until the demo lands.
 demo:
