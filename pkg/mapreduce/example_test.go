@@ -1,0 +1,114 @@
+package mapreduce_test
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// A complete job: count the words of some documents, a page per document.
+// The worker and the starter are one process here; in production they are
+// many (see cmd/worker and cmd/scheduler).
+func Example() {
+	opt, err := redis.ParseURL(os.Getenv("BATCHMR_TEST_REDIS_URL"))
+	if err != nil {
+		panic("examples need BATCHMR_TEST_REDIS_URL (make test sets it): " + err.Error())
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	ctx := context.Background()
+	// Unique names, so that the example runs beside other users of the
+	// server; a real program keeps the defaults.
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	prefix, queue := "bmrexample:"+run, "bmrexample-"+run
+	defer exampleCleanup(rdb, prefix, queue)
+
+	type page struct{ Doc, Text string }
+	jobs := mapreduce.NewJobs()
+	err = mapreduce.AddJob(jobs, mapreduce.Job[[]string, page, int, int]{
+		Name: "wordcount",
+		// Split streams one page per document.
+		Split: func(ctx context.Context, docs []string, emit func(page) error) error {
+			for i, text := range docs {
+				if err := emit(page{Doc: fmt.Sprint("doc", i), Text: text}); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		// Map counts one page's words; it may run more than once per page.
+		Map: func(ctx context.Context, p page) (int, error) {
+			n, inWord := 0, false
+			for _, r := range p.Text {
+				if r == ' ' {
+					inWord = false
+				} else if !inWord {
+					inWord, n = true, n+1
+				}
+			}
+			return n, nil
+		},
+		// Reduce sees every page's result, in split order, exactly once.
+		Reduce: func(ctx context.Context, docs []string, pages iter.Seq2[mapreduce.PageResult[page, int], error]) (int, error) {
+			total := 0
+			for pr, err := range pages {
+				if err != nil {
+					return 0, err
+				}
+				total += pr.Result
+			}
+			return total, nil
+		},
+		Options: mapreduce.JobOptions{Queue: queue},
+	})
+	if err != nil {
+		panic(err)
+	}
+	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer mr.Close()
+
+	// The worker: an ordinary asynq server.
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: map[string]int{queue: 1},
+		TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
+	mux := asynq.NewServeMux()
+	mr.Register(mux)
+	if err := srv.Start(mux); err != nil {
+		panic(err)
+	}
+	defer srv.Shutdown()
+
+	id, err := mr.Start(ctx, "wordcount", []string{"the quick brown fox", "jumps over", "the lazy dog"}, mapreduce.StartOptions{})
+	if err != nil {
+		panic(err)
+	}
+	st, err := mr.Wait(ctx, id)
+	if err != nil {
+		panic(err)
+	}
+	var words int
+	if err := mr.DecodeResult(st, &words); err != nil {
+		panic(err)
+	}
+	fmt.Println(st.State, st.Done, "pages,", words, "words")
+	// Output: succeeded 3 pages, 9 words
+}
+
+func exampleCleanup(rdb *redis.Client, prefix, queue string) {
+	ctx := context.Background()
+	for _, pattern := range []string{prefix + "*", "asynq:{" + queue + "}:*"} {
+		for _, k := range rdb.Keys(ctx, pattern).Val() {
+			rdb.Del(ctx, k)
+		}
+	}
+	rdb.SRem(ctx, "asynq:queues", queue)
+}
