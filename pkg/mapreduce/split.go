@@ -20,9 +20,8 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return err
 	}
-	r, err := c.runner(t, run)
+	r, err := c.runner(ctx, t, run)
 	if err != nil {
-		c.failRun(ctx, run, err)
 		return err
 	}
 	o := r.options()

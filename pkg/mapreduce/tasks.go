@@ -101,14 +101,17 @@ func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
 	return &p, nil
 }
 
-// runner finds the job of a run; an unknown job cannot be run by this
-// worker, so the task is archived with a message that names it.
-func (c *Client) runner(t *asynq.Task, run string) (jobRunner, error) {
+// runner finds the job of a run. A job this worker does not know cannot be
+// run here: the run fails, and the task is archived, with a message that
+// names the job and the fix.
+func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunner, error) {
 	job, _ := jobOf(run)
 	r, ok := c.jobs.lookup(job)
 	if !ok {
-		return nil, fmt.Errorf("mapreduce: %s task of run %s: job %q: %w on this worker (registered: %v); register it with AddJob: %w",
+		err := fmt.Errorf("mapreduce: %s task of run %s: job %q: %w on this worker (registered: %v); register it with AddJob: %w",
 			t.Type(), run, job, ErrUnknownJob, c.jobs.Names(), asynq.SkipRetry)
+		c.failRun(ctx, run, err)
+		return nil, err
 	}
 	return r, nil
 }

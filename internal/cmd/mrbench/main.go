@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/benchutil"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -40,23 +41,15 @@ var (
 
 func main() {
 	flag.Parse()
-	if *redisURL == "" {
-		fmt.Fprintln(os.Stderr, "mrbench: no Redis: pass -redis URL or set BATCHMR_TEST_REDIS_URL (make bench does both)")
-		os.Exit(2)
-	}
-	opt, err := redis.ParseURL(*redisURL)
-	must(err)
-	opt.PoolSize = 4 * *concurrency
-	rdb := redis.NewClient(opt)
+	rdb := benchutil.Redis("mrbench", *redisURL, 4**concurrency)
 	defer rdb.Close()
 	ctx := context.Background()
-	must(rdb.Ping(ctx).Err())
 	base := fmt.Sprintf("mrbench:%08x", rand.Uint32())
 	var queues []string
 	defer func() { cleanup(rdb, base, queues) }()
 	info, _ := rdb.Info(ctx, "server").Result()
 	fmt.Printf("# mrbench: %s, Go %s, %d CPUs, Redis %s, asynq concurrency %d\n\n", time.Now().Format("2006-01-02"),
-		runtime.Version(), runtime.NumCPU(), field(info, "redis_version"), *concurrency)
+		runtime.Version(), runtime.NumCPU(), benchutil.InfoField(info, "redis_version"), *concurrency)
 
 	want := func(s string) bool { return *only == "" || slices.Contains(strings.Split(*only, ","), s) }
 	if want("large") {
@@ -72,7 +65,7 @@ func main() {
 			bare = append(bare, bareRound(ctx, rdb, qb))
 			mr = append(mr, mapreduceRound(ctx, rdb, fmt.Sprintf("%s:mr%d", base, r), qm, *tasks))
 		}
-		b, m := median(bare), median(mr)
+		b, m := benchutil.Median(bare), benchutil.Median(mr)
 		fmt.Printf("## Framework overhead: %d no-op tasks, bare asynq handler vs one mapreduce run (%d interleaved rounds, medians)\n\n", *tasks, *repeat)
 		fmt.Println("| | bare asynq | mapreduce run | ratio (target ≤ 1.5) |")
 		fmt.Println("|---|---|---|---|")
@@ -227,38 +220,17 @@ func bareRound(ctx context.Context, rdb *redis.Client, queue string) time.Durati
 func usedMemory(ctx context.Context, rdb *redis.Client) int64 {
 	info, err := rdb.Info(ctx, "memory").Result()
 	must(err)
-	n, _ := strconv.ParseInt(field(info, "used_memory"), 10, 64)
+	n, _ := strconv.ParseInt(benchutil.InfoField(info, "used_memory"), 10, 64)
 	return n
 }
 
-func field(info, name string) string {
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			return v
-		}
-	}
-	return "?"
-}
-
 func cleanup(rdb *redis.Client, base string, queues []string) {
-	ctx := context.Background()
-	del := func(pattern string) {
-		iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
-	}
-	del(base + "*")
+	patterns := []string{base + "*"}
 	for _, q := range queues {
-		del("asynq:{" + q + "}:*")
-		rdb.SRem(ctx, "asynq:queues", q)
+		patterns = append(patterns, "asynq:{"+q+"}:*")
+		rdb.SRem(context.Background(), "asynq:queues", q)
 	}
-}
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
+	benchutil.DeleteMatching(rdb, patterns...)
 }
 
 func durs(ds []time.Duration) string {

@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/benchutil"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/redis/go-redis/v9"
 )
@@ -51,16 +52,7 @@ var (
 
 func main() {
 	flag.Parse()
-	if *redisURL == "" {
-		fmt.Fprintln(os.Stderr, "semabench: no Redis: pass -redis URL or set BATCHMR_TEST_REDIS_URL (make bench does both)")
-		os.Exit(2)
-	}
-	opt, err := redis.ParseURL(*redisURL)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "semabench: -redis %q: %v\n", *redisURL, err)
-		os.Exit(2)
-	}
-	rdb := redis.NewClient(opt)
+	rdb := benchutil.Redis("semabench", *redisURL, 0)
 	defer rdb.Close()
 	if *worker != "" {
 		if *cpuProfile != "" {
@@ -73,15 +65,11 @@ func main() {
 		return
 	}
 	ctx := context.Background()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		fmt.Fprintf(os.Stderr, "semabench: Redis at %s: %v\n", opt.Addr, err)
-		os.Exit(1)
-	}
 	base := fmt.Sprintf("semabench:%08x", rand.Uint32())
 	defer cleanup(rdb, base)
 	info, _ := rdb.Info(ctx, "server").Result()
 	fmt.Printf("# semabench: %s, Go %s, %d CPUs, Redis %s on %s\n\n", time.Now().Format("2006-01-02"),
-		runtime.Version(), runtime.NumCPU(), infoField(info, "redis_version"), opt.Addr)
+		runtime.Version(), runtime.NumCPU(), benchutil.InfoField(info, "redis_version"), rdb.Options().Addr)
 
 	sections := []struct {
 		name string
@@ -138,7 +126,7 @@ func roundTrips(ctx context.Context, rdb *redis.Client, prefix string) {
 	fmt.Printf("## 1. Uncontended Acquire+Release vs PING (%d rounds × %d, interleaved)\n\n", *rounds, *perRound)
 	fmt.Println("| statistic | PING round trip | Acquire+Release | ratio (target ≤ 2.3) |")
 	fmt.Println("|---|---|---|---|")
-	fmt.Printf("| mean per round, median of rounds | %.1f µs | %.1f µs | **%.2f** |\n", median(pings), median(pairs), median(ratios))
+	fmt.Printf("| mean per round, median of rounds | %.1f µs | %.1f µs | **%.2f** |\n", benchutil.Median(pings), benchutil.Median(pairs), benchutil.Median(ratios))
 	fmt.Printf("| per-operation median | %.1f µs | %.1f µs | **%.2f** |\n\n", p50(pingOps), p50(pairOps), p50(pairOps)/p50(pingOps))
 }
 
@@ -271,8 +259,8 @@ type workerResult struct {
 func redisCPU(ctx context.Context, rdb *redis.Client) time.Duration {
 	info, err := rdb.Info(ctx, "cpu").Result()
 	must(err)
-	user, _ := strconv.ParseFloat(infoField(info, "used_cpu_user"), 64)
-	sys, _ := strconv.ParseFloat(infoField(info, "used_cpu_sys"), 64)
+	user, _ := strconv.ParseFloat(benchutil.InfoField(info, "used_cpu_user"), 64)
+	sys, _ := strconv.ParseFloat(benchutil.InfoField(info, "used_cpu_sys"), 64)
 	return time.Duration((user + sys) * float64(time.Second))
 }
 
@@ -509,28 +497,10 @@ func evalOnlyUser(prefix string) string {
 	return strings.Join(parts[:min(2, len(parts))], "-") + "-evalonly"
 }
 
-func infoField(info, field string) string {
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
-		}
-	}
-	return "?"
-}
-
 func cleanup(rdb *redis.Client, base string) {
 	ctx := context.Background()
 	rdb.Do(ctx, "ACL", "DELUSER", evalOnlyUser(base))
-	iter := rdb.Scan(ctx, 0, base+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		rdb.Del(ctx, iter.Val())
-	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
+	benchutil.DeleteMatching(rdb, base+"*")
 }
 
 func fmtDur(d time.Duration) string {

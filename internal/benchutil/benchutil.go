@@ -1,0 +1,66 @@
+// Package benchutil holds what the benchmark commands (internal/cmd/...)
+// share: connecting to the Redis they measure, reading INFO, cleaning up.
+package benchutil
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis connects the benchmark command named cmd to the server at url, with
+// room for poolSize connections (0: go-redis's default). It exits with a
+// message naming the fix when url is empty, malformed or unreachable.
+func Redis(cmd, url string, poolSize int) *redis.Client {
+	if url == "" {
+		fmt.Fprintf(os.Stderr, "%s: no Redis: pass -redis URL or set BATCHMR_TEST_REDIS_URL (make bench does both)\n", cmd)
+		os.Exit(2)
+	}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: -redis %q: %v\n", cmd, url, err)
+		os.Exit(2)
+	}
+	if poolSize > 0 {
+		opt.PoolSize = poolSize
+	}
+	rdb := redis.NewClient(opt)
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: Redis at %s: %v\n", cmd, opt.Addr, err)
+		os.Exit(1)
+	}
+	return rdb
+}
+
+// InfoField returns one field of an INFO reply, or "?".
+func InfoField(info, field string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return "?"
+}
+
+// DeleteMatching deletes every key matching each pattern.
+func DeleteMatching(rdb *redis.Client, patterns ...string) {
+	ctx := context.Background()
+	for _, p := range patterns {
+		iter := rdb.Scan(ctx, 0, p, 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+	}
+}
+
+// Median returns the median of xs (the upper one of an even count).
+func Median[T cmp.Ordered](xs []T) T {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
