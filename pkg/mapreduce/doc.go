@@ -19,7 +19,11 @@
 //	mux := asynq.NewServeMux()
 //	mr.Register(mux)
 //	go mr.RunReconciler(ctx, 30*time.Second)
-//	err = asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: map[string]int{"default": 1}}).Run(mux)
+//	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+//		Queues:         map[string]int{"default": 1},
+//		RetryDelayFunc: mr.RetryDelay, // each job's JobOptions.Backoff
+//	})
+//	err = srv.Run(mux)
 //
 // and any process with the same registry starts and follows runs:
 //

@@ -79,7 +79,7 @@ func Example() {
 
 	// The worker: an ordinary asynq server.
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: map[string]int{queue: 1},
-		TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
+		RetryDelayFunc: mr.RetryDelay, TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
 	mux := asynq.NewServeMux()
 	mr.Register(mux)
 	if err := srv.Start(mux); err != nil {

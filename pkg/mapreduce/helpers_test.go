@@ -68,7 +68,7 @@ func (e *env) worker(c *mapreduce.Client, concurrency int) *asynq.Server {
 		Queues:                   map[string]int{e.queue: 1},
 		TaskCheckInterval:        10 * time.Millisecond,
 		DelayedTaskCheckInterval: 50 * time.Millisecond,
-		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond },
+		RetryDelayFunc:           c.RetryDelay,
 		ShutdownTimeout:          5 * time.Second,
 		LogLevel:                 asynq.FatalLevel,
 	})
@@ -81,8 +81,13 @@ func (e *env) worker(c *mapreduce.Client, concurrency int) *asynq.Server {
 	return srv
 }
 
+// opts puts a job in the env's queue, with quick retries unless the test
+// sets its own Backoff.
 func (e *env) opts(o mapreduce.JobOptions) mapreduce.JobOptions {
 	o.Queue = e.queue
+	if o.Backoff == nil {
+		o.Backoff = func(int, error) time.Duration { return 10 * time.Millisecond }
+	}
 	return o
 }
 

@@ -82,6 +82,11 @@ type JobOptions struct {
 	SplitTimeout time.Duration
 	// ReduceTimeout bounds one Reduce call. Default 1 hour.
 	ReduceTimeout time.Duration
+	// Backoff is how long a failed task of the job waits before retry n
+	// (n counts from 0), when the worker's asynq.Config.RetryDelayFunc is
+	// Client.RetryDelay. Default: asynq.DefaultRetryDelayFunc, the
+	// Sidekiq-style n⁴+15 s with jitter.
+	Backoff func(n int, err error) time.Duration
 	// StepRetries is how many times a failing Split or Reduce is retried
 	// before the run fails. Default 3; a negative value means no retries.
 	StepRetries int

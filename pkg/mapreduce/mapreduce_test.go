@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -274,7 +275,14 @@ func TestMapErrorsAreRetriedBeforeAPageFails(t *testing.T) {
 	cnt := newCounts()
 	var mu sync.Mutex
 	attempts := map[int]int{}
-	j := sumJob("flaky", cnt, e.opts(mapreduce.JobOptions{MapRetries: 3}))
+	var backoffMu sync.Mutex
+	var backoffs []int // the retry numbers the job's Backoff was asked about
+	j := sumJob("flaky", cnt, e.opts(mapreduce.JobOptions{MapRetries: 3, Backoff: func(n int, err error) time.Duration {
+		backoffMu.Lock()
+		backoffs = append(backoffs, n)
+		backoffMu.Unlock()
+		return 20 * time.Millisecond
+	}}))
 	j.Map = func(ctx context.Context, p span) (int, error) {
 		mu.Lock()
 		attempts[p.Lo]++
@@ -292,5 +300,13 @@ func TestMapErrorsAreRetriedBeforeAPageFails(t *testing.T) {
 	st := wait(t, c, id, 30*time.Second)
 	if st.State != mapreduce.StateSucceeded || resultOf(t, c, st) != 40*39/2 {
 		t.Fatalf("state %s (error %q), want succeeded with the full sum", st.State, st.Error)
+	}
+	// Four pages failed twice each: the job's own Backoff timed 8 retries,
+	// asked about retries 0 and 1 of each page.
+	backoffMu.Lock()
+	defer backoffMu.Unlock()
+	slices.Sort(backoffs)
+	if want := []int{0, 0, 0, 0, 1, 1, 1, 1}; !slices.Equal(backoffs, want) {
+		t.Errorf("Backoff was asked about retries %v, want %v", backoffs, want)
 	}
 }

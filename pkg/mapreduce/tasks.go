@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/hibiken/asynq"
 )
@@ -40,6 +41,22 @@ func (c *Client) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return c.handleReduce(ctx, t)
 	}
 	return fmt.Errorf("mapreduce: task type %q is not batchmr's (%s, %s, %s): %w", t.Type(), TypeSplit, TypeMap, TypeReduce, asynq.SkipRetry)
+}
+
+// RetryDelay is an asynq.RetryDelayFunc that applies each job's
+// JobOptions.Backoff to its tasks; other tasks get
+// asynq.DefaultRetryDelayFunc. Set it as the worker's
+// asynq.Config.RetryDelayFunc.
+func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
+	var p runPayload // map payloads carry the run too
+	if json.Unmarshal(t.Payload(), &p) == nil {
+		if job, ok := jobOf(p.Run); ok {
+			if r, ok := c.jobs.lookup(job); ok && r.options().Backoff != nil {
+				return r.options().Backoff(n, err)
+			}
+		}
+	}
+	return asynq.DefaultRetryDelayFunc(n, err, t)
 }
 
 // runPayload is the payload of split and reduce tasks.
