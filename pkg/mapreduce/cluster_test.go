@@ -1,0 +1,77 @@
+package mapreduce_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// On Redis Cluster every script must touch one slot. A whole run, and the
+// overlap check that reads another run's record, work on a real cluster,
+// and every key batchmr wrote for the job is in one slot.
+func TestRunsWorkOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.RedisCluster(t)
+	ctx := context.Background()
+	queue := strings.ReplaceAll(prefix, ":", "-")
+	t.Cleanup(func() {
+		_ = rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			deleteQueue(node, queue)
+			return nil
+		})
+	})
+	jobs := mapreduce.NewJobs()
+	cnt := newCounts()
+	if err := mapreduce.AddJob(jobs, sumJob("sum", cnt, mapreduce.JobOptions{Queue: queue})); err != nil {
+		t.Fatal(err)
+	}
+	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+
+	id := mustStart(t, c, "sum", sumArgs{N: 100, PageSize: 10}, mapreduce.StartOptions{})
+	if _, err := c.Start(ctx, "sum", sumArgs{N: 100, PageSize: 10}, mapreduce.StartOptions{}); !errors.Is(err, mapreduce.ErrRunActive) {
+		t.Fatalf("second Start: %v, want ErrRunActive", err)
+	}
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: 4, Queues: map[string]int{queue: 1},
+		TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
+	mux := asynq.NewServeMux()
+	c.Register(mux)
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	st := wait(t, c, id, 30*time.Second)
+	if st.State != mapreduce.StateSucceeded || resultOf(t, c, st) != 100*99/2 {
+		t.Fatalf("state %s (%s), want succeeded with %d", st.State, st.Error, 100*99/2)
+	}
+	var keys []string
+	err = rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		iter := node.Scan(ctx, 0, prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		return iter.Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) < 4 {
+		t.Fatalf("found only %v", keys)
+	}
+	want := rdb.ClusterKeySlot(ctx, keys[0]).Val()
+	for _, k := range keys {
+		if slot := rdb.ClusterKeySlot(ctx, k).Val(); slot != want {
+			t.Errorf("key %s is in slot %d, others in %d", k, slot, want)
+		}
+	}
+}
