@@ -41,7 +41,10 @@ func TestMain(m *testing.M) {
 // crashJob sums 0..39 in ten pages. hang, if not nil, is called at the step
 // named by at and never returns.
 func crashJob(queue, at string, hang func()) mapreduce.Job[sumArgs, span, int, int] {
-	j := sumJob("crashy", newCounts(), mapreduce.JobOptions{Queue: queue})
+	// asynq retries a dead worker's task after the job's Backoff: keep it
+	// short, as the default (15-45 s at first) would only slow the test.
+	j := sumJob("crashy", newCounts(), mapreduce.JobOptions{Queue: queue,
+		Backoff: func(int, error) time.Duration { return 10 * time.Millisecond }})
 	inner := j.Reduce
 	j.Split = func(ctx context.Context, a sumArgs, emit func(span) error) error {
 		for lo := 0; lo < a.N; lo += a.PageSize {
@@ -124,6 +127,7 @@ func TestWorkersKilledMidSplitMapAndReduceLoseNothing(t *testing.T) {
 	}
 	var crashes []*crash
 	var lastKill time.Time
+	t.Logf("%s: start", time.Now().Format("15:04:05.000"))
 	for _, at := range []string{"split", "map", "reduce"} {
 		e := newEnv(t)
 		e.addJob(mapreduce.AddJob(e.jobs, crashJob(e.queue, "", nil)))
@@ -146,6 +150,7 @@ func TestWorkersKilledMidSplitMapAndReduceLoseNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		lastKill = time.Now()
+		t.Logf("%s: killed the worker hung at %s", lastKill.Format("15:04:05.000"), at)
 		_ = cmd.Wait()
 		if st, err := cr.c.Status(ctx, cr.run); err != nil || st.State.Ended() {
 			t.Fatalf("%s: after the kill: %+v, %v; want the run unfinished", at, st, err)
@@ -156,8 +161,10 @@ func TestWorkersKilledMidSplitMapAndReduceLoseNothing(t *testing.T) {
 	for _, cr := range crashes {
 		cr.e.worker(cr.c, 4)
 	}
+	t.Logf("%s: replacement workers started", time.Now().Format("15:04:05.000"))
 	for _, cr := range crashes {
 		st := wait(t, cr.c, cr.run, 60*time.Second)
+		t.Logf("%s: the run killed mid-%s ended %s", time.Now().Format("15:04:05.000"), cr.at, st.State)
 		if st.State != mapreduce.StateSucceeded {
 			t.Errorf("killed mid-%s: state %s (%s), want succeeded", cr.at, st.State, st.Error)
 			continue
