@@ -31,6 +31,10 @@ type Config struct {
 	// CancelPoll is how often a process checks whether the runs its
 	// handlers work on were cancelled. Default 250ms.
 	CancelPoll time.Duration
+	// StuckAfter is how long a mapping run must go without recording a
+	// page before Reconcile inspects its unrecorded pages one by one.
+	// Default 2 minutes.
+	StuckAfter time.Duration
 }
 
 // Client starts, inspects and cancels runs, and is the asynq handler that
@@ -68,8 +72,11 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.EnqueueConcurrency < 0 || cfg.CancelPoll < 0 {
-		return nil, errors.New("mapreduce: New: EnqueueConcurrency and CancelPoll must not be negative: leave them zero for the defaults")
+	if cfg.EnqueueConcurrency < 0 || cfg.CancelPoll < 0 || cfg.StuckAfter < 0 {
+		return nil, errors.New("mapreduce: New: EnqueueConcurrency, CancelPoll and StuckAfter must not be negative: leave them zero for the defaults")
+	}
+	if cfg.StuckAfter == 0 {
+		cfg.StuckAfter = 2 * time.Minute
 	}
 	if cfg.EnqueueConcurrency == 0 {
 		cfg.EnqueueConcurrency = 16
@@ -89,10 +96,11 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	}, nil
 }
 
-// Close releases the asynq client and inspector. It does not close the
-// redis client.
+// Close releases what the Client holds. It does not close the redis
+// client, which the Client only borrows (and so do its asynq client and
+// inspector); it always returns nil.
 func (c *Client) Close() error {
-	return errors.Join(c.aq.Close(), c.insp.Close())
+	return nil
 }
 
 // runKeys are the Redis keys of one run and of its job.
@@ -116,10 +124,12 @@ func (c *Client) keys(runID string) (runKeys, error) {
 	if !ok {
 		return runKeys{}, fmt.Errorf("%q is not a run ID: run IDs look like <job>:<key>, as Start returns them", runID)
 	}
+	// The kind comes before the run ID: IDs may contain ':', and a kind
+	// after it could make one run's key another run's ("k:results").
 	base := c.prefix + ":{" + job + "}"
-	run := base + ":run:" + runID
 	return runKeys{
-		run: run, recorded: run + ":recorded", results: run + ":results", failures: run + ":failures",
+		run: base + ":run:" + runID, recorded: base + ":recorded:" + runID,
+		results: base + ":results:" + runID, failures: base + ":failures:" + runID,
 		runs: base + ":runs", active: base + ":active",
 	}, nil
 }
@@ -165,26 +175,29 @@ func (c *Client) Start(ctx context.Context, job string, args any, opts StartOpti
 	if o.AllowOverlap {
 		overlap = "1"
 	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
 	res, err := scriptStart.Run(ctx, c.rdb, []string{k.run, k.runs, k.active},
-		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue).Slice()
+		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, hex.EncodeToString(b[:])).Slice()
 	if err != nil {
 		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
 	}
 	status, _ := res[0].(int64)
 	detail, _ := res[1].(string)
+	nonce, _ := res[2].(string)
 	switch status {
 	case -1:
 		return "", fmt.Errorf("mapreduce: start %q: %w: %s (set JobOptions.AllowOverlap to run both)", job, ErrRunActive, detail)
 	case 0:
 		if State(detail) == StateSplitting {
 			// The first Start may have died before enqueuing the split.
-			if err := c.enqueueStep(ctx, id, TypeSplit, o); err != nil {
+			if err := c.enqueueStep(ctx, id, nonce, TypeSplit, o); err != nil {
 				return id, fmt.Errorf("mapreduce: start %s: %w", id, err)
 			}
 		}
 		return id, fmt.Errorf("mapreduce: start %s: %w (state %s)", id, ErrRunExists, detail)
 	}
-	if err := c.enqueueStep(ctx, id, TypeSplit, o); err != nil {
+	if err := c.enqueueStep(ctx, id, nonce, TypeSplit, o); err != nil {
 		return id, fmt.Errorf("mapreduce: start %s: the run was created but its split could not be enqueued (a worker's reconciler will enqueue it): %w", id, err)
 	}
 	return id, nil
@@ -208,29 +221,40 @@ func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
 
 // Wait blocks until the run has ended or ctx is done, and returns its last
 // status. A run that ended failed or cancelled is not an error: check
-// Status.State.
+// Status.State. Redis being unreachable for a while is not an error either:
+// Wait keeps trying until ctx is done.
 func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 	delay := 20 * time.Millisecond
+	var last *Status
 	for {
 		st, err := c.Status(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		if st.State.Ended() {
-			return st, nil
+		switch {
+		case err == nil:
+			if st.State.Ended() {
+				return st, nil
+			}
+			last = st
+		case errors.Is(err, ErrRunNotFound), ctx.Err() != nil:
+			return last, err
+		default:
+			c.log.Warn("mapreduce: wait: reading the run's status failed; retrying", "run", id, "error", err)
 		}
 		select {
 		case <-ctx.Done():
-			return st, fmt.Errorf("mapreduce: wait %s: %w (last state %s)", id, ctx.Err(), st.State)
+			state := State("unknown")
+			if last != nil {
+				state = last.State
+			}
+			return last, fmt.Errorf("mapreduce: wait %s: %w (last state %s)", id, ctx.Err(), state)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, time.Second)
 	}
 }
 
-// Cancel ends the run as cancelled: no page starts any more, handlers at
-// work on it see their context cancelled with cause ErrRunCancelled, and
-// Reduce does not run. Cancelling a cancelled run does nothing; a run that
+// Cancel ends the run as cancelled: queued pages do not start, handlers at
+// work on it see their context cancelled with cause ErrRunCancelled within
+// Config.CancelPoll, and Reduce does not run. Cancelling a cancelled run does nothing; a run that
 // succeeded or failed gives an error wrapping ErrRunEnded.
 func (c *Client) Cancel(ctx context.Context, id string) error {
 	ended, state, err := c.finish(ctx, id, StateCancelled, nil, "cancelled", "")

@@ -43,8 +43,9 @@
 //     asynq hands its task to another worker, and every step is idempotent.
 //   - Starts with the same StartOptions.Key make one run, so scheduler
 //     replicas firing on the same tick start it once.
-//   - Cancel stops a run: no page starts afterwards, handlers at work see
-//     their context cancelled with cause ErrRunCancelled.
+//   - Cancel stops a run: queued pages do not start, handlers at work see
+//     their context cancelled with cause ErrRunCancelled within
+//     Config.CancelPoll.
 //   - A page that fails for good is reported to Reduce with its error
 //     (CompleteSemantics) or fails the run naming it (SuccessSemantics, the
 //     default).

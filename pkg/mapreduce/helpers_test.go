@@ -248,4 +248,19 @@ func (e *env) pendingTasks(typ string) []*asynq.TaskInfo {
 
 func task(ti *asynq.TaskInfo) *asynq.Task { return asynq.NewTask(ti.Type, ti.Payload) }
 
+// taskOf returns the one pending task of a type that belongs to a run.
+func (e *env) taskOf(typ, run string) *asynq.TaskInfo {
+	e.t.Helper()
+	var found []*asynq.TaskInfo
+	for _, ti := range e.pendingTasks(typ) {
+		if strings.HasPrefix(ti.ID, run+":") {
+			found = append(found, ti)
+		}
+	}
+	if len(found) != 1 {
+		e.t.Fatalf("%d pending %s tasks of run %s, want 1", len(found), typ, run)
+	}
+	return found[0]
+}
+
 var _ = fmt.Sprint

@@ -51,7 +51,7 @@ type PageResult[P, R any] struct {
 	Index  int   // the page's position in the split, from 0
 	Result R     // Map's result; the zero value if the page failed
 	Err    error // the last error of a page that failed for good, or nil
-	Page   P     // the page descriptor; set for failed pages only
+	Page   P     // the page descriptor; set for failed pages only (not for one whose task was lost)
 }
 
 // Semantics says what a run does when pages fail for good.
@@ -76,7 +76,8 @@ type JobOptions struct {
 	// MapRetries is how many times a failing page is retried before it
 	// fails for good. Default 3; a negative value means no retries.
 	MapRetries int
-	// MapTimeout bounds one Map call. Default 30 minutes.
+	// MapTimeout bounds one Map call. Default 30 minutes. asynq counts
+	// timeouts in whole seconds: at least 1s, rounded up.
 	MapTimeout time.Duration
 	// SplitTimeout bounds one Split call. Default 1 hour.
 	SplitTimeout time.Duration
@@ -146,6 +147,9 @@ func (o JobOptions) withDefaults() JobOptions {
 	if o.Retention == 0 {
 		o.Retention = 24 * time.Hour
 	}
+	// asynq keeps timeouts and retention in whole seconds, truncated.
+	o.MapTimeout, o.SplitTimeout, o.ReduceTimeout = ceilSecond(o.MapTimeout), ceilSecond(o.SplitTimeout), ceilSecond(o.ReduceTimeout)
+	o.Retention = ceilSecond(o.Retention)
 	if o.Codec == nil {
 		o.Codec = JSON
 	}
@@ -156,6 +160,9 @@ func (o JobOptions) validate() error {
 	switch {
 	case o.MapTimeout < 0, o.SplitTimeout < 0, o.ReduceTimeout < 0:
 		return fmt.Errorf("a timeout is negative: leave it zero for the default")
+	case o.MapTimeout > 0 && o.MapTimeout < time.Second, o.SplitTimeout > 0 && o.SplitTimeout < time.Second,
+		o.ReduceTimeout > 0 && o.ReduceTimeout < time.Second:
+		return fmt.Errorf("a timeout is below 1s: asynq counts task timeouts in whole seconds (a shorter one means none): use at least 1s")
 	case o.Retention < 0:
 		return fmt.Errorf("negative Retention %v: leave it zero for the default (24h)", o.Retention)
 	case o.Retention > 0 && o.Retention < time.Second:
@@ -164,4 +171,8 @@ func (o JobOptions) validate() error {
 		return fmt.Errorf("unknown Semantics %d: use SuccessSemantics or CompleteSemantics", o.Semantics)
 	}
 	return nil
+}
+
+func ceilSecond(d time.Duration) time.Duration {
+	return (d + time.Second - 1) / time.Second * time.Second
 }

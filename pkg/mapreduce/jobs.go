@@ -170,7 +170,9 @@ func (j *typedJob[A, P, R, O]) reduce(ctx context.Context, args []byte, pages it
 			if err == nil {
 				if sp.failure != nil {
 					pr.Err = errors.New(sp.failure.Error)
-					if uerr := j.Options.Codec.Unmarshal(sp.failure.Page, &pr.Page); uerr != nil {
+					if len(sp.failure.Page) == 0 {
+						// A page whose task was lost: its descriptor went with it.
+					} else if uerr := j.Options.Codec.Unmarshal(sp.failure.Page, &pr.Page); uerr != nil {
 						err = fmt.Errorf("decoding failed page %d of job %q: %w", sp.index, j.Name, uerr)
 					}
 				} else if uerr := j.Options.Codec.Unmarshal(sp.result, &pr.Result); uerr != nil {

@@ -81,7 +81,7 @@ func TestCancelStopsTheRun(t *testing.T) {
 	})
 	enqueued := func() int {
 		q, _ := insp.GetQueueInfo(e.queue)
-		return q.Processed + q.Pending
+		return q.ProcessedTotal + q.Pending
 	}
 	before := enqueued()
 	time.Sleep(300 * time.Millisecond)
@@ -207,7 +207,9 @@ func TestOverlappingRunsAreRefusedUnlessAllowed(t *testing.T) {
 func TestMalformedTasksAndUnknownJobsAreArchivedWithAClearError(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.addJob(mapreduce.AddJob(e.jobs, sumJob("known", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	// No retries: an unknown job is retried like any error (another worker
+	// may know it), and fails the run on its last attempt.
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("known", newCounts(), e.opts(mapreduce.JobOptions{StepRetries: -1}))))
 	starter := e.client()
 	// The worker knows no job at all.
 	worker, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: mapreduce.NewJobs(), Prefix: e.prefix})
@@ -290,6 +292,7 @@ func TestAddJobRejectsInvalidJobs(t *testing.T) {
 	bad(func(j *mapreduce.Job[sumArgs, span, int, int]) { j.Map = nil }, "Split and Map")
 	bad(func(j *mapreduce.Job[sumArgs, span, int, int]) { j.Options.Retention = -time.Second }, "Retention")
 	bad(func(j *mapreduce.Job[sumArgs, span, int, int]) { j.Options.Semantics = 7 }, "Semantics")
+	bad(func(j *mapreduce.Job[sumArgs, span, int, int]) { j.Options.MapTimeout = 300 * time.Millisecond }, "whole seconds")
 	if _, err := mapreduce.New(nil, mapreduce.Config{Jobs: jobs}); err == nil {
 		t.Error("New with a nil redis client succeeded")
 	}
@@ -368,7 +371,7 @@ func TestReconcilerRepairsLostEnqueues(t *testing.T) {
 
 	// A run whose split task is lost.
 	lostSplit := mustStart(t, c, "sum", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{Key: "lost-split"})
-	if err := insp.DeleteTask(e.queue, lostSplit+":split"); err != nil {
+	if err := insp.DeleteTask(e.queue, e.taskOf(mapreduce.TypeSplit, lostSplit).ID); err != nil {
 		t.Fatal(err)
 	}
 	// A run whose reduce task is lost: run its split and pages by hand, then
@@ -386,8 +389,8 @@ func TestReconcilerRepairsLostEnqueues(t *testing.T) {
 			}
 		}
 	}
-	if err := insp.DeleteTask(e.queue, lostReduce+":reduce"); err != nil {
-		t.Fatalf("the last page enqueued no reduce: %v", err)
+	if err := insp.DeleteTask(e.queue, e.taskOf(mapreduce.TypeReduce, lostReduce).ID); err != nil {
+		t.Fatal(err)
 	}
 	if st, _ := c.Status(ctx, lostReduce); st.State != mapreduce.StateReducing {
 		t.Fatalf("state %s, want reducing", st.State)

@@ -25,29 +25,35 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	}
 	o := r.options()
 	k, _ := c.keys(p.Run)
+	// Watched from before the state check: a Cancel that lands after the
+	// check reaches this Map within one CancelPoll.
+	wctx, stop := c.watchRun(context.WithValue(context.WithValue(ctx, runIDKey, p.Run), pageIndexKey, p.Index), p.Run)
+	defer stop()
 	var (
-		state *redis.StringCmd
-		bit   *redis.IntCmd
+		fields *redis.SliceCmd
+		bit    *redis.IntCmd
 	)
 	if _, err := c.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-		state = pl.HGet(ctx, k.run, "state")
+		fields = pl.HMGet(ctx, k.run, "state", "nonce")
 		bit = pl.GetBit(ctx, k.recorded, int64(p.Index))
 		return nil
 	}); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, err)
 	}
-	switch st := State(state.Val()); {
+	vals := fields.Val()
+	state, _ := vals[0].(string)
+	nonce, _ := vals[1].(string)
+	switch st := State(state); {
 	case st == StateReducing:
 		// Recorded, and possibly by a handler that died before enqueuing
 		// the reduce: make sure it is enqueued.
-		return c.enqueueStep(ctx, p.Run, TypeReduce, o)
+		return c.enqueueStep(ctx, p.Run, nonce, TypeReduce, o)
 	case st != StateSplitting && st != StateMapping:
 		return nil // ended, or expired
 	case bit.Val() == 1:
 		return nil // a duplicate delivery
 	}
 
-	wctx, stop := c.watchRun(ctx, p.Run)
 	result, mapErr := r.mapPage(wctx, p.page())
 	stop()
 	if cause := context.Cause(wctx); mapErr != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {
@@ -72,12 +78,14 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	if failed {
 		flag = "1"
 	}
-	res, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, p.Index, outcome, flag).Slice()
+	rctx, cancel := afterWork(ctx)
+	defer cancel()
+	res, err := scriptRecord.Run(rctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, p.Index, outcome, flag).Slice()
 	if err != nil {
 		return fmt.Errorf("mapreduce: page %d of %s: recording its outcome: %w", p.Index, p.Run, errors.Join(err, mapErr))
 	}
 	if st, _ := res[1].(string); State(st) == StateReducing {
-		if err := c.enqueueStep(ctx, p.Run, TypeReduce, o); err != nil {
+		if err := c.enqueueStep(rctx, p.Run, nonce, TypeReduce, o); err != nil {
 			return fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, err)
 		}
 	}

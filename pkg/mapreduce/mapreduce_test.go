@@ -151,8 +151,10 @@ func TestPagesRecordedDuringTheSplitNeverTriggerAnEarlyReduce(t *testing.T) {
 				if err := emit(i); err != nil {
 					return err
 				}
-				run, _ := asynq.GetTaskID(ctx)
-				id := strings.TrimSuffix(run, ":split")
+				id, ok := mapreduce.RunID(ctx)
+				if !ok {
+					return errors.New("no run ID in Split's context")
+				}
 				for {
 					st, err := c.Status(ctx, id)
 					if err != nil {
@@ -169,7 +171,12 @@ func TestPagesRecordedDuringTheSplitNeverTriggerAnEarlyReduce(t *testing.T) {
 			}
 			return nil
 		},
-		Map: func(ctx context.Context, p int) (int, error) { return p, nil },
+		Map: func(ctx context.Context, p int) (int, error) {
+			if i, ok := mapreduce.PageIndex(ctx); !ok || i != p {
+				return 0, fmt.Errorf("PageIndex = %d, %v in the Map of page %d", i, ok, p)
+			}
+			return p, nil
+		},
 		Reduce: func(ctx context.Context, _ struct{}, pages iter.Seq2[mapreduce.PageResult[int, int], error]) (int, error) {
 			seen := 0
 			for _, err := range pages {

@@ -23,10 +23,6 @@ func (r Repairs) total() int {
 	return r.SplitsEnqueued + r.ReducesEnqueued + r.RunsFailed + r.PagesFailed
 }
 
-// StuckAfter is how long a mapping run must go without recording a page
-// before Reconcile looks at its unrecorded pages one by one.
-const StuckAfter = 2 * time.Minute
-
 // maxPageChecks bounds the task lookups of one pass over one stuck run.
 const maxPageChecks = 1000
 
@@ -39,7 +35,7 @@ const maxPageChecks = 1000
 //   - a split or reduce task that asynq archived without our handler seeing
 //     its last attempt (the worker crashed every time): the run fails with
 //     the task's last error;
-//   - a mapping run that recorded nothing for StuckAfter: an unrecorded
+//   - a mapping run that recorded nothing for Config.StuckAfter: an unrecorded
 //     page whose task asynq archived is recorded as failed with the task's
 //     last error, and one whose task is gone (deleted by hand, lost in a
 //     Redis failover) as failed too: its page descriptor went with it.
@@ -100,11 +96,11 @@ func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) err
 		var err error
 		switch st.State {
 		case StateSplitting:
-			err = c.repairStep(ctx, st.ID, TypeSplit, o, &rep.SplitsEnqueued, rep)
+			err = c.repairStep(ctx, st, TypeSplit, o, &rep.SplitsEnqueued, rep)
 		case StateReducing:
-			err = c.repairStep(ctx, st.ID, TypeReduce, o, &rep.ReducesEnqueued, rep)
+			err = c.repairStep(ctx, st, TypeReduce, o, &rep.ReducesEnqueued, rep)
 		case StateMapping:
-			if time.Since(st.Updated) >= StuckAfter {
+			if time.Since(st.Updated) >= c.cfg.StuckAfter {
 				err = c.repairPages(ctx, st, o, rep)
 			}
 		}
@@ -116,15 +112,16 @@ func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) err
 }
 
 // repairStep checks the split or reduce task of a run in that step.
-func (c *Client) repairStep(ctx context.Context, run, typ string, o JobOptions, enqueued *int, rep *Repairs) error {
+func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOptions, enqueued *int, rep *Repairs) error {
+	run := st.ID
 	step := "split"
 	if typ == TypeReduce {
 		step = "reduce"
 	}
-	info, err := c.insp.GetTaskInfo(o.Queue, taskID(run, step))
+	info, err := c.insp.GetTaskInfo(o.Queue, taskID(run, st.nonce, step))
 	switch {
 	case isTaskGone(err):
-		if err := c.enqueueStep(ctx, run, typ, o); err != nil {
+		if err := c.enqueueStep(ctx, run, st.nonce, typ, o); err != nil {
 			return err
 		}
 		*enqueued++
@@ -156,7 +153,7 @@ func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep 
 			continue
 		}
 		checks++
-		info, err := c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, i))
+		info, err := c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, st.nonce, i))
 		switch {
 		case isTaskGone(err):
 			// Gone without being recorded: deleted by hand, or lost with a
@@ -180,7 +177,7 @@ func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep 
 	}
 	// A page recorded by the repairs may have been the last one.
 	if s, err := c.rdb.HGet(ctx, k.run, "state").Result(); err == nil && State(s) == StateReducing {
-		return c.enqueueStep(ctx, st.ID, TypeReduce, o)
+		return c.enqueueStep(ctx, st.ID, st.nonce, TypeReduce, o)
 	}
 	return nil
 }

@@ -38,17 +38,19 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 	total, _ := strconv.Atoi(fmt.Sprint(vals[2]))
 	failedPages, _ := strconv.Atoi(fmt.Sprint(vals[3]))
 	pages := c.storedPages(ctx, k, total)
+	rctx, cancel := afterWork(ctx)
+	defer cancel()
 
 	if failedPages > 0 && r.options().Semantics == SuccessSemantics {
 		msg, err := c.describeFailures(ctx, k, total, failedPages)
 		if err != nil {
 			return fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
 		}
-		return c.end(ctx, run, StateFailed, nil, msg)
+		return c.end(rctx, run, StateFailed, nil, msg)
 	}
 	var result []byte
 	if r.hasReduce() {
-		wctx, stop := c.watchRun(ctx, run)
+		wctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, run), run)
 		result, err = r.reduce(wctx, []byte(args), pages)
 		stop()
 		if cause := context.Cause(wctx); err != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {
@@ -57,14 +59,14 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 		if err != nil {
 			err = fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
 			if lastAttempt(ctx, err) {
-				if ferr := c.end(context.WithoutCancel(ctx), run, StateFailed, nil, err.Error()); ferr != nil {
+				if ferr := c.end(rctx, run, StateFailed, nil, err.Error()); ferr != nil {
 					return errors.Join(err, ferr)
 				}
 			}
 			return err
 		}
 	}
-	return c.end(ctx, run, StateSucceeded, result, "")
+	return c.end(rctx, run, StateSucceeded, result, "")
 }
 
 // end finishes a reducing run.

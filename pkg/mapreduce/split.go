@@ -31,7 +31,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 		recorded *redis.StringCmd
 	)
 	if _, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		fields = p.HMGet(ctx, k.run, "state", "args")
+		fields = p.HMGet(ctx, k.run, "state", "args", "nonce")
 		recorded = p.Get(ctx, k.recorded)
 		return nil
 	}); err != nil && !errors.Is(err, redis.Nil) {
@@ -40,12 +40,13 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 	vals := fields.Val()
 	state, _ := vals[0].(string)
 	args, _ := vals[1].(string)
+	nonce, _ := vals[2].(string)
 	if State(state) != StateSplitting {
 		return nil // already split, ended, or expired
 	}
 	bits := []byte(recorded.Val())
 
-	ctx, stop := c.watchRun(ctx, run)
+	ctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, run), run)
 	defer stop()
 	type item struct {
 		i    int
@@ -60,14 +61,25 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 		go func() {
 			defer wg.Done()
 			for it := range work {
-				if err := c.enqueueMap(gctx, run, it.i, it.page, o); err != nil {
+				if err := c.enqueueMap(gctx, run, nonce, it.i, it.page, o); err != nil {
 					abort(err)
 				}
 			}
 		}()
 	}
-	n := 0
+	// emit is safe to call from several goroutines (the pages are numbered
+	// in the order the calls are made), and fails after Split returned.
+	var emitMu sync.Mutex
+	n, closed := 0, false
 	splitErr := r.split(ctx, []byte(args), func(page []byte) error {
+		emitMu.Lock()
+		defer emitMu.Unlock()
+		switch {
+		case closed:
+			return errors.New("mapreduce: emit called after Split returned")
+		case n >= maxPages:
+			return fmt.Errorf("mapreduce: a run has at most %d pages", maxPages)
+		}
 		i := n
 		n++
 		if bitSet(bits, i) {
@@ -80,7 +92,10 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 			return context.Cause(gctx)
 		}
 	})
+	emitMu.Lock()
+	closed = true
 	close(work)
+	emitMu.Unlock()
 	wg.Wait()
 	if cause := context.Cause(ctx); errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded) {
 		return nil // the run ended while splitting: nothing more to do
@@ -88,19 +103,21 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 	if splitErr == nil {
 		splitErr = context.Cause(gctx) // an enqueue failed, or nil
 	}
+	rctx, cancel := afterWork(ctx)
+	defer cancel()
 	if splitErr != nil {
 		err := fmt.Errorf("mapreduce: split of %s after %d pages: %w", run, n, splitErr)
 		if lastAttempt(ctx, splitErr) {
-			c.failRun(context.WithoutCancel(ctx), run, err)
+			c.failRun(rctx, run, err)
 		}
 		return err
 	}
-	st, err := scriptSplitDone.Run(ctx, c.rdb, []string{k.run}, n).Text()
+	st, err := scriptSplitDone.Run(rctx, c.rdb, []string{k.run}, n).Text()
 	if err != nil {
 		return fmt.Errorf("mapreduce: split of %s: recording the total of %d pages: %w", run, n, err)
 	}
 	if State(st) == StateReducing {
-		return c.enqueueStep(ctx, run, TypeReduce, o)
+		return c.enqueueStep(rctx, run, nonce, TypeReduce, o)
 	}
 	return nil
 }

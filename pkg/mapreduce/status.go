@@ -42,6 +42,8 @@ type Status struct {
 	// Result is the encoded value Reduce returned (JSON unless the job has
 	// another Codec): decode it with Client.DecodeResult.
 	Result []byte
+
+	nonce string // part of the run's task IDs
 }
 
 func parseStatus(id string, h map[string]string) *Status {
@@ -53,6 +55,7 @@ func parseStatus(id string, h map[string]string) *Status {
 		Done:   atoi(h["done"]),
 		Failed: atoi(h["failed"]),
 		Error:  h["error"],
+		nonce:  h["nonce"],
 	}
 	if r, ok := h["result"]; ok {
 		st.Result = []byte(r)

@@ -12,8 +12,11 @@ import (
 )
 
 // The asynq task types of a run. Each task's ID is derived from the run
-// (<run>:split, <run>:map:<index>, <run>:reduce), so enqueuing a task twice
-// — a retried split, a duplicate reduce trigger — makes one task.
+// (<run>:<nonce>:split, <run>:<nonce>:map:<index>, <run>:<nonce>:reduce),
+// so enqueuing a task twice — a retried split, a duplicate reduce trigger —
+// makes one task. The nonce is drawn when the run is created: a run started
+// again under the same ID after the first one expired gets new task IDs,
+// while asynq may still keep the first one's tasks.
 const (
 	TypeSplit  = "batchmr:split"
 	TypeMap    = "batchmr:map"
@@ -81,9 +84,15 @@ func (p *mapPayload) page() []byte {
 	return p.PageBytes
 }
 
-func taskID(run, step string) string { return run + ":" + step }
+func taskID(run, nonce, step string) string { return run + ":" + nonce + ":" + step }
 
-func mapTaskID(run string, i int) string { return run + ":map:" + strconv.Itoa(i) }
+func mapTaskID(run, nonce string, i int) string {
+	return run + ":" + nonce + ":map:" + strconv.Itoa(i)
+}
+
+// maxPages bounds a run: the recorded-pages bitmap of the largest run is
+// 128 MiB.
+const maxPages = 1 << 30
 
 // malformed builds the error for a task that can never succeed.
 func malformed(t *asynq.Task, why error) error {
@@ -109,8 +118,8 @@ func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
 	if _, ok := jobOf(p.Run); !ok {
 		return nil, malformed(t, fmt.Errorf("run ID %q is not <job>:<key>", p.Run))
 	}
-	if p.Index < 0 {
-		return nil, malformed(t, fmt.Errorf("page index %d is negative", p.Index))
+	if p.Index < 0 || p.Index >= maxPages {
+		return nil, malformed(t, fmt.Errorf("page index %d is out of range [0, %d)", p.Index, maxPages))
 	}
 	if p.Page == nil && p.PageBytes == nil {
 		return nil, malformed(t, errors.New("no page"))
@@ -118,16 +127,19 @@ func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
 	return &p, nil
 }
 
-// runner finds the job of a run. A job this worker does not know cannot be
-// run here: the run fails, and the task is archived, with a message that
-// names the job and the fix.
+// runner finds the job of a run. A job this worker does not know may be
+// known to another (a rolling deploy that adds a job): the error is
+// retried like any other, and only on the task's last attempt does the run
+// fail, with a message that names the job and the fix.
 func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunner, error) {
 	job, _ := jobOf(run)
 	r, ok := c.jobs.lookup(job)
 	if !ok {
-		err := fmt.Errorf("mapreduce: %s task of run %s: job %q: %w on this worker (registered: %v); register it with AddJob: %w",
-			t.Type(), run, job, ErrUnknownJob, c.jobs.Names(), asynq.SkipRetry)
-		c.failRun(ctx, run, err)
+		err := fmt.Errorf("mapreduce: %s task of run %s: job %q: %w on this worker (registered: %v); register it with AddJob on every worker",
+			t.Type(), run, job, ErrUnknownJob, c.jobs.Names())
+		if lastAttempt(ctx, err) {
+			c.failRun(ctx, run, err)
+		}
 		return nil, err
 	}
 	return r, nil
@@ -135,14 +147,14 @@ func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunn
 
 // enqueueStep enqueues the split or reduce task of a run; an existing task
 // with that ID means it is already enqueued.
-func (c *Client) enqueueStep(ctx context.Context, run, typ string, o JobOptions) error {
+func (c *Client) enqueueStep(ctx context.Context, run, nonce, typ string, o JobOptions) error {
 	payload, _ := json.Marshal(runPayload{Run: run})
 	step, timeout := "split", o.SplitTimeout
 	if typ == TypeReduce {
 		step, timeout = "reduce", o.ReduceTimeout
 	}
 	_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typ, payload),
-		asynq.TaskID(taskID(run, step)), asynq.Queue(o.Queue), asynq.MaxRetry(o.StepRetries),
+		asynq.TaskID(taskID(run, nonce, step)), asynq.Queue(o.Queue), asynq.MaxRetry(o.StepRetries),
 		asynq.Timeout(timeout), asynq.Retention(o.Retention))
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 		return fmt.Errorf("enqueue %s of run %s: %w", step, run, err)
@@ -150,9 +162,11 @@ func (c *Client) enqueueStep(ctx context.Context, run, typ string, o JobOptions)
 	return nil
 }
 
-func (c *Client) enqueueMap(ctx context.Context, run string, i int, page []byte, o JobOptions) error {
+func (c *Client) enqueueMap(ctx context.Context, run, nonce string, i int, page []byte, o JobOptions) error {
 	p := mapPayload{Run: run, Index: i}
-	if json.Valid(page) {
+	// Only JSON-encoded pages travel as JSON: encoding/json compacts and
+	// escapes a RawMessage, which would change another codec's bytes.
+	if o.Codec == JSON && json.Valid(page) {
 		p.Page = page
 	} else {
 		p.PageBytes = page
@@ -162,12 +176,20 @@ func (c *Client) enqueueMap(ctx context.Context, run string, i int, page []byte,
 		return err
 	}
 	_, err = c.aq.EnqueueContext(ctx, asynq.NewTask(TypeMap, payload),
-		asynq.TaskID(mapTaskID(run, i)), asynq.Queue(o.Queue), asynq.MaxRetry(o.MapRetries),
+		asynq.TaskID(mapTaskID(run, nonce, i)), asynq.Queue(o.Queue), asynq.MaxRetry(o.MapRetries),
 		asynq.Timeout(o.MapTimeout))
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 		return fmt.Errorf("enqueue page %d of run %s: %w", i, run, err)
 	}
 	return nil
+}
+
+// afterWork is the context of the Redis calls that record what a handler
+// did. It outlives the task's own context: asynq archives a task whose
+// deadline passed without waiting for its handler, so a record made with
+// the expired context would be lost with it.
+func afterWork(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 }
 
 // lastAttempt reports whether the task's handler will not be retried after

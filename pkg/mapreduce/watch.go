@@ -2,6 +2,7 @@ package mapreduce
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,6 +19,7 @@ type watch struct {
 // cancelled, or failed) and a function to stop watching. One goroutine per
 // Client polls the states of all the runs its handlers work on, in one
 // pipelined round trip every CancelPoll; it exits when nothing is watched.
+// The stop function may be called more than once.
 func (c *Client) watchRun(ctx context.Context, run string) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	w := &watch{cancel: cancel}
@@ -33,21 +35,25 @@ func (c *Client) watchRun(ctx context.Context, run string) (context.Context, fun
 		go c.pollRuns()
 	}
 	c.watchMu.Unlock()
+	var once sync.Once
 	return ctx, func() {
-		c.watchMu.Lock()
-		// A run's set leaves the map only once empty, so w is still in it.
-		delete(set, w)
-		if len(set) == 0 {
-			delete(c.watches, run)
-		}
-		c.watchMu.Unlock()
-		cancel(context.Canceled)
+		once.Do(func() {
+			c.watchMu.Lock()
+			// A run's set leaves the map only once empty, so w is still in it.
+			delete(set, w)
+			if len(set) == 0 {
+				delete(c.watches, run)
+			}
+			c.watchMu.Unlock()
+			cancel(context.Canceled)
+		})
 	}
 }
 
 func (c *Client) pollRuns() {
 	t := time.NewTicker(c.cfg.CancelPoll)
 	defer t.Stop()
+	var lastWarn time.Time
 	for range t.C {
 		c.watchMu.Lock()
 		if len(c.watches) == 0 {
@@ -61,7 +67,7 @@ func (c *Client) pollRuns() {
 		}
 		c.watchMu.Unlock()
 
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CancelPoll*4)
+		ctx, cancel := context.WithTimeout(context.Background(), max(4*c.cfg.CancelPoll, time.Second))
 		cmds := make([]*redis.StringCmd, len(runs))
 		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, run := range runs {
@@ -73,7 +79,10 @@ func (c *Client) pollRuns() {
 		cancel()
 		if err != nil && err != redis.Nil {
 			// Unreachable Redis: handlers go on; the next poll tries again.
-			c.log.Warn("mapreduce: checking runs for cancellation failed", "error", err)
+			if time.Since(lastWarn) > 10*time.Second {
+				lastWarn = time.Now()
+				c.log.Warn("mapreduce: checking runs for cancellation failed; retrying", "error", err)
+			}
 			continue
 		}
 		for i, run := range runs {

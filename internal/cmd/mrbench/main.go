@@ -154,8 +154,8 @@ func large(ctx context.Context, rdb *redis.Client, prefix, queue string) {
 		peak = max(peak, usedMemory(ctx, rdb)-baseMem)
 	})
 	var own int64
-	for _, suffix := range []string{"", ":recorded", ":results", ":failures"} {
-		n, _ := rdb.MemoryUsage(ctx, prefix+":{noop}:run:"+st.ID+suffix, 0).Result()
+	for _, kind := range []string{"run", "recorded", "results", "failures"} {
+		n, _ := rdb.MemoryUsage(ctx, prefix+":{noop}:"+kind+":"+st.ID, 0).Result()
 		own += n
 	}
 	splitFor := st.SplitDone.Sub(st.Created)

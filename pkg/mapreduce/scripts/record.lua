@@ -21,6 +21,9 @@ if st ~= 'splitting' and st ~= 'mapping' then
   return {0, st}
 end
 local i = tonumber(ARGV[1])
+if st == 'mapping' and i >= tonumber(redis.call('HGET', KEYS[1], 'total')) then
+  return {0, st} -- a page of an earlier split attempt that emitted more
+end
 if redis.call('SETBIT', KEYS[2], i, 1) == 1 then
   return {0, st}
 end

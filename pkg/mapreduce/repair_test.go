@@ -1,0 +1,164 @@
+package mapreduce_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
+)
+
+// A run started again under the same Key after the first one expired is a
+// new run: asynq still keeps the first one's archived and completed tasks,
+// and none of their IDs or errors may leak into it.
+func TestAKeyReusedAfterItsRunExpiredStartsAFreshRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	j := sumJob("daily", newCounts(), e.opts(mapreduce.JobOptions{Retention: time.Second, MapRetries: -1}))
+	j.Map = func(ctx context.Context, p span) (int, error) {
+		if p.Lo == 5 && broken.Load() {
+			return 0, errors.New("the first run's failure")
+		}
+		return sumSpan(p), nil
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, j))
+	c := e.client()
+	e.worker(c, 4)
+	key := mapreduce.StartOptions{Key: "2026-11-21"}
+	id := mustStart(t, c, "daily", sumArgs{N: 20, PageSize: 5}, key)
+	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateFailed {
+		t.Fatalf("first run: %s, want failed", st.State)
+	}
+	waitFor(t, 10*time.Second, "the first run to expire", func() bool {
+		_, err := c.Status(context.Background(), id)
+		return errors.Is(err, mapreduce.ErrRunNotFound)
+	})
+	broken.Store(false)
+	if again := mustStart(t, c, "daily", sumArgs{N: 20, PageSize: 5}, key); again != id {
+		t.Fatalf("run ID %s, want %s again", again, id)
+	}
+	st := wait(t, c, id, 10*time.Second)
+	if st.State != mapreduce.StateSucceeded || resultOf(t, c, st) != 20*19/2 {
+		t.Fatalf("second run: %s (%q), want succeeded with %d", st.State, st.Error, 20*19/2)
+	}
+}
+
+// A Map that overruns MapTimeout fails on its last attempt with its own
+// error, recorded although asynq archives the task at the deadline without
+// waiting for the handler.
+func TestAMapPastItsTimeoutIsRecordedAsFailed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	j := sumJob("slow", newCounts(), e.opts(mapreduce.JobOptions{MapTimeout: time.Second, MapRetries: -1}))
+	j.Map = func(ctx context.Context, p span) (int, error) {
+		if p.Lo == 5 {
+			select {
+			case <-time.After(10 * time.Second):
+			case <-ctx.Done():
+				time.Sleep(50 * time.Millisecond) // past asynq's own deadline handling
+				return 0, ctx.Err()
+			}
+		}
+		return sumSpan(p), nil
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, j))
+	c := e.client()
+	e.worker(c, 4)
+	id := mustStart(t, c, "slow", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	st := wait(t, c, id, 10*time.Second)
+	if st.State != mapreduce.StateFailed || st.Failed != 1 || !strings.Contains(st.Error, "page 1:") || !strings.Contains(st.Error, "deadline exceeded") {
+		t.Fatalf("state %s, failed %d, error %q; want failed naming page 1's deadline", st.State, st.Failed, st.Error)
+	}
+}
+
+// A mapping run that stops making progress has its unrecorded pages
+// inspected: a page whose task asynq archived, or whose task vanished, is
+// recorded as failed, and the run goes on to its reduce.
+func TestReconcilerRecordsPagesWhoseTasksWereArchivedOrLost(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", cnt, e.opts(mapreduce.JobOptions{Semantics: mapreduce.CompleteSemantics}))))
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, StuckAfter: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	id := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
+		t.Fatal(err)
+	}
+	for _, ti := range e.pendingTasks(mapreduce.TypeMap) {
+		var err error
+		switch {
+		case strings.HasSuffix(ti.ID, ":map:0"):
+			err = insp.ArchiveTask(e.queue, ti.ID) // its retries ran out while workers crashed
+		case strings.HasSuffix(ti.ID, ":map:1"):
+			err = insp.DeleteTask(e.queue, ti.ID) // deleted by hand
+		default:
+			if err = c.ProcessTask(ctx, task(ti)); err == nil {
+				err = insp.DeleteTask(e.queue, ti.ID)
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rep, err := c.Reconcile(ctx); err != nil || rep.PagesFailed != 0 {
+		t.Fatalf("a run that is not stuck yet: %+v, %v; want no repairs", rep, err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	rep, err := c.Reconcile(ctx)
+	if err != nil || rep.PagesFailed != 2 {
+		t.Fatalf("repairs %+v, %v; want 2 pages failed", rep, err)
+	}
+	e.worker(c, 2)
+	st := wait(t, c, id, 10*time.Second)
+	if st.State != mapreduce.StateSucceeded || st.Done != 2 || st.Failed != 2 {
+		t.Fatalf("state %s, done %d, failed %d (%s); want succeeded with 2 done, 2 failed", st.State, st.Done, st.Failed, st.Error)
+	}
+	cnt.mu.Lock()
+	defer cnt.mu.Unlock()
+	for _, pr := range cnt.reduced {
+		switch pr.Index {
+		case 0:
+			if pr.Err == nil || !strings.Contains(pr.Err.Error(), "archived") {
+				t.Errorf("page 0: %v, want the archived task's error", pr.Err)
+			}
+		case 1:
+			if pr.Err == nil || !strings.Contains(pr.Err.Error(), "disappeared") {
+				t.Errorf("page 1: %v, want the lost task's error", pr.Err)
+			}
+		}
+	}
+}
+
+// Keys may contain ':', so one run's ID can be another's plus a suffix:
+// their Redis keys must still be apart.
+func TestRunIDsThatExtendEachOtherDoNotShareKeys(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{AllowOverlap: true}))))
+	c := e.client()
+	e.worker(c, 4)
+	var ids []string
+	for _, key := range []string{"k", "k:results", "k:recorded", "k:failures"} {
+		ids = append(ids, mustStart(t, c, "sum", sumArgs{N: 30, PageSize: 5}, mapreduce.StartOptions{Key: key}))
+	}
+	for _, id := range ids {
+		st := wait(t, c, id, 30*time.Second)
+		if st.State != mapreduce.StateSucceeded || st.Done != 6 || resultOf(t, c, st) != 30*29/2 {
+			t.Errorf("run %s: %s, done %d (%s); want succeeded with 6 pages and %d", id, st.State, st.Done, st.Error, 30*29/2)
+		}
+	}
+}
