@@ -1,0 +1,182 @@
+// Package pgsource pages a Postgres table for pkg/mapreduce: Split cuts a
+// table into keyset ranges in one pass over its ordered key, and Fetch reads
+// one page while holding a permit of the fleet-wide semaphore — only while
+// the query runs, never while the caller processes the rows. It lives in its
+// own package so that users who do not use Postgres do not import pgx.
+//
+//	Split: func(ctx context.Context, a Args, emit func(pgsource.KeyRange) error) error {
+//		return pgsource.Split(ctx, pool, pgsource.Table{Name: "orders", Key: "id", PageSize: 5000}, emit)
+//	},
+//	Map: func(ctx context.Context, r pgsource.KeyRange) (Total, error) {
+//		rows, err := pgsource.Fetch(ctx, pool, sem, `SELECT amount FROM orders WHERE id > $1 AND id <= $2`, r,
+//			pgx.RowTo[int64])
+//		...
+//	},
+//
+// Keyset pages cost the same wherever they are in the table: each is an
+// index range scan. OFFSET pages (SplitOffset, OffsetRange) re-read every
+// row before their offset, which makes a whole job quadratic; use them only
+// for a table without an ordered unique key. BENCHMARKS.md measures both.
+package pgsource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Page is a page's bounds, passed to its query as $1 and $2.
+type Page interface {
+	Args() []any
+}
+
+// KeyRange is a keyset page: the rows whose key k satisfies Lo < k <= Hi.
+// Its query reads it with "WHERE key > $1 AND key <= $2".
+type KeyRange struct {
+	Lo int64 `json:"lo"` // exclusive
+	Hi int64 `json:"hi"` // inclusive
+}
+
+// Args returns Lo and Hi, for $1 and $2.
+func (r KeyRange) Args() []any { return []any{r.Lo, r.Hi} }
+
+// OffsetRange is an OFFSET page: its query reads it with
+// "ORDER BY … LIMIT $1 OFFSET $2". Only for tables without an ordered key.
+type OffsetRange struct {
+	Limit  int64 `json:"limit"`
+	Offset int64 `json:"offset"`
+}
+
+// Args returns Limit and Offset, for $1 and $2.
+func (r OffsetRange) Args() []any { return []any{r.Limit, r.Offset} }
+
+// Table names what Split pages.
+type Table struct {
+	// Name is the table, optionally schema-qualified ("sales.orders").
+	Name string
+	// Key is a unique, indexed column of an integer type (bigint, int):
+	// pages are ranges of it. Not needed by SplitOffset.
+	Key string
+	// PageSize is the number of rows per page. Required.
+	PageSize int
+}
+
+func (t Table) validate(needKey bool) error {
+	switch {
+	case t.Name == "":
+		return errors.New("pgsource: Table.Name is empty: name the table to page")
+	case needKey && t.Key == "":
+		return errors.New("pgsource: Table.Key is empty: name a unique, indexed integer column (or use SplitOffset)")
+	case t.PageSize < 1:
+		return fmt.Errorf("pgsource: Table.PageSize %d: use at least 1 row per page", t.PageSize)
+	}
+	return nil
+}
+
+// ident quotes a possibly schema-qualified name.
+func ident(name string) string {
+	return pgx.Identifier(strings.Split(name, ".")).Sanitize()
+}
+
+// Split emits the table's keyset pages in key order, each of PageSize rows
+// (the last one fewer), in one pass over the key's index: Postgres numbers
+// the keys and returns only every PageSize-th, so a table of a million rows
+// sends a thousandth of its keys over the wire. Split holds no permit: it is
+// one query per run, not per page. An empty table emits nothing.
+func Split(ctx context.Context, db *pgxpool.Pool, t Table, emit func(KeyRange) error) error {
+	if err := t.validate(true); err != nil {
+		return err
+	}
+	key, table := ident(t.Key), ident(t.Name)
+	var lo, last *int64
+	err := db.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s) - 1, max(%[1]s) FROM %[2]s", key, table)).Scan(&lo, &last)
+	if err != nil {
+		return fmt.Errorf("pgsource: splitting %s by %s (is it an integer column?): %w", t.Name, t.Key, err)
+	}
+	if lo == nil {
+		return nil // empty
+	}
+	// Every PageSize-th key closes a page; the largest key closes the last.
+	rows, err := db.Query(ctx, fmt.Sprintf(`
+		SELECT k FROM (SELECT %[1]s AS k, row_number() OVER (ORDER BY %[1]s) AS n FROM %[2]s) numbered
+		WHERE n %% $1 = 0 ORDER BY k`, key, table), t.PageSize)
+	if err != nil {
+		return fmt.Errorf("pgsource: splitting %s by %s: %w", t.Name, t.Key, err)
+	}
+	defer rows.Close()
+	from := *lo
+	for rows.Next() {
+		var hi int64
+		if err := rows.Scan(&hi); err != nil {
+			return fmt.Errorf("pgsource: splitting %s by %s: %w", t.Name, t.Key, err)
+		}
+		if err := emit(KeyRange{Lo: from, Hi: hi}); err != nil {
+			return err
+		}
+		from = hi
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("pgsource: splitting %s by %s: %w", t.Name, t.Key, err)
+	}
+	if from < *last {
+		return emit(KeyRange{Lo: from, Hi: *last})
+	}
+	return nil
+}
+
+// SplitOffset emits OFFSET pages covering the table's current row count.
+// Prefer Split: an OFFSET page re-reads every row before it.
+func SplitOffset(ctx context.Context, db *pgxpool.Pool, t Table, emit func(OffsetRange) error) error {
+	if err := t.validate(false); err != nil {
+		return err
+	}
+	var n int64
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM "+ident(t.Name)).Scan(&n); err != nil {
+		return fmt.Errorf("pgsource: counting %s: %w", t.Name, err)
+	}
+	for off := int64(0); off < n; off += int64(t.PageSize) {
+		if err := emit(OffsetRange{Limit: int64(t.PageSize), Offset: off}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Fetch runs sql for one page — the page's bounds are $1 and $2, then args —
+// and returns its rows, built by scan. It holds a permit of sem while the
+// query runs and its rows are read, and releases it before returning, so
+// the caller processes the rows without holding back the fleet. A permit
+// lost mid-query (its lease ran out) cancels the query.
+func Fetch[T any](ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, sql string, page Page, scan pgx.RowToFunc[T], args ...any) ([]T, error) {
+	var out []T
+	err := sem.Do(ctx, func(ctx context.Context) error {
+		rows, err := db.Query(ctx, sql, append(page.Args(), args...)...)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, scan)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgsource: fetching page %v: %w", page.Args(), err)
+	}
+	return out, nil
+}
+
+// Exec runs a statement (a page's idempotent write, say) under a permit of
+// sem, like Fetch.
+func Exec(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, sql string, args ...any) error {
+	err := sem.Do(ctx, func(ctx context.Context) error {
+		_, err := db.Exec(ctx, sql, args...)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pgsource: %w", err)
+	}
+	return nil
+}
