@@ -33,7 +33,6 @@ func table(t *testing.T, pool *pgxpool.Pool, n int) int64 {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
-
 func TestSplitCoversEveryRowOnceInPagesOfPageSize(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Postgres(t)
