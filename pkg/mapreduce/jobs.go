@@ -1,7 +1,9 @@
 package mapreduce
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -110,6 +112,12 @@ func (j *typedJob[A, P, R, O]) encodeArgs(args any) ([]byte, error) {
 		}
 	case nil:
 		// The zero A: for jobs without arguments.
+	case RawArgs:
+		// Already encoded (a command line's --args): they must decode into
+		// an A, and with the JSON codec name no field A lacks.
+		if err := decodeStrict(j.Options.Codec, v, &a); err != nil {
+			return nil, fmt.Errorf("the arguments %.200q do not fit job %q's argument type %v: %w", v, j.Name, reflect.TypeFor[A](), err)
+		}
 	default:
 		return nil, fmt.Errorf("job %q takes arguments of type %v, not %T", j.Name, reflect.TypeFor[A](), args)
 	}
@@ -200,3 +208,23 @@ type malformedError struct{ err error }
 
 func (e *malformedError) Error() string { return e.err.Error() }
 func (e *malformedError) Unwrap() error { return e.err }
+
+// RawArgs are a run's arguments already encoded with the job's codec (JSON
+// by default), for Start callers that do not know the job's argument type:
+// a command line, an HTTP handler. Start checks that they decode into it.
+type RawArgs []byte
+
+func decodeStrict(c Codec, data []byte, v any) error {
+	if c != JSON {
+		return c.Unmarshal(data, v)
+	}
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	if d.More() {
+		return errors.New("more than one JSON value")
+	}
+	return nil
+}

@@ -269,6 +269,21 @@ func TestStartRefusesUnknownJobsAndWrongArguments(t *testing.T) {
 	if _, err := c.Start(ctx, "sum", &sumArgs{N: 1, PageSize: 1}, mapreduce.StartOptions{Key: "a key with spaces"}); err == nil || !strings.Contains(err.Error(), "Key") {
 		t.Errorf("bad key: %v", err)
 	}
+	// Encoded arguments from a command line: checked against the type.
+	if _, err := c.Start(ctx, "sum", mapreduce.RawArgs(`{"N": 10, "PageSiz": 5}`), mapreduce.StartOptions{}); err == nil || !strings.Contains(err.Error(), `unknown field "PageSiz"`) {
+		t.Errorf("a misspelt field: %v", err)
+	}
+	if _, err := c.Start(ctx, "sum", mapreduce.RawArgs(`{"N": "ten"}`), mapreduce.StartOptions{}); err == nil || !strings.Contains(err.Error(), "sumArgs") {
+		t.Errorf("a wrongly typed field: %v", err)
+	}
+	id, err := c.Start(ctx, "sum", mapreduce.RawArgs(`{"N": 10, "PageSize": 5}`), mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatalf("good encoded arguments: %v", err)
+	}
+	e.worker(c, 2)
+	if st := wait(t, c, id, 30*time.Second); resultOf(t, c, st) != 45 {
+		t.Errorf("run from encoded arguments: %+v", st)
+	}
 }
 
 func TestAddJobRejectsInvalidJobs(t *testing.T) {

@@ -1,0 +1,230 @@
+// Package ordersreport is the example job of examples/pagination: a report
+// over a large orders table, computed page by page across a fleet of
+// workers, with every page query throttled by the fleet-wide semaphore.
+//
+// Split cuts the table into keyset pages (pgsource.Split). Map aggregates
+// one page — orders, amount, orders per status — in one query under a
+// permit, and writes the page's row idempotently: a retried page overwrites
+// its row, never adds a second. Reduce sums the pages and writes the report.
+// The result equals the same aggregate computed in one SQL statement
+// (Expected), which is how the demo and the tests check it.
+package ordersreport
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"iter"
+	"maps"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Name is the job's name.
+const Name = "orders-report"
+
+// Args are a run's arguments; the zero value is usable.
+type Args struct {
+	// PageSize is the number of orders per page. Default 5000.
+	PageSize int `json:"page_size,omitempty"`
+	// SlowMS makes every page query sleep this long in Postgres
+	// (pg_sleep), so that the semaphore's throttling is visible.
+	SlowMS int `json:"slow_ms,omitempty"`
+}
+
+// Totals are the aggregates of a page, and of the whole report.
+type Totals struct {
+	Orders      int64            `json:"orders"`
+	AmountCents int64            `json:"amount_cents"`
+	ByStatus    map[string]int64 `json:"by_status"`
+}
+
+func (t *Totals) add(o Totals) {
+	t.Orders += o.Orders
+	t.AmountCents += o.AmountCents
+	if t.ByStatus == nil {
+		t.ByStatus = map[string]int64{}
+	}
+	for s, n := range o.ByStatus {
+		t.ByStatus[s] += n
+	}
+}
+
+// Equal reports whether two totals are the same aggregate.
+func (t Totals) Equal(o Totals) bool {
+	return t.Orders == o.Orders && t.AmountCents == o.AmountCents && maps.Equal(t.ByStatus, o.ByStatus)
+}
+
+// Page is one keyset page of orders, with the run's slow-query knob.
+type Page struct {
+	pgsource.KeyRange
+	SlowMS int `json:"slow_ms,omitempty"`
+}
+
+// Report is the run's result.
+type Report struct {
+	Totals
+	Pages int `json:"pages"`
+}
+
+// Schema creates the job's tables: orders (when missing) and the per-page
+// and per-run report tables.
+const Schema = `
+CREATE TABLE IF NOT EXISTS orders (
+	id           bigserial PRIMARY KEY,
+	customer_id  int         NOT NULL,
+	amount_cents bigint      NOT NULL,
+	status       text        NOT NULL,
+	created_at   timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS orders_report_pages (
+	run_id       text   NOT NULL,
+	lo           bigint NOT NULL,
+	hi           bigint NOT NULL,
+	orders       bigint NOT NULL,
+	amount_cents bigint NOT NULL,
+	by_status    jsonb  NOT NULL,
+	PRIMARY KEY (run_id, lo)
+);
+CREATE TABLE IF NOT EXISTS orders_reports (
+	run_id       text PRIMARY KEY,
+	orders       bigint NOT NULL,
+	amount_cents bigint NOT NULL,
+	by_status    jsonb  NOT NULL,
+	pages        int    NOT NULL,
+	written_at   timestamptz NOT NULL DEFAULT now()
+);`
+
+// Seed replaces the orders table with rows orders, generated in Postgres
+// (generate_series) with deterministic values.
+func Seed(ctx context.Context, db *pgxpool.Pool, rows int) error {
+	if rows < 0 {
+		return fmt.Errorf("seed: --rows %d: use 0 or more", rows)
+	}
+	_, err := db.Exec(ctx, `DROP TABLE IF EXISTS orders`)
+	if err == nil {
+		_, err = db.Exec(ctx, Schema)
+	}
+	if err == nil {
+		_, err = db.Exec(ctx, `
+			INSERT INTO orders (customer_id, amount_cents, status, created_at)
+			SELECT (g * 7) % 10000, (g * 7919) % 100000,
+			       (ARRAY['new','paid','shipped','cancelled','refunded'])[1 + (g * 13) % 5],
+			       timestamptz '2026-01-01' + g * interval '1 second'
+			FROM generate_series(1, $1) g`, rows)
+	}
+	if err == nil {
+		_, err = db.Exec(ctx, `ANALYZE orders`)
+	}
+	if err != nil {
+		return fmt.Errorf("seed: %w", err)
+	}
+	return nil
+}
+
+// Expected computes the report in one SQL statement, to check a run by.
+func Expected(ctx context.Context, db *pgxpool.Pool) (Totals, error) {
+	t := Totals{ByStatus: map[string]int64{}}
+	rows, err := db.Query(ctx, `SELECT status, count(*), sum(amount_cents)::bigint FROM orders GROUP BY status`)
+	if err != nil {
+		return t, fmt.Errorf("expected report: %w", err)
+	}
+	for _, r := range must(pgx.CollectRows(rows, pgx.RowToStructByPos[statusRow])) {
+		t.add(r.totals())
+	}
+	return t, rows.Err()
+}
+
+func must[T any](v T, _ error) T { return v }
+
+type statusRow struct {
+	Status      string
+	Orders      int64
+	AmountCents int64
+}
+
+func (r statusRow) totals() Totals {
+	return Totals{Orders: r.Orders, AmountCents: r.AmountCents, ByStatus: map[string]int64{r.Status: r.Orders}}
+}
+
+// pageSQL aggregates one keyset page; $3 seconds of pg_sleep first, once.
+const pageSQL = `
+SELECT status, count(*), coalesce(sum(amount_cents), 0)::bigint
+FROM orders, (SELECT pg_sleep($3)) AS slow
+WHERE id > $1 AND id <= $2
+GROUP BY status`
+
+// Job returns the job, reading orders from db under permits of sem.
+func Job(db *pgxpool.Pool, sem *semaphore.Semaphore) mapreduce.Job[Args, Page, Totals, Report] {
+	return mapreduce.Job[Args, Page, Totals, Report]{
+		Name: Name,
+		Split: func(ctx context.Context, a Args, emit func(Page) error) error {
+			size := a.PageSize
+			if size == 0 {
+				size = 5000
+			}
+			return pgsource.Split(ctx, db, pgsource.Table{Name: "orders", Key: "id", PageSize: size}, func(r pgsource.KeyRange) error {
+				return emit(Page{KeyRange: r, SlowMS: a.SlowMS})
+			})
+		},
+		Map: func(ctx context.Context, r Page) (Totals, error) {
+			rows, err := pgsource.Fetch(ctx, db, sem, pageSQL, r, pgx.RowToStructByPos[statusRow], float64(r.SlowMS)/1000)
+			if err != nil {
+				return Totals{}, err
+			}
+			t := Totals{ByStatus: map[string]int64{}}
+			for _, row := range rows {
+				t.add(row.totals())
+			}
+			run, _ := mapreduce.RunID(ctx)
+			byStatus, _ := json.Marshal(t.ByStatus)
+			// Keyed by (run, page): a retried page overwrites its row.
+			err = pgsource.Exec(ctx, db, sem, `
+				INSERT INTO orders_report_pages (run_id, lo, hi, orders, amount_cents, by_status)
+				VALUES ($1, $2, $3, $4, $5, $6)
+				ON CONFLICT (run_id, lo) DO UPDATE
+				SET hi = excluded.hi, orders = excluded.orders, amount_cents = excluded.amount_cents, by_status = excluded.by_status`,
+				run, r.Lo, r.Hi, t.Orders, t.AmountCents, byStatus)
+			return t, err
+		},
+		Reduce: func(ctx context.Context, a Args, pages iter.Seq2[mapreduce.PageResult[Page, Totals], error]) (Report, error) {
+			var rep Report
+			rep.ByStatus = map[string]int64{}
+			for p, err := range pages {
+				if err != nil {
+					return Report{}, err
+				}
+				if p.Err != nil { // only under CompleteSemantics; this job uses SuccessSemantics
+					return Report{}, fmt.Errorf("page %d failed: %w", p.Index, p.Err)
+				}
+				rep.add(p.Result)
+				rep.Pages++
+			}
+			run, _ := mapreduce.RunID(ctx)
+			byStatus, _ := json.Marshal(rep.ByStatus)
+			err := pgsource.Exec(ctx, db, sem, `
+				INSERT INTO orders_reports (run_id, orders, amount_cents, by_status, pages)
+				VALUES ($1, $2, $3, $4, $5)
+				ON CONFLICT (run_id) DO UPDATE
+				SET orders = excluded.orders, amount_cents = excluded.amount_cents, by_status = excluded.by_status,
+				    pages = excluded.pages, written_at = now()`,
+				run, rep.Orders, rep.AmountCents, byStatus, rep.Pages)
+			return rep, err
+		},
+	}
+}
+
+// Register adds the job to jobs, creating its report tables in db.
+func Register(ctx context.Context, jobs *mapreduce.Jobs, db *pgxpool.Pool, sem *semaphore.Semaphore) error {
+	if db != nil {
+		if _, err := db.Exec(ctx, Schema); err != nil {
+			return fmt.Errorf("%s: creating its tables: %w", Name, err)
+		}
+	}
+	return mapreduce.AddJob(jobs, Job(db, sem))
+}
+

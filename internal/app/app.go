@@ -1,0 +1,177 @@
+// Package app holds what batchmr's commands share: flags with environment
+// fallbacks, connections, logging, and the bundled jobs.
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/batchmr/batchmr/examples/pagination/ordersreport"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// SemaphoreName is the semaphore every bundled job's queries take a permit
+// of: the fleet's database permits.
+const SemaphoreName = "db"
+
+// Env returns the environment variable name's value, or def.
+func Env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+// EnvInt is Env for an integer; a malformed value is reported and exits.
+func EnvInt(name string, def int) int {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		Fail("%s=%q is not a number", name, v)
+	}
+	return n
+}
+
+// EnvDuration is Env for a duration.
+func EnvDuration(name string, def time.Duration) time.Duration {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		Fail("%s=%q is not a duration (use e.g. 30s)", name, v)
+	}
+	return d
+}
+
+// Fail prints one line on stderr and exits 1.
+func Fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s: %s\n", commandName(), fmt.Sprintf(format, args...))
+	os.Exit(1)
+}
+
+// Usage exits 2 after a bad command line, pointing at --help.
+func Usage(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s: %s (see --help)\n", commandName(), fmt.Sprintf(format, args...))
+	os.Exit(2)
+}
+
+func commandName() string {
+	name := os.Args[0]
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		name = name[i+1:]
+	}
+	return name
+}
+
+// Logger returns a slog logger writing text or JSON to stderr.
+func Logger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+}
+
+// Redis connects to url and checks that the server answers.
+func Redis(ctx context.Context, url string) (*redis.Client, error) {
+	if url == "" {
+		return nil, errors.New("no Redis: pass --redis-url or set REDIS_URL (e.g. redis://localhost:6379/0)")
+	}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("--redis-url %q: %w", url, err)
+	}
+	rdb := redis.NewClient(opt)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("the Redis server at %s does not answer: %w", opt.Addr, err)
+	}
+	return rdb, nil
+}
+
+// Postgres connects a pool to url, naming its connections appName in
+// pg_stat_activity, and checks that the server answers.
+func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.Pool, error) {
+	if url == "" {
+		return nil, errors.New("no database: pass --database-url or set DATABASE_URL (e.g. postgres://user@localhost:5432/db)")
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	if maxConns > 0 {
+		cfg.MaxConns = int32(maxConns)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("the Postgres server at %s:%d does not answer: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	return pool, nil
+}
+
+// Jobs registers the bundled jobs. db and sem may be nil in a process that
+// only starts and inspects runs.
+func Jobs(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore) (*mapreduce.Jobs, error) {
+	jobs := mapreduce.NewJobs()
+	if err := ordersreport.Register(ctx, jobs, db, sem); err != nil {
+		return nil, err
+	}
+	return jobs, nil
+}
+
+// StringList is a repeatable flag.
+type StringList []string
+
+func (s *StringList) String() string     { return strings.Join(*s, ",") }
+func (s *StringList) Set(v string) error { *s = append(*s, v); return nil }
+
+var _ flag.Value = (*StringList)(nil)
+
+// Parse parses a command's flags: --help prints the usage and exits 0; a
+// bad flag is one line on stderr and exit 2.
+func Parse(fs *flag.FlagSet, usage string, args []string) {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fs.SetOutput(os.Stdout)
+		fmt.Print(usage)
+		fs.PrintDefaults()
+		os.Exit(0)
+	}
+	if err != nil {
+		Usage("%v", err)
+	}
+}
