@@ -227,4 +227,3 @@ func Register(ctx context.Context, jobs *mapreduce.Jobs, db *pgxpool.Pool, sem *
 	}
 	return mapreduce.AddJob(jobs, Job(db, sem))
 }
-
