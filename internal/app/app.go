@@ -175,3 +175,12 @@ func Parse(fs *flag.FlagSet, usage string, args []string) {
 		Usage("%v", err)
 	}
 }
+
+// JobNames lists the bundled jobs.
+func JobNames(ctx context.Context) ([]string, error) {
+	jobs, err := Jobs(ctx, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return jobs.Names(), nil
+}

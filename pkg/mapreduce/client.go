@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -234,7 +237,7 @@ func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 				return st, nil
 			}
 			last = st
-		case errors.Is(err, ErrRunNotFound), ctx.Err() != nil:
+		case errors.Is(err, ErrRunNotFound), ctx.Err() != nil, !isTransient(err):
 			return last, err
 		default:
 			c.log.Warn("mapreduce: wait: reading the run's status failed; retrying", "run", id, "error", err)
@@ -325,11 +328,26 @@ func (c *Client) finish(ctx context.Context, id string, to State, result []byte,
 			retention = r.options().Retention
 		}
 	}
-	res, err := scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, retention.Milliseconds(), string(from)).Slice()
+	hasResult := "0"
+	if result != nil {
+		hasResult = "1"
+	}
+	res, err := scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, retention.Milliseconds(), string(from), hasResult).Slice()
 	if err != nil {
 		return false, "", err
 	}
 	n, _ := res[0].(int64)
 	s, _ := res[1].(string)
 	return n == 1, State(s), nil
+}
+
+// isTransient reports whether err may pass by itself: the network, not a
+// server's answer or a malformed run ID.
+func isTransient(err error) bool {
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return false
+	}
+	var nerr net.Error
+	return errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }

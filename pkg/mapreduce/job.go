@@ -25,6 +25,9 @@ type Job[A, P, R, O any] struct {
 	// is full, so a split of a million pages never holds them all. It
 	// returns an error when the page cannot be enqueued or the run was
 	// cancelled (ErrRunCancelled); Split should then return that error.
+	// Call emit from Split's own goroutine: the order of the calls numbers
+	// the pages. A retry that emits pages past those of an earlier attempt
+	// that were already recorded fails the run, saying so.
 	Split func(ctx context.Context, args A, emit func(page P) error) error
 
 	// Map processes one page. It runs at least once per page, possibly

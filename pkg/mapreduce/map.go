@@ -44,6 +44,8 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	state, _ := vals[0].(string)
 	nonce, _ := vals[1].(string)
 	switch st := State(state); {
+	case nonce != p.Nonce:
+		return nil // a task of an earlier run under this ID, or the run expired
 	case st == StateReducing:
 		// Recorded, and possibly by a handler that died before enqueuing
 		// the reduce: make sure it is enqueued.
@@ -80,7 +82,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	}
 	rctx, cancel := afterWork(ctx)
 	defer cancel()
-	res, err := scriptRecord.Run(rctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, p.Index, outcome, flag).Slice()
+	res, err := scriptRecord.Run(rctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, p.Index, outcome, flag, p.Nonce).Slice()
 	if err != nil {
 		return fmt.Errorf("mapreduce: page %d of %s: recording its outcome: %w", p.Index, p.Run, errors.Join(err, mapErr))
 	}

@@ -159,7 +159,7 @@ func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep 
 			// Gone without being recorded: deleted by hand, or lost with a
 			// Redis that failed over. Its page descriptor went with it, so
 			// only a new split could recreate it: fail the page.
-			if err := c.recordLost(ctx, k, i, "the map task disappeared before its page was recorded"); err != nil {
+			if err := c.recordLost(ctx, k, st.nonce, i, "the map task disappeared before its page was recorded"); err != nil {
 				return err
 			}
 			rep.PagesFailed++
@@ -169,7 +169,7 @@ func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep 
 			var p mapPayload
 			_ = json.Unmarshal(info.Payload, &p)
 			outcome, _ := json.Marshal(failure{Page: p.page(), Error: "mapreduce: archived by asynq after its retries ran out: " + info.LastErr})
-			if _, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, i, outcome, "1").Slice(); err != nil {
+			if _, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, i, outcome, "1", st.nonce).Slice(); err != nil {
 				return err
 			}
 			rep.PagesFailed++
@@ -182,9 +182,9 @@ func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep 
 	return nil
 }
 
-func (c *Client) recordLost(ctx context.Context, k runKeys, i int, why string) error {
+func (c *Client) recordLost(ctx context.Context, k runKeys, nonce string, i int, why string) error {
 	outcome, _ := json.Marshal(failure{Error: "mapreduce: " + why})
-	_, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, i, outcome, "1").Slice()
+	_, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, i, outcome, "1", nonce).Slice()
 	return err
 }
 

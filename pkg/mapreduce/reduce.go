@@ -18,21 +18,22 @@ import (
 // recorded: a duplicate reduce task, or one that overlapped a slow first
 // one, cannot change the result.
 func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
-	run, err := decodeRunPayload(t)
+	pl, err := decodeRunPayload(t)
 	if err != nil {
 		return err
 	}
+	run := pl.Run
 	r, err := c.runner(ctx, t, run)
 	if err != nil {
 		return err
 	}
 	k, _ := c.keys(run)
-	vals, err := c.rdb.HMGet(ctx, k.run, "state", "args", "total", "failed").Result()
+	vals, err := c.rdb.HMGet(ctx, k.run, "state", "args", "total", "failed", "nonce").Result()
 	if err != nil {
 		return fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
 	}
-	if s, _ := vals[0].(string); State(s) != StateReducing {
-		return nil // ended already, or expired
+	if s, _ := vals[0].(string); State(s) != StateReducing || vals[4] != pl.Nonce {
+		return nil // ended already, expired, or a task of an earlier run under this ID
 	}
 	args, _ := vals[1].(string)
 	total, _ := strconv.Atoi(fmt.Sprint(vals[2]))

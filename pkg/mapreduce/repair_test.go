@@ -162,3 +162,96 @@ func TestRunIDsThatExtendEachOtherDoNotShareKeys(t *testing.T) {
 		}
 	}
 }
+
+// Tasks of an earlier run under the same ID — still queued when it was
+// cancelled, and run after the ID was used again — do nothing to the new
+// run.
+func TestTasksOfAnEarlierRunUnderTheSameIDDoNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("daily", newCounts(), e.opts(mapreduce.JobOptions{Retention: time.Second}))))
+	c := e.client()
+	ctx := context.Background()
+	key := mapreduce.StartOptions{Key: "2026-11-21"}
+	id := mustStart(t, c, "daily", sumArgs{N: 40, PageSize: 10}, key)
+	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Cancel(ctx, id); err != nil { // its four map tasks stay queued
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the first run to expire", func() bool {
+		_, err := c.Status(ctx, id)
+		return errors.Is(err, mapreduce.ErrRunNotFound)
+	})
+	// The same page indices, other pages: an old task recorded into the new
+	// run would change its sum.
+	mustStart(t, c, "daily", sumArgs{N: 60, PageSize: 15}, key)
+	e.worker(c, 4) // runs the old map tasks, queued first, and the new run's
+	st := wait(t, c, id, 10*time.Second)
+	if st.State != mapreduce.StateSucceeded || st.Done != 4 || resultOf(t, c, st) != 60*59/2 {
+		t.Fatalf("second run: %s, done %d (%s); want succeeded over its own 4 pages, %d", st.State, st.Done, st.Error, 60*59/2)
+	}
+}
+
+// A Split that emits fewer pages on retry than pages already recorded
+// fails the run with a message that says why, rather than reducing over
+// counts that cannot be trusted.
+func TestASplitThatChangesItsPagesOnRetryFailsTheRunClearly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.client()
+	var attempts atomic.Int32
+	j := sumJob("shifty", newCounts(), e.opts(mapreduce.JobOptions{StepRetries: 1}))
+	j.Split = func(ctx context.Context, a sumArgs, emit func(span) error) error {
+		n := 6
+		if attempts.Add(1) > 1 {
+			n = 4
+		}
+		for i := range n {
+			if err := emit(span{i, i + 1}); err != nil {
+				return err
+			}
+		}
+		if n == 6 { // fail once every page is recorded, to be retried
+			id, _ := mapreduce.RunID(ctx)
+			for {
+				st, err := c.Status(ctx, id)
+				if err != nil {
+					return err
+				}
+				if st.Done == 6 {
+					return errors.New("a transient split failure")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		return nil
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, j))
+	e.worker(c, 4)
+	id := mustStart(t, c, "shifty", sumArgs{}, mapreduce.StartOptions{})
+	st := wait(t, c, id, 10*time.Second)
+	if st.State != mapreduce.StateFailed || !strings.Contains(st.Error, "same pages in the same order") {
+		t.Fatalf("state %s, error %q; want failed, saying Split must be deterministic", st.State, st.Error)
+	}
+}
+
+func TestWaitReturnsAtOnceForAMalformedOrUnknownRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	c := e.client()
+	for _, id := range []string{"bogus", "sum:never-started"} {
+		done := make(chan error, 1)
+		go func() { _, err := c.Wait(context.Background(), id); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("Wait(%q) succeeded", id)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Wait(%q) did not return", id)
+		}
+	}
+}

@@ -16,10 +16,11 @@ import (
 // not enqueued at all. Only when every page is enqueued does it write the
 // total, which is what lets the last recorded page trigger the reduce.
 func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
-	run, err := decodeRunPayload(t)
+	pl, err := decodeRunPayload(t)
 	if err != nil {
 		return err
 	}
+	run := pl.Run
 	r, err := c.runner(ctx, t, run)
 	if err != nil {
 		return err
@@ -41,8 +42,8 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 	state, _ := vals[0].(string)
 	args, _ := vals[1].(string)
 	nonce, _ := vals[2].(string)
-	if State(state) != StateSplitting {
-		return nil // already split, ended, or expired
+	if State(state) != StateSplitting || nonce != pl.Nonce {
+		return nil // already split, ended, expired, or a task of an earlier run under this ID
 	}
 	bits := []byte(recorded.Val())
 
@@ -67,14 +68,18 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 			}
 		}()
 	}
-	// emit is safe to call from several goroutines (the pages are numbered
-	// in the order the calls are made), and fails after Split returned.
+	// emit must be called from one goroutine, in a deterministic order (page
+	// numbers must be the same on retry); the mutex only keeps a misuse from
+	// corrupting the count. It fails after Split returned, and once an
+	// enqueue failed.
 	var emitMu sync.Mutex
 	n, closed := 0, false
-	splitErr := r.split(ctx, []byte(args), func(page []byte) error {
+	splitErr := r.split(gctx, []byte(args), func(page []byte) error {
 		emitMu.Lock()
 		defer emitMu.Unlock()
 		switch {
+		case gctx.Err() != nil:
+			return context.Cause(gctx)
 		case closed:
 			return errors.New("mapreduce: emit called after Split returned")
 		case n >= maxPages:
@@ -112,9 +117,12 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 		}
 		return err
 	}
-	st, err := scriptSplitDone.Run(rctx, c.rdb, []string{k.run}, n).Text()
+	st, err := scriptSplitDone.Run(rctx, c.rdb, []string{k.run, k.recorded}, n, nonce).Text()
 	if err != nil {
 		return fmt.Errorf("mapreduce: split of %s: recording the total of %d pages: %w", run, n, err)
+	}
+	if State(st) == StateFailed {
+		return fmt.Errorf("mapreduce: split of %s: %w", run, asynq.SkipRetry) // splitdone ended the run; its error says why
 	}
 	if State(st) == StateReducing {
 		return c.enqueueStep(rctx, run, nonce, TypeReduce, o)

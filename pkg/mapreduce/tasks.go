@@ -31,9 +31,10 @@ func (c *Client) Register(mux *asynq.ServeMux) {
 }
 
 // ProcessTask makes Client an asynq.Handler for the task types above.
-// Another type, a malformed payload or an unknown job is an error wrapping
-// asynq.SkipRetry: asynq archives the task at once with that message
-// instead of retrying what cannot succeed.
+// Another type or a malformed payload is an error wrapping asynq.SkipRetry:
+// asynq archives the task at once with that message instead of retrying
+// what cannot succeed. A job this worker does not know is retried, since
+// another worker may know it, and fails the run on the last attempt.
 func (c *Client) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	switch t.Type() {
 	case TypeSplit:
@@ -62,9 +63,12 @@ func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	return asynq.DefaultRetryDelayFunc(n, err, t)
 }
 
-// runPayload is the payload of split and reduce tasks.
+// runPayload is the payload of split and reduce tasks. Nonce ties the task
+// to one incarnation of the run ID: a task left over from an earlier run
+// under the same ID (re-run from asynq's archive, say) does nothing.
 type runPayload struct {
-	Run string `json:"run"`
+	Run   string `json:"run"`
+	Nonce string `json:"n"`
 }
 
 // mapPayload is the payload of a map task. A page the codec encoded as
@@ -72,9 +76,10 @@ type runPayload struct {
 // base64.
 type mapPayload struct {
 	Run       string          `json:"run"`
+	Nonce     string          `json:"n"`
 	Index     int             `json:"i"`
 	Page      json.RawMessage `json:"page,omitempty"`
-	PageBytes []byte          `json:"page_b,omitempty"`
+	PageBytes []byte          `json:"page_b,omitempty"` // may be empty: a codec may encode a page as no bytes
 }
 
 func (p *mapPayload) page() []byte {
@@ -99,15 +104,15 @@ func malformed(t *asynq.Task, why error) error {
 	return fmt.Errorf("mapreduce: malformed %s task payload %.200q: %v: %w", t.Type(), t.Payload(), why, asynq.SkipRetry)
 }
 
-func decodeRunPayload(t *asynq.Task) (string, error) {
+func decodeRunPayload(t *asynq.Task) (*runPayload, error) {
 	var p runPayload
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
-		return "", malformed(t, err)
+		return nil, malformed(t, err)
 	}
 	if _, ok := jobOf(p.Run); !ok {
-		return "", malformed(t, fmt.Errorf("run ID %q is not <job>:<key>", p.Run))
+		return nil, malformed(t, fmt.Errorf("run ID %q is not <job>:<key>", p.Run))
 	}
-	return p.Run, nil
+	return &p, nil
 }
 
 func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
@@ -120,9 +125,6 @@ func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
 	}
 	if p.Index < 0 || p.Index >= maxPages {
 		return nil, malformed(t, fmt.Errorf("page index %d is out of range [0, %d)", p.Index, maxPages))
-	}
-	if p.Page == nil && p.PageBytes == nil {
-		return nil, malformed(t, errors.New("no page"))
 	}
 	return &p, nil
 }
@@ -138,7 +140,9 @@ func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunn
 		err := fmt.Errorf("mapreduce: %s task of run %s: job %q: %w on this worker (registered: %v); register it with AddJob on every worker",
 			t.Type(), run, job, ErrUnknownJob, c.jobs.Names())
 		if lastAttempt(ctx, err) {
-			c.failRun(ctx, run, err)
+			rctx, cancel := afterWork(ctx)
+			defer cancel()
+			c.failRun(rctx, run, err)
 		}
 		return nil, err
 	}
@@ -148,7 +152,7 @@ func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunn
 // enqueueStep enqueues the split or reduce task of a run; an existing task
 // with that ID means it is already enqueued.
 func (c *Client) enqueueStep(ctx context.Context, run, nonce, typ string, o JobOptions) error {
-	payload, _ := json.Marshal(runPayload{Run: run})
+	payload, _ := json.Marshal(runPayload{Run: run, Nonce: nonce})
 	step, timeout := "split", o.SplitTimeout
 	if typ == TypeReduce {
 		step, timeout = "reduce", o.ReduceTimeout
@@ -163,7 +167,7 @@ func (c *Client) enqueueStep(ctx context.Context, run, nonce, typ string, o JobO
 }
 
 func (c *Client) enqueueMap(ctx context.Context, run, nonce string, i int, page []byte, o JobOptions) error {
-	p := mapPayload{Run: run, Index: i}
+	p := mapPayload{Run: run, Nonce: nonce, Index: i}
 	// Only JSON-encoded pages travel as JSON: encoding/json compacts and
 	// escapes a RawMessage, which would change another codec's bytes.
 	if o.Codec == JSON && json.Valid(page) {

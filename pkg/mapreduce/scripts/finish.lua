@@ -13,6 +13,7 @@
 -- ARGV[4] error message ("" for none)
 -- ARGV[5] retention (ms)
 -- ARGV[6] the state the run must be in, or "" for any unfinished state
+-- ARGV[7] "1" if ARGV[3] is a result (which may be empty bytes)
 -- Returns {1, state} if this call ended the run, {0, state} otherwise,
 -- state being the run's state after the call ("" if it does not exist).
 local st = redis.call('HGET', KEYS[1], 'state')
@@ -28,7 +29,7 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished', now, 'updated', now)
-if ARGV[3] ~= '' then
+if ARGV[7] == '1' then
   redis.call('HSET', KEYS[1], 'result', ARGV[3])
 end
 if ARGV[4] ~= '' then

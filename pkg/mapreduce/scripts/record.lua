@@ -10,12 +10,18 @@
 -- ARGV[1] page index
 -- ARGV[2] encoded result, or encoded failure
 -- ARGV[3] "1" if the page failed for good
+-- ARGV[4] the run's nonce, as the page's task carries it: a task of an
+--         earlier run under the same ID records nothing
 -- Returns {recorded, state}: recorded is 1 if this call recorded the page,
 -- 0 if it was recorded before or the run no longer takes results; state is
 -- the run's state after the call ("" if the run does not exist).
-local st = redis.call('HGET', KEYS[1], 'state')
+local run = redis.call('HMGET', KEYS[1], 'state', 'nonce')
+local st = run[1]
 if not st then
   return {0, ''}
+end
+if run[2] ~= ARGV[4] then
+  return {0, st}
 end
 if st ~= 'splitting' and st ~= 'mapping' then
   return {0, st}
