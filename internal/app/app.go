@@ -95,8 +95,15 @@ func Logger(format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: use text or json", format)
 }
 
+// quiet drops go-redis's own log lines ("failed to dial after 5
+// attempts"): the commands report errors themselves, in one line.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
 // Redis connects to url and checks that the server answers.
 func Redis(ctx context.Context, url string) (*redis.Client, error) {
+	redis.SetLogger(quiet{})
 	if url == "" {
 		return nil, errors.New("no Redis: pass --redis-url or set REDIS_URL (e.g. redis://localhost:6379/0)")
 	}

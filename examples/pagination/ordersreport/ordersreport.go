@@ -167,7 +167,7 @@ func Job(db *pgxpool.Pool, sem *semaphore.Semaphore) mapreduce.Job[Args, Page, T
 			if size == 0 {
 				size = 5000
 			}
-			return pgsource.Split(ctx, db, pgsource.Table{Name: "orders", Key: "id", PageSize: size}, func(r pgsource.KeyRange) error {
+			return pgsource.Split(ctx, db, sem, pgsource.Table{Name: "orders", Key: "id", PageSize: size}, func(r pgsource.KeyRange) error {
 				return emit(Page{KeyRange: r, SlowMS: a.SlowMS})
 			})
 		},

@@ -5,7 +5,7 @@
 // own package so that users who do not use Postgres do not import pgx.
 //
 //	Split: func(ctx context.Context, a Args, emit func(pgsource.KeyRange) error) error {
-//		return pgsource.Split(ctx, pool, pgsource.Table{Name: "orders", Key: "id", PageSize: 5000}, emit)
+//		return pgsource.Split(ctx, pool, sem, pgsource.Table{Name: "orders", Key: "id", PageSize: 5000}, emit)
 //	},
 //	Map: func(ctx context.Context, r pgsource.KeyRange) (Total, error) {
 //		rows, err := pgsource.Fetch(ctx, pool, sem, `SELECT amount FROM orders WHERE id > $1 AND id <= $2`, r,
@@ -86,42 +86,45 @@ func ident(name string) string {
 // Split emits the table's keyset pages in key order, each of PageSize rows
 // (the last one fewer), in one pass over the key's index: Postgres numbers
 // the keys and returns only every PageSize-th, so a table of a million rows
-// sends a thousandth of its keys over the wire. Split holds no permit: it is
-// one query per run, not per page. An empty table emits nothing.
-func Split(ctx context.Context, db *pgxpool.Pool, t Table, emit func(KeyRange) error) error {
+// sends a thousandth of its keys over the wire. The queries run under a
+// permit of sem, like every other query of the fleet (nil: no permit); the
+// page bounds are read in full (8 bytes a page) and the permit released
+// before emit is called, so the enqueues never hold it. An empty table
+// emits nothing.
+func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, emit func(KeyRange) error) error {
 	if err := t.validate(true); err != nil {
 		return err
 	}
 	key, table := ident(t.Key), ident(t.Name)
 	var lo, last *int64
-	err := db.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s) - 1, max(%[1]s) FROM %[2]s", key, table)).Scan(&lo, &last)
+	var bounds []int64
+	err := withPermit(ctx, sem, func(ctx context.Context) error {
+		err := db.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s) - 1, max(%[1]s) FROM %[2]s", key, table)).Scan(&lo, &last)
+		if err != nil || lo == nil {
+			return err
+		}
+		// Every PageSize-th key closes a page; the largest key closes the last.
+		rows, err := db.Query(ctx, fmt.Sprintf(`
+			SELECT k FROM (SELECT %[1]s AS k, row_number() OVER (ORDER BY %[1]s) AS n FROM %[2]s) numbered
+			WHERE n %% $1 = 0 ORDER BY k`, key, table), t.PageSize)
+		if err != nil {
+			return err
+		}
+		bounds, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("pgsource: splitting %s by %s (is it an integer column?): %w", t.Name, t.Key, err)
+		return fmt.Errorf("pgsource: splitting %s by %s (is it a unique integer column?): %w", t.Name, t.Key, err)
 	}
 	if lo == nil {
 		return nil // empty
 	}
-	// Every PageSize-th key closes a page; the largest key closes the last.
-	rows, err := db.Query(ctx, fmt.Sprintf(`
-		SELECT k FROM (SELECT %[1]s AS k, row_number() OVER (ORDER BY %[1]s) AS n FROM %[2]s) numbered
-		WHERE n %% $1 = 0 ORDER BY k`, key, table), t.PageSize)
-	if err != nil {
-		return fmt.Errorf("pgsource: splitting %s by %s: %w", t.Name, t.Key, err)
-	}
-	defer rows.Close()
 	from := *lo
-	for rows.Next() {
-		var hi int64
-		if err := rows.Scan(&hi); err != nil {
-			return fmt.Errorf("pgsource: splitting %s by %s: %w", t.Name, t.Key, err)
-		}
+	for _, hi := range bounds {
 		if err := emit(KeyRange{Lo: from, Hi: hi}); err != nil {
 			return err
 		}
 		from = hi
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("pgsource: splitting %s by %s: %w", t.Name, t.Key, err)
 	}
 	if from < *last {
 		return emit(KeyRange{Lo: from, Hi: *last})
@@ -129,14 +132,25 @@ func Split(ctx context.Context, db *pgxpool.Pool, t Table, emit func(KeyRange) e
 	return nil
 }
 
+// withPermit runs fn under a permit of sem, or without one if sem is nil.
+func withPermit(ctx context.Context, sem *semaphore.Semaphore, fn func(context.Context) error) error {
+	if sem == nil {
+		return fn(ctx)
+	}
+	return sem.Do(ctx, fn)
+}
+
 // SplitOffset emits OFFSET pages covering the table's current row count.
 // Prefer Split: an OFFSET page re-reads every row before it.
-func SplitOffset(ctx context.Context, db *pgxpool.Pool, t Table, emit func(OffsetRange) error) error {
+func SplitOffset(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, emit func(OffsetRange) error) error {
 	if err := t.validate(false); err != nil {
 		return err
 	}
 	var n int64
-	if err := db.QueryRow(ctx, "SELECT count(*) FROM "+ident(t.Name)).Scan(&n); err != nil {
+	err := withPermit(ctx, sem, func(ctx context.Context) error {
+		return db.QueryRow(ctx, "SELECT count(*) FROM "+ident(t.Name)).Scan(&n)
+	})
+	if err != nil {
 		return fmt.Errorf("pgsource: counting %s: %w", t.Name, err)
 	}
 	for off := int64(0); off < n; off += int64(t.PageSize) {

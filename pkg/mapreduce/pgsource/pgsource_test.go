@@ -40,7 +40,7 @@ func TestSplitCoversEveryRowOnceInPagesOfPageSize(t *testing.T) {
 	rows := table(t, pool, 10_000)
 	for _, size := range []int{1, 100, 857, 20_000} {
 		var pages []pgsource.KeyRange
-		err := pgsource.Split(ctx, pool, pgsource.Table{Name: "items", Key: "id", PageSize: size}, func(r pgsource.KeyRange) error {
+		err := pgsource.Split(ctx, pool, nil, pgsource.Table{Name: "items", Key: "id", PageSize: size}, func(r pgsource.KeyRange) error {
 			pages = append(pages, r)
 			return nil
 		})
@@ -74,7 +74,7 @@ func TestSplitOfAnEmptyTableEmitsNothing(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Postgres(t)
 	table(t, pool, 0)
-	err := pgsource.Split(context.Background(), pool, pgsource.Table{Name: "items", Key: "id", PageSize: 10}, func(pgsource.KeyRange) error {
+	err := pgsource.Split(context.Background(), pool, nil, pgsource.Table{Name: "items", Key: "id", PageSize: 10}, func(pgsource.KeyRange) error {
 		t.Error("a page from an empty table")
 		return nil
 	})
@@ -89,7 +89,7 @@ func TestSplitOffsetCoversEveryRow(t *testing.T) {
 	ctx := context.Background()
 	rows := table(t, pool, 1000)
 	var covered int64
-	err := pgsource.SplitOffset(ctx, pool, pgsource.Table{Name: "items", PageSize: 100}, func(r pgsource.OffsetRange) error {
+	err := pgsource.SplitOffset(ctx, pool, nil, pgsource.Table{Name: "items", PageSize: 100}, func(r pgsource.OffsetRange) error {
 		got, err := pgx.CollectRows(must(pool.Query(ctx, "SELECT id FROM items ORDER BY id LIMIT $1 OFFSET $2", r.Args()...)), pgx.RowTo[int64])
 		covered += int64(len(got))
 		return err
@@ -177,7 +177,7 @@ func TestBadTablesGetErrorsThatNameTheFix(t *testing.T) {
 		{pgsource.Table{Name: "nope", Key: "id", PageSize: 1}, `"nope" does not exist`},
 		{pgsource.Table{Name: "texts", Key: "name", PageSize: 1}, "integer column"},
 	} {
-		err := pgsource.Split(ctx, pool, tc.t, none)
+		err := pgsource.Split(ctx, pool, nil, tc.t, none)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Split(%+v): %v, want an error saying %q", tc.t, err, tc.want)
 		}

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/robfig/cron/v3"
+)
+
+const serveUsage = `scheduler serve --schedule JOB=SPEC [--schedule ...] [--args JOB=JSON ...]:
+start runs on a schedule until SIGTERM.
+
+SPEC is a cron expression (5 fields, UTC), a descriptor (@hourly, @daily,
+...) or '@every DURATION', which fires at multiples of the duration since
+the Unix epoch. Each tick's run is named after the tick, so any number of
+replicas can serve the same schedules: they start one run per tick. A tick
+whose previous run of the job is still going is skipped (unless the job
+allows overlap).
+
+Example:
+  scheduler serve --schedule 'orders-report=@every 10m' --args 'orders-report={"slow_ms": 0}'
+
+Flags:
+`
+
+// schedule is one job's timetable.
+type schedule struct {
+	job  string
+	spec string
+	next func(time.Time) time.Time
+	args mapreduce.RawArgs
+}
+
+func serve(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	url := redisFlag(fs)
+	var specs, jobArgs app.StringList
+	fs.Var(&specs, "schedule", "JOB=SPEC: run JOB on SPEC (repeatable)")
+	fs.Var(&jobArgs, "args", "JOB=JSON: the arguments of JOB's scheduled runs (repeatable)")
+	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
+	pos := parse(fs, serveUsage, args)
+	want(pos, 0, 0, "")
+	log, err := app.Logger(*logFormat, "info")
+	if err != nil {
+		app.Usage("%v", err)
+	}
+	if len(specs) == 0 {
+		app.Usage("no --schedule: give at least one, e.g. --schedule 'orders-report=@every 10m'")
+	}
+	argsOf := map[string]mapreduce.RawArgs{}
+	for _, a := range jobArgs {
+		job, js, ok := strings.Cut(a, "=")
+		if !ok {
+			app.Usage("--args %q: use JOB=JSON", a)
+		}
+		argsOf[job] = mapreduce.RawArgs(js)
+	}
+	names, _ := app.JobNames(ctx)
+	var scheds []*schedule
+	for _, s := range specs {
+		job, spec, ok := strings.Cut(s, "=")
+		if !ok {
+			app.Usage("--schedule %q: use JOB=SPEC, e.g. orders-report=@every 10m", s)
+		}
+		if !contains(names, job) {
+			app.Usage("--schedule %q: no job %q (bundled: %s)", s, job, strings.Join(names, ", "))
+		}
+		next, err := parseSpec(spec)
+		if err != nil {
+			app.Usage("--schedule %q: %v", s, err)
+		}
+		scheds = append(scheds, &schedule{job: job, spec: spec, next: next, args: argsOf[job]})
+	}
+	c := connect(ctx, *url)
+	defer c.close()
+	log.Info("scheduler: serving", "schedules", []string(specs))
+	for {
+		// The earliest next tick of any schedule.
+		now := time.Now()
+		var due time.Time
+		for _, s := range scheds {
+			if t := s.next(now); due.IsZero() || t.Before(due) {
+				due = t
+			}
+		}
+		select {
+		case <-ctx.Done():
+			log.Info("scheduler: stopped")
+			return 0
+		case <-time.After(time.Until(due)):
+		}
+		for _, s := range scheds {
+			if s.next(now).Equal(due) {
+				fire(ctx, c.mr, log, s, due)
+			}
+		}
+	}
+}
+
+// fire starts the run of one tick; another replica may have started it.
+func fire(ctx context.Context, mr *mapreduce.Client, log *slog.Logger, s *schedule, tick time.Time) {
+	var a any
+	if s.args != nil {
+		a = s.args
+	}
+	key := tick.UTC().Format("20060102T150405Z")
+	id, err := mr.Start(ctx, s.job, a, mapreduce.StartOptions{Key: key})
+	switch {
+	case err == nil:
+		log.Info("scheduler: started a run", "run", id, "tick", tick)
+	case errors.Is(err, mapreduce.ErrRunExists):
+		log.Info("scheduler: the tick's run was started by another replica", "run", id)
+	case errors.Is(err, mapreduce.ErrRunActive):
+		log.Warn("scheduler: tick skipped: the job's previous run is still going", "job", s.job, "tick", tick, "error", err)
+	default:
+		log.Error("scheduler: could not start the tick's run", "job", s.job, "tick", tick, "error", err)
+	}
+}
+
+// parseSpec returns the function giving a spec's next tick after a time.
+func parseSpec(spec string) (func(time.Time) time.Time, error) {
+	if d, ok := strings.CutPrefix(spec, "@every "); ok {
+		every, err := time.ParseDuration(strings.TrimSpace(d))
+		if err != nil || every < time.Second {
+			return nil, fmt.Errorf("@every %q: use a duration of at least 1s, e.g. @every 10m", d)
+		}
+		// Aligned to the epoch, so that every replica computes the same ticks.
+		return func(t time.Time) time.Time { return t.Truncate(every).Add(every) }, nil
+	}
+	sched, err := cron.ParseStandard(spec)
+	if err != nil {
+		return nil, fmt.Errorf("not a cron spec (%v): use 5 fields, a descriptor like @hourly, or @every DURATION", err)
+	}
+	return func(t time.Time) time.Time { return sched.Next(t.UTC()) }, nil
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
