@@ -112,10 +112,10 @@ func Seed(ctx context.Context, db *pgxpool.Pool, rows int) error {
 	if err == nil {
 		_, err = db.Exec(ctx, `
 			INSERT INTO orders (customer_id, amount_cents, status, created_at)
-			SELECT (g * 7) % 10000, (g * 7919) % 100000,
-			       (ARRAY['new','paid','shipped','cancelled','refunded'])[1 + (g * 13) % 5],
+			SELECT ((g * 7) % 10000)::int, (g * 7919) % 100000,
+			       (ARRAY['new','paid','shipped','cancelled','refunded'])[1 + ((g * 13) % 5)::int],
 			       timestamptz '2026-01-01' + g * interval '1 second'
-			FROM generate_series(1, $1) g`, rows)
+			FROM generate_series(1::bigint, $1::bigint) g`, rows)
 	}
 	if err == nil {
 		_, err = db.Exec(ctx, `ANALYZE orders`)
