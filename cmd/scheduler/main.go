@@ -32,7 +32,7 @@ Examples:
 
 Every command reads --redis-url (env REDIS_URL); 'scheduler COMMAND --help'
 says more.
-`
+` + app.EnvHelp
 
 func main() {
 	if len(os.Args) < 2 {

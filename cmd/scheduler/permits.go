@@ -29,7 +29,6 @@ Flags:
 func permits(ctx context.Context, args []string) int {
 	fs := flag.NewFlagSet("permits", flag.ContinueOnError)
 	url := redisFlag(fs)
-	prefix := fs.String("prefix", "batchmr:sem", "the semaphores' key prefix (the workers' default)")
 	pos := parse(fs, permitsUsage, args)
 	if len(pos) == 0 {
 		app.Usage("missing get or set")
@@ -41,7 +40,7 @@ func permits(ctx context.Context, args []string) int {
 	defer rdb.Close()
 	open := func(name string) *semaphore.Semaphore {
 		// Limit 1 is never written: Redis keeps the fleet's own.
-		s, err := semaphore.New(rdb, name, semaphore.Options{Limit: 1, Prefix: *prefix})
+		s, err := app.Semaphore(rdb, name, semaphore.Options{Limit: 1})
 		if err != nil {
 			app.Usage("%v", err)
 		}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
-	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
 )
@@ -33,8 +32,6 @@ semaphore's limit of queries at once. --db-permits sets that limit only if
 Redis has none; change it live with 'scheduler permits set db N'.
 SIGTERM or SIGINT: stop taking pages, let in-flight ones finish (or hand
 them back after --shutdown-timeout), release permits, exit 0.
-
-Flags:
 `
 
 func main() {
@@ -42,14 +39,15 @@ func main() {
 	redisURL := fs.String("redis-url", app.Env("REDIS_URL", ""), "Redis URL (env REDIS_URL)")
 	dbURL := fs.String("database-url", app.Env("DATABASE_URL", ""), "Postgres URL (env DATABASE_URL)")
 	concurrency := fs.Int("concurrency", app.EnvInt("WORKER_CONCURRENCY", 10), "pages processed at once by this worker (env WORKER_CONCURRENCY)")
-	queues := fs.String("queues", app.Env("WORKER_QUEUES", "default"), "asynq queues to serve, comma-separated, each optionally =priority (env WORKER_QUEUES)")
+	queues := fs.String("queues", app.Env("WORKER_QUEUES", app.Queue), "asynq queues to serve, comma-separated, each optionally =priority (env WORKER_QUEUES)")
+	appName := fs.String("application-name", app.Env("WORKER_APPLICATION_NAME", "batchmr-worker"), "application_name of the worker's database connections, as pg_stat_activity shows them")
 	permits := fs.Int("db-permits", app.EnvInt("DB_PERMITS", 8), "the fleet's concurrent database queries, used only if Redis has no limit yet (env DB_PERMITS)")
 	lease := fs.Duration("lease", app.EnvDuration("DB_PERMIT_LEASE", 30*time.Second), "how long a crashed worker's permit stays taken (env DB_PERMIT_LEASE)")
 	shutdown := fs.Duration("shutdown-timeout", app.EnvDuration("WORKER_SHUTDOWN_TIMEOUT", 30*time.Second), "on SIGTERM, how long in-flight pages may finish before they are handed back")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often to repair runs left behind by crashes")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
 	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
-	app.Parse(fs, usage, os.Args[1:])
+	app.Parse(fs, usage+app.EnvHelp+"\nFlags:\n", os.Args[1:])
 	if fs.NArg() > 0 {
 		app.Usage("unexpected argument %q", fs.Arg(0))
 	}
@@ -73,12 +71,12 @@ func main() {
 	}
 	defer rdb.Close()
 	// A connection per page at work, and a few for the split and reduce.
-	pool, err := app.Postgres(ctx, *dbURL, "batchmr-worker", *concurrency+4)
+	pool, err := app.Postgres(ctx, *dbURL, *appName, *concurrency+4)
 	if err != nil {
 		app.Fail("%v", err)
 	}
 	defer pool.Close()
-	sem, err := semaphore.New(rdb, app.SemaphoreName, semaphore.Options{Limit: *permits, Lease: *lease, Logger: log})
+	sem, err := app.Semaphore(rdb, app.SemaphoreName, semaphore.Options{Limit: *permits, Lease: *lease, Logger: log})
 	if err != nil {
 		app.Usage("%v", err)
 	}
@@ -87,7 +85,7 @@ func main() {
 	if err != nil {
 		app.Fail("%v", err)
 	}
-	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Logger: log})
+	mr, err := app.MapReduce(rdb, jobs, log)
 	if err != nil {
 		app.Fail("%v", err)
 	}

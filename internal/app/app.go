@@ -148,14 +148,42 @@ func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.
 	return pool, nil
 }
 
+// Settings shared by every command, from the environment: several
+// independent batchmr deployments (or test runs) can share one Redis by
+// giving each its own BATCHMR_PREFIX and BATCHMR_QUEUE.
+var (
+	// Prefix starts every key of runs (Prefix) and semaphores (Prefix:sem).
+	Prefix = Env("BATCHMR_PREFIX", "batchmr")
+	// Queue is the asynq queue of the bundled jobs.
+	Queue = Env("BATCHMR_QUEUE", "default")
+)
+
+// EnvHelp documents the settings above, for every command's --help.
+const EnvHelp = `
+Environment: BATCHMR_PREFIX (key prefix, default batchmr) and BATCHMR_QUEUE
+(the bundled jobs' asynq queue, default "default") let several deployments
+share one Redis; every command of one deployment must agree on them.
+`
+
 // Jobs registers the bundled jobs. db and sem may be nil in a process that
 // only starts and inspects runs.
 func Jobs(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore) (*mapreduce.Jobs, error) {
 	jobs := mapreduce.NewJobs()
-	if err := ordersreport.Register(ctx, jobs, db, sem); err != nil {
+	if err := ordersreport.Register(ctx, jobs, db, sem, Queue); err != nil {
 		return nil, err
 	}
 	return jobs, nil
+}
+
+// MapReduce returns a mapreduce client of the bundled jobs.
+func MapReduce(rdb *redis.Client, jobs *mapreduce.Jobs, log *slog.Logger) (*mapreduce.Client, error) {
+	return mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: Prefix, Logger: log})
+}
+
+// Semaphore opens the named fleet-wide semaphore under Prefix.
+func Semaphore(rdb *redis.Client, name string, opts semaphore.Options) (*semaphore.Semaphore, error) {
+	opts.Prefix = Prefix + ":sem"
+	return semaphore.New(rdb, name, opts)
 }
 
 // StringList is a repeatable flag.

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"iter"
 	"maps"
+	"time"
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
@@ -191,6 +192,12 @@ func Job(db *pgxpool.Pool, sem *semaphore.Semaphore) mapreduce.Job[Args, Page, T
 				run, r.Lo, r.Hi, t.Orders, t.AmountCents, byStatus)
 			return t, err
 		},
+		Options: mapreduce.JobOptions{
+			// A page query that fails (a deadlock, a failover) is worth
+			// retrying soon: 1s, 2s, 4s … up to a minute, not asynq's
+			// default of 15 s and more.
+			Backoff: func(n int, _ error) time.Duration { return min(time.Second<<min(n, 6), time.Minute) },
+		},
 		Reduce: func(ctx context.Context, a Args, pages iter.Seq2[mapreduce.PageResult[Page, Totals], error]) (Report, error) {
 			var rep Report
 			rep.ByStatus = map[string]int64{}
@@ -219,11 +226,14 @@ func Job(db *pgxpool.Pool, sem *semaphore.Semaphore) mapreduce.Job[Args, Page, T
 }
 
 // Register adds the job to jobs, creating its report tables in db.
-func Register(ctx context.Context, jobs *mapreduce.Jobs, db *pgxpool.Pool, sem *semaphore.Semaphore) error {
+// The job runs in queue (empty: asynq's "default").
+func Register(ctx context.Context, jobs *mapreduce.Jobs, db *pgxpool.Pool, sem *semaphore.Semaphore, queue string) error {
 	if db != nil {
 		if _, err := db.Exec(ctx, Schema); err != nil {
 			return fmt.Errorf("%s: creating its tables: %w", Name, err)
 		}
 	}
-	return mapreduce.AddJob(jobs, Job(db, sem))
+	j := Job(db, sem)
+	j.Options.Queue = queue
+	return mapreduce.AddJob(jobs, j)
 }
