@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/examples/pagination/ordersreport"
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+)
+
+// The whole product, end to end: three worker processes (cmd/worker) run
+// orders-report over 100 000 orders with 3 database permits and a slow
+// query per page; Postgres itself never sees more than 3 of their queries
+// at once; one worker is killed with kill -9 mid-run, and the run still
+// succeeds with the SQL-exact report; afterwards no permit is held.
+func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits a minute for asynq to hand the killed worker's pages on")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := testenv.Postgres(t)
+	rdb, prefix := testenv.Redis(t)
+	queue := strings.ReplaceAll(prefix, ":", "-")
+	t.Cleanup(func() {
+		for _, k := range rdb.Keys(ctx, "asynq:{"+queue+"}:*").Val() {
+			rdb.Del(ctx, k)
+		}
+		rdb.SRem(ctx, "asynq:queues", queue)
+	})
+	if err := ordersreport.Seed(ctx, pool, 100_000); err != nil {
+		t.Fatal(err)
+	}
+
+	bin := filepath.Join(t.TempDir(), "worker")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/worker").CombinedOutput(); err != nil {
+		t.Fatalf("building cmd/worker: %v\n%s", err, out)
+	}
+	appName := "e2e-" + queue[len(queue)-8:]
+	dbURL := testenv.DatabaseURL(t)
+	sep := "?"
+	if strings.Contains(dbURL, "?") {
+		sep = "&"
+	}
+	dbURL += sep + "search_path=" + schema
+	env := append(os.Environ(), "REDIS_URL="+testenv.RedisURL(t), "DATABASE_URL="+dbURL,
+		"BATCHMR_PREFIX="+prefix, "BATCHMR_QUEUE="+queue)
+	startWorker := func(i int) *exec.Cmd {
+		cmd := exec.Command(bin, "--db-permits", "3", "--concurrency", "8", "--lease", "5s",
+			"--application-name", appName, "--log-level", "warn")
+		cmd.Env = env
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
+		return cmd
+	}
+	workers := []*exec.Cmd{startWorker(1), startWorker(2), startWorker(3)}
+
+	// Postgres's own count of the workers' queries running at once.
+	var maxActive atomic.Int64
+	stopSampling := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			var n int64
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE application_name = $1 AND state = 'active'`, appName).Scan(&n); err == nil && n > maxActive.Load() {
+				maxActive.Store(n)
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+
+	jobs := mapreduce.NewJobs()
+	if err := ordersreport.Register(ctx, jobs, nil, nil, queue); err != nil {
+		t.Fatal(err)
+	}
+	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := mr.Start(ctx, ordersreport.Name, mapreduce.RawArgs(`{"page_size": 1000, "slow_ms": 30}`), mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Kill a worker once the run is well under way.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := mr.Status(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Done >= 20 {
+			break
+		}
+		if time.Now().After(deadline) || st.State.Ended() {
+			t.Fatalf("the run did not get going: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := workers[0].Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	t.Logf("killed a worker at %s", killed.Format("15:04:05.000"))
+	// asynq hands a dead worker's task on once its lease has been expired
+	// for 30 s, at a worker's recoverer pass (at start, then each minute):
+	// a replacement started then picks the pages up at once.
+	time.Sleep(time.Until(killed.Add(61 * time.Second)))
+	startWorker(4)
+
+	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	st, err := mr.Wait(wctx, id)
+	close(stopSampling)
+	<-sampled
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != mapreduce.StateSucceeded {
+		t.Fatalf("run %s: %s (%s)", id, st.State, st.Error)
+	}
+	var rep ordersreport.Report
+	if err := mr.DecodeResult(st, &rep); err != nil {
+		t.Fatal(err)
+	}
+	want, err := ordersreport.Expected(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Totals.Equal(want) || rep.Pages != 100 {
+		t.Errorf("report %+v over %d pages, want %+v over 100", rep.Totals, rep.Pages, want)
+	}
+	var pageRows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM orders_report_pages WHERE run_id = $1", id).Scan(&pageRows); err != nil || pageRows != 100 {
+		t.Errorf("%d per-page rows (%v), want 100: a retried page must overwrite its row", pageRows, err)
+	}
+	if m := maxActive.Load(); m > 3 || m == 0 {
+		t.Errorf("Postgres saw up to %d worker queries at once, want 1..3 (the permits)", m)
+	}
+	t.Logf("most worker queries active at once: %d of 3 permits", maxActive.Load())
+	sem, err := semaphore.New(rdb, "db", semaphore.Options{Limit: 3, Prefix: prefix + ":sem"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	deadline = time.Now().Add(15 * time.Second) // the killed worker's lease is 5 s
+	for {
+		stats, err := sem.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stats.Held == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("permits still held after the run: %+v", stats)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
