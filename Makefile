@@ -47,10 +47,10 @@ test-inner: check
 	go test -race -count=1 -timeout 8m ./...
 	BATCHMR_SEMAPHORE_SCRIPTS=eval go test -race -count=1 -timeout 8m ./pkg/semaphore/
 
-# bench: run the semaphore and mapreduce benchmarks (internal/cmd/semabench,
-# internal/cmd/mrbench) against throwaway servers.
+# bench: run the semaphore, mapreduce and paging benchmarks
+# (internal/cmd/semabench, mrbench, pagebench) against throwaway servers.
 bench:
-	scripts/with-servers.sh sh -c 'go run ./internal/cmd/semabench && go run ./internal/cmd/mrbench'
+	scripts/with-servers.sh sh -c 'go run ./internal/cmd/semabench && go run ./internal/cmd/mrbench && go run ./internal/cmd/pagebench'
 
 # demo: seed a table, start three workers, run orders-report with its
 # progress bar, check the result against SQL and show what Postgres saw
