@@ -30,7 +30,7 @@ func connect(ctx context.Context, url string) *conn {
 	if err != nil {
 		app.Fail("%v", err)
 	}
-	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs})
+	mr, err := app.MapReduce(rdb, jobs, nil)
 	if err != nil {
 		app.Fail("%v", err)
 	}

@@ -45,6 +45,7 @@ func main() {
 	lease := fs.Duration("lease", app.EnvDuration("DB_PERMIT_LEASE", 30*time.Second), "how long a crashed worker's permit stays taken (env DB_PERMIT_LEASE)")
 	shutdown := fs.Duration("shutdown-timeout", app.EnvDuration("WORKER_SHUTDOWN_TIMEOUT", 30*time.Second), "on SIGTERM, how long in-flight pages may finish before they are handed back")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often to repair runs left behind by crashes")
+	poll := fs.Duration("poll-interval", app.EnvDuration("WORKER_POLL_INTERVAL", time.Second), "how often an idle worker looks for new tasks; lower starts steps sooner at the cost of Redis calls (env WORKER_POLL_INTERVAL)")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
 	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	app.Parse(fs, usage+app.EnvHelp+"\nFlags:\n", os.Args[1:])
@@ -92,12 +93,13 @@ func main() {
 	go mr.RunReconciler(ctx, *reconcile)
 
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-		Concurrency:     *concurrency,
-		Queues:          qs,
-		RetryDelayFunc:  mr.RetryDelay,
-		ShutdownTimeout: *shutdown,
-		Logger:          asynqLogger{log},
-		LogLevel:        asynq.WarnLevel,
+		Concurrency:       *concurrency,
+		TaskCheckInterval: *poll,
+		Queues:            qs,
+		RetryDelayFunc:    mr.RetryDelay,
+		ShutdownTimeout:   *shutdown,
+		Logger:            asynqLogger{log},
+		LogLevel:          asynq.WarnLevel,
 	})
 	mux := asynq.NewServeMux()
 	mr.Register(mux)

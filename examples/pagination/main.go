@@ -91,7 +91,7 @@ func check(ctx context.Context, dbURL, redisURL, run string) int {
 	if err != nil {
 		app.Fail("%v", err)
 	}
-	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs})
+	mr, err := app.MapReduce(rdb, jobs, nil)
 	if err != nil {
 		app.Fail("%v", err)
 	}
