@@ -22,18 +22,7 @@ func redisFlag(fs *flag.FlagSet) *string {
 // connect connects to Redis and registers the bundled jobs (without a
 // database: the scheduler never runs them).
 func connect(ctx context.Context, url string) *conn {
-	rdb, err := app.Redis(ctx, url)
-	if err != nil {
-		app.Fail("%v", err)
-	}
-	jobs, err := app.Jobs(ctx, nil, nil)
-	if err != nil {
-		app.Fail("%v", err)
-	}
-	mr, err := app.MapReduce(rdb, jobs, nil)
-	if err != nil {
-		app.Fail("%v", err)
-	}
+	rdb, mr := app.Client(ctx, url)
 	return &conn{rdb: rdb, mr: mr}
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,19 +24,8 @@ type scheduler struct {
 func newScheduler(t *testing.T) *scheduler {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
-	queue := strings.ReplaceAll(prefix, ":", "-")
-	t.Cleanup(func() {
-		ctx := context.Background()
-		for _, k := range rdb.Keys(ctx, "asynq:{"+queue+"}:*").Val() {
-			rdb.Del(ctx, k)
-		}
-		rdb.SRem(ctx, "asynq:queues", queue)
-	})
-	bin := filepath.Join(t.TempDir(), "scheduler")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("building: %v\n%s", err, out)
-	}
-	return &scheduler{t: t, bin: bin, env: append(os.Environ(), "REDIS_URL="+testenv.RedisURL(t),
+	queue := testenv.Queue(t, rdb, prefix)
+	return &scheduler{t: t, bin: testenv.Build(t, "."), env: append(os.Environ(), "REDIS_URL="+testenv.RedisURL(t),
 		"BATCHMR_PREFIX="+prefix, "BATCHMR_QUEUE="+queue)}
 }
 
@@ -144,16 +132,8 @@ func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 	if err := ordersreport.Seed(context.Background(), pool, 1000); err != nil {
 		t.Fatal(err)
 	}
-	worker := filepath.Join(t.TempDir(), "worker")
-	if out, err := exec.Command("go", "build", "-o", worker, "../worker").CombinedOutput(); err != nil {
-		t.Fatalf("building the worker: %v\n%s", err, out)
-	}
-	dbURL := testenv.DatabaseURL(t)
-	if strings.Contains(dbURL, "?") {
-		dbURL += "&search_path=" + schema
-	} else {
-		dbURL += "?search_path=" + schema
-	}
+	worker := testenv.Build(t, "../worker")
+	dbURL := testenv.DatabaseURLIn(t, schema)
 	w := exec.Command(worker, "--log-level", "error", "--poll-interval", "20ms")
 	w.Env = append(s.env, "DATABASE_URL="+dbURL)
 	if err := w.Start(); err != nil {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -24,26 +22,12 @@ func TestSIGTERMFinishesInFlightPagesReleasesPermitsAndExitsZero(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
-	queue := strings.ReplaceAll(prefix, ":", "-")
-	t.Cleanup(func() {
-		for _, k := range rdb.Keys(ctx, "asynq:{"+queue+"}:*").Val() {
-			rdb.Del(ctx, k)
-		}
-		rdb.SRem(ctx, "asynq:queues", queue)
-	})
+	queue := testenv.Queue(t, rdb, prefix)
 	if err := ordersreport.Seed(ctx, pool, 20_000); err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(t.TempDir(), "worker")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("building: %v\n%s", err, out)
-	}
-	dbURL := testenv.DatabaseURL(t)
-	if strings.Contains(dbURL, "?") {
-		dbURL += "&search_path=" + schema
-	} else {
-		dbURL += "?search_path=" + schema
-	}
+	bin := testenv.Build(t, ".")
+	dbURL := testenv.DatabaseURLIn(t, schema)
 	start := func() *exec.Cmd {
 		cmd := exec.Command(bin, "--db-permits", "2", "--concurrency", "4", "--shutdown-timeout", "20s",
 			"--poll-interval", "20ms", "--log-format", "json")

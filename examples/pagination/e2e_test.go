@@ -4,8 +4,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -30,28 +28,14 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
-	queue := strings.ReplaceAll(prefix, ":", "-")
-	t.Cleanup(func() {
-		for _, k := range rdb.Keys(ctx, "asynq:{"+queue+"}:*").Val() {
-			rdb.Del(ctx, k)
-		}
-		rdb.SRem(ctx, "asynq:queues", queue)
-	})
+	queue := testenv.Queue(t, rdb, prefix)
 	if err := ordersreport.Seed(ctx, pool, 100_000); err != nil {
 		t.Fatal(err)
 	}
 
-	bin := filepath.Join(t.TempDir(), "worker")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/worker").CombinedOutput(); err != nil {
-		t.Fatalf("building cmd/worker: %v\n%s", err, out)
-	}
+	bin := testenv.Build(t, "../../cmd/worker")
 	appName := "e2e-" + queue[len(queue)-8:]
-	dbURL := testenv.DatabaseURL(t)
-	sep := "?"
-	if strings.Contains(dbURL, "?") {
-		sep = "&"
-	}
-	dbURL += sep + "search_path=" + schema
+	dbURL := testenv.DatabaseURLIn(t, schema)
 	env := append(os.Environ(), "REDIS_URL="+testenv.RedisURL(t), "DATABASE_URL="+dbURL,
 		"BATCHMR_PREFIX="+prefix, "BATCHMR_QUEUE="+queue)
 	startWorker := func(i int) *exec.Cmd {

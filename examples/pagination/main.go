@@ -82,19 +82,8 @@ func check(ctx context.Context, dbURL, redisURL, run string) int {
 		app.Fail("%v", err)
 	}
 	defer pool.Close()
-	rdb, err := app.Redis(ctx, redisURL)
-	if err != nil {
-		app.Fail("%v", err)
-	}
+	rdb, mr := app.Client(ctx, redisURL)
 	defer rdb.Close()
-	jobs, err := app.Jobs(ctx, nil, nil)
-	if err != nil {
-		app.Fail("%v", err)
-	}
-	mr, err := app.MapReduce(rdb, jobs, nil)
-	if err != nil {
-		app.Fail("%v", err)
-	}
 	st, err := mr.Status(ctx, run)
 	if err != nil {
 		app.Fail("%v", err)

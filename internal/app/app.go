@@ -175,6 +175,25 @@ func Jobs(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore) (*map
 	return jobs, nil
 }
 
+// Client connects a process that starts and inspects runs (but does not
+// run them) to Redis, with the bundled jobs registered. It exits with one
+// line when it cannot.
+func Client(ctx context.Context, url string) (*redis.Client, *mapreduce.Client) {
+	rdb, err := Redis(ctx, url)
+	if err != nil {
+		Fail("%v", err)
+	}
+	jobs, err := Jobs(ctx, nil, nil)
+	if err != nil {
+		Fail("%v", err)
+	}
+	mr, err := MapReduce(rdb, jobs, nil)
+	if err != nil {
+		Fail("%v", err)
+	}
+	return rdb, mr
+}
+
 // MapReduce returns a mapreduce client of the bundled jobs.
 func MapReduce(rdb *redis.Client, jobs *mapreduce.Jobs, log *slog.Logger) (*mapreduce.Client, error) {
 	return mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: Prefix, Logger: log})

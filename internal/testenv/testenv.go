@@ -19,6 +19,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -234,4 +236,47 @@ func Postgres(t testing.TB) (*pgxpool.Pool, string) {
 	}
 	t.Cleanup(pool.Close)
 	return pool, fmt.Sprint(schema)
+}
+
+// Queue returns an asynq queue name unique to the test (derived from its
+// key prefix), whose keys are deleted when the test ends: asynq has no key
+// prefix of its own, but every key of a queue carries the queue's name.
+func Queue(t testing.TB, rdb *redis.Client, prefix string) string {
+	t.Helper()
+	queue := strings.ReplaceAll(prefix, ":", "-")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, "asynq:{"+queue+"}:*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+		rdb.SRem(ctx, "asynq:queues", queue)
+	})
+	return queue
+}
+
+// DatabaseURLIn returns the test database's URL with schema as search_path,
+// for a subprocess that must see the test's own tables.
+func DatabaseURLIn(t testing.TB, schema string) string {
+	t.Helper()
+	url := DatabaseURL(t)
+	if strings.Contains(url, "?") {
+		return url + "&search_path=" + schema
+	}
+	return url + "?search_path=" + schema
+}
+
+// Build compiles the main package at pkg (a path relative to the test's
+// package) into the test's temp dir and returns the binary's path.
+func Build(t testing.TB, pkg string) string {
+	t.Helper()
+	abs, err := filepath.Abs(pkg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), filepath.Base(abs))
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		t.Fatalf("testenv: building %s: %v\n%s", pkg, err, out)
+	}
+	return bin
 }

@@ -31,13 +31,11 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
-	e := &env{t: t, rdb: rdb, prefix: prefix, queue: strings.ReplaceAll(prefix, ":", "-"), jobs: mapreduce.NewJobs()}
-	t.Cleanup(func() { deleteQueue(rdb, e.queue) })
-	return e
+	return &env{t: t, rdb: rdb, prefix: prefix, queue: testenv.Queue(t, rdb, prefix), jobs: mapreduce.NewJobs()}
 }
 
-// deleteQueue removes an asynq queue's keys: asynq has no key prefix, but
-// every key of a queue carries its name as hash tag.
+// deleteQueue removes an asynq queue's keys from one node (testenv.Queue
+// does it for a test's own standalone Redis).
 func deleteQueue(rdb *redis.Client, queue string) {
 	ctx := context.Background()
 	iter := rdb.Scan(ctx, 0, "asynq:{"+queue+"}:*", 1000).Iterator()
