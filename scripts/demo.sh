@@ -16,14 +16,35 @@ workers=${DEMO_WORKERS:-3}
 
 say() { printf '\n== %s\n' "$*"; }
 : "${BATCHMR_TEST_REDIS_URL:?run me through make demo (scripts/with-servers.sh sets the servers)}"
-export REDIS_URL=$BATCHMR_TEST_REDIS_URL DATABASE_URL=$BATCHMR_TEST_DATABASE_URL
+
+# Everything the demo writes is its own: a schema in Postgres, a key prefix
+# and a queue in Redis. Pointed at servers of your own (BATCHMR_TEST_*), it
+# touches nothing else, and removes what it made.
+demo_id=demo_$(date +%s)_$$
+export REDIS_URL=$BATCHMR_TEST_REDIS_URL BATCHMR_PREFIX=batchmr-$demo_id BATCHMR_QUEUE=$demo_id
+case $BATCHMR_TEST_DATABASE_URL in
+*\?*) export DATABASE_URL="$BATCHMR_TEST_DATABASE_URL&search_path=$demo_id" ;;
+*) export DATABASE_URL="$BATCHMR_TEST_DATABASE_URL?search_path=$demo_id" ;;
+esac
+psql "$BATCHMR_TEST_DATABASE_URL" -qc "CREATE SCHEMA $demo_id"
 
 dir=$(mktemp -d)
 pids=()
 cleanup() {
+	status=$?
 	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 	wait 2>/dev/null || true
+	if [[ $status -ne 0 ]]; then
+		for log in "$dir"/worker-*.log; do
+			[[ -s $log ]] && { echo "--- $log (last lines)"; tail -5 "$log"; }
+		done
+	fi
+	psql "$BATCHMR_TEST_DATABASE_URL" -qc "SET client_min_messages = warning; DROP SCHEMA IF EXISTS $demo_id CASCADE" || true
+	redis-cli -u "$REDIS_URL" --scan --pattern "batchmr-$demo_id*" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null || true
+	redis-cli -u "$REDIS_URL" --scan --pattern "asynq:{$demo_id}:*" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null || true
+	redis-cli -u "$REDIS_URL" srem asynq:queues "$demo_id" >/dev/null || true
 	rm -rf "$dir"
+	exit $status
 }
 trap cleanup EXIT
 
@@ -40,7 +61,7 @@ say "setting the fleet's database permits to $permits"
 
 say "starting $workers workers (logs in $dir/worker-N.log)"
 for i in $(seq 1 "$workers"); do
-	"$dir/worker" --concurrency 8 --db-permits "$permits" >"$dir/worker-$i.log" 2>&1 &
+	"$dir/worker" --concurrency 8 --db-permits "$permits" --queues "$BATCHMR_QUEUE" --poll-interval 100ms >"$dir/worker-$i.log" 2>&1 &
 	pids+=($!)
 done
 
@@ -48,8 +69,11 @@ done
 sampler() {
 	local max=0 n
 	while [[ ! -e "$dir/stop" ]]; do
-		n=$(psql "$DATABASE_URL" -Atc "SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = 'batchmr-worker' AND state = 'active'" 2>/dev/null || echo 0)
+		if ! n=$(psql "$BATCHMR_TEST_DATABASE_URL" -Atc "SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'batchmr-worker' AND state = 'active'" 2>"$dir/sampler.err"); then
+			echo "failed" >"$dir/max-active"
+			return
+		fi
 		((n > max)) && max=$n
 		echo "$max" >"$dir/max-active"
 		sleep 0.05
@@ -59,8 +83,8 @@ sampler &
 pids+=($!)
 
 say "running orders-report (pages of $page_size orders, $slow_ms ms of pg_sleep each)"
-run_out=$("$dir/scheduler" run orders-report --args "{\"page_size\": $page_size, \"slow_ms\": $slow_ms}" --wait) || {
-	echo "demo: the run did not succeed" >&2
+run_out=$(timeout 300 "$dir/scheduler" run orders-report --args "{\"page_size\": $page_size, \"slow_ms\": $slow_ms}" --wait) || {
+	echo "demo: the run did not succeed within 5 minutes" >&2
 	exit 1
 }
 touch "$dir/stop"
@@ -71,6 +95,11 @@ say "checking the report against one SQL query"
 
 say "what Postgres saw"
 sleep 0.2
-echo "most worker queries active at once (pg_stat_activity, sampled every 50 ms): $(cat "$dir/max-active")"
+max_active=$(cat "$dir/max-active")
+if [[ $max_active == failed ]]; then
+	echo "demo: sampling pg_stat_activity failed: $(cat "$dir/sampler.err")" >&2
+	exit 1
+fi
+echo "most worker queries active at once (pg_stat_activity, sampled every 50 ms): $max_active"
 echo "database permits:                                                          $permits"
 "$dir/scheduler" permits get db

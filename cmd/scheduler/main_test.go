@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -162,9 +163,10 @@ func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 	if len(runs) < 3 || len(runs) > 4 {
 		t.Fatalf("two replicas over ~3.5 ticks made %d runs, want 3 or 4 (one per tick):\n%s", len(runs), out)
 	}
+	tick := regexp.MustCompile(`^orders-report:\d{8}T\d{6}Z\s+succeeded`)
 	for _, r := range runs {
-		if !strings.Contains(r, "succeeded") {
-			t.Errorf("a tick's run did not succeed: %s", r)
+		if !tick.MatchString(r) {
+			t.Errorf("not a succeeded run named after its tick: %s", r)
 		}
 	}
 }

@@ -55,7 +55,11 @@ func permits(ctx context.Context, args []string) int {
 		if err != nil {
 			app.Fail("%v", err)
 		}
-		fmt.Printf("semaphore %s: limit %d, held %d, %d waiting\n", pos[1], st.Limit, st.Held, len(st.Waiters))
+		if st.Limit == 0 {
+			fmt.Printf("semaphore %s: no limit set yet (the first worker sets its --db-permits), held %d, %d waiting\n", pos[1], st.Held, len(st.Waiters))
+		} else {
+			fmt.Printf("semaphore %s: limit %d, held %d, %d waiting\n", pos[1], st.Limit, st.Held, len(st.Waiters))
+		}
 		if len(st.Holders)+len(st.Waiters) > 0 {
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "\tPROCESS\tWEIGHT\tFENCE\tFOR\tLEASE LEFT")

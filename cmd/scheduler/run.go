@@ -76,12 +76,19 @@ func follow(ctx context.Context, mr *mapreduce.Client, id string, w io.Writer, t
 	start := time.Now()
 	var last string
 	var lastLine time.Time
+	failures := 0
 	for {
 		st, err := mr.Status(ctx, id)
 		if err != nil {
-			fmt.Fprintf(w, "\nscheduler: %v\n", err)
-			return nil
+			// Redis may blink; the run goes on regardless.
+			if failures++; failures > 25 || errors.Is(err, mapreduce.ErrRunNotFound) {
+				fmt.Fprintf(w, "\nscheduler: %v\n", err)
+				return nil
+			}
+			time.Sleep(200 * time.Millisecond)
+			continue
 		}
+		failures = 0
 		line := progressLine(st, time.Since(start))
 		switch {
 		case tty:
@@ -119,7 +126,7 @@ func progressLine(st *mapreduce.Status, elapsed time.Duration) string {
 	filled := int(frac * 30)
 	eta := "—"
 	if r := float64(done) / elapsed.Seconds(); r > 0 && done < st.Total {
-		eta = (time.Duration(float64(st.Total-done)/r) * time.Second).Round(time.Second).String()
+		eta = time.Duration(float64(st.Total-done) / r * float64(time.Second)).Round(time.Second).String()
 	}
 	return fmt.Sprintf("[%s%s] %d/%d pages  %s  ETA %s  %d failed  %s",
 		strings.Repeat("#", filled), strings.Repeat("·", 30-filled), done, st.Total, rate(done, elapsed), eta, st.Failed, st.State)

@@ -131,8 +131,12 @@ func parseSpec(spec string) (func(time.Time) time.Time, error) {
 		if err != nil || every < time.Second {
 			return nil, fmt.Errorf("@every %q: use a duration of at least 1s, e.g. @every 10m", d)
 		}
-		// Aligned to the epoch, so that every replica computes the same ticks.
-		return func(t time.Time) time.Time { return t.Truncate(every).Add(every) }, nil
+		// Multiples of the duration since the Unix epoch, so that every
+		// replica computes the same ticks.
+		return func(t time.Time) time.Time {
+			n := t.UnixNano() / int64(every)
+			return time.Unix(0, (n+1)*int64(every))
+		}, nil
 	}
 	sched, err := cron.ParseStandard(spec)
 	if err != nil {

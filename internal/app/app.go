@@ -109,7 +109,7 @@ func Redis(ctx context.Context, url string) (*redis.Client, error) {
 	}
 	opt, err := redis.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("--redis-url %q: %w", url, err)
+		return nil, fmt.Errorf("--redis-url: %w", err)
 	}
 	rdb := redis.NewClient(opt)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -355,3 +355,21 @@ func TestCloseFailsWaitersAndReleasesPermits(t *testing.T) {
 		t.Errorf("Acquire after Close = %v, want ErrClosed", err)
 	}
 }
+
+// Looking must not change anything: Stats on a semaphore nobody has used
+// yet sets no limit, so the first worker's Options.Limit still applies.
+func TestStatsOfAnUnusedSemaphoreSetsNoLimit(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	looker := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	st := stats(t, looker)
+	if st.Limit != 0 {
+		t.Fatalf("Stats of an unused semaphore: limit %d, want 0 (none yet)", st.Limit)
+	}
+	worker := newSem(t, rdb, prefix, semaphore.Options{Limit: 8})
+	p := mustAcquire(t, worker)
+	defer p.Release(context.Background())
+	if st := stats(t, looker); st.Limit != 8 {
+		t.Errorf("limit after the first Acquire: %d, want the worker's 8", st.Limit)
+	}
+}

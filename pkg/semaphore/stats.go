@@ -13,7 +13,7 @@ import (
 // Stats is a consistent snapshot of a semaphore across the fleet.
 type Stats struct {
 	Name    string
-	Limit   int      // the fleet-wide limit in Redis
+	Limit   int      // the fleet-wide limit in Redis; 0 if none is set yet (Stats never sets one)
 	Held    int      // sum of the weights of Holders; may exceed Limit briefly after SetLimit lowered it
 	Holders []Holder // in grant order (by fence): the oldest grant first
 	Waiters []Waiter // in grant order: the first is served next

@@ -27,6 +27,7 @@ import (
 
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -59,8 +60,9 @@ func (r OffsetRange) Args() []any { return []any{r.Limit, r.Offset} }
 type Table struct {
 	// Name is the table, optionally schema-qualified ("sales.orders").
 	Name string
-	// Key is a unique, indexed column of an integer type (bigint, int):
-	// pages are ranges of it. Not needed by SplitOffset.
+	// Key is a unique, non-null, indexed column of an integer type (bigint,
+	// int): pages are ranges of it. With duplicate keys pages may exceed
+	// PageSize. Not needed by SplitOffset.
 	Key string
 	// PageSize is the number of rows per page. Required.
 	PageSize int
@@ -99,22 +101,30 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 	var lo, last *int64
 	var bounds []int64
 	err := withPermit(ctx, sem, func(ctx context.Context) error {
-		err := db.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s) - 1, max(%[1]s) FROM %[2]s", key, table)).Scan(&lo, &last)
-		if err != nil || lo == nil {
+		// One snapshot for both queries: a row inserted between them must
+		// not fall outside every page.
+		return pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s)::bigint - 1, max(%[1]s)::bigint FROM %[2]s", key, table)).Scan(&lo, &last)
+			if err != nil || lo == nil {
+				return err
+			}
+			// Every PageSize-th key closes a page; the largest key the last.
+			rows, err := tx.Query(ctx, fmt.Sprintf(`
+				SELECT k::bigint FROM (SELECT %[1]s AS k, row_number() OVER (ORDER BY %[1]s) AS n FROM %[2]s) numbered
+				WHERE n %% $1 = 0 ORDER BY k`, key, table), t.PageSize)
+			if err != nil {
+				return err
+			}
+			bounds, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 			return err
-		}
-		// Every PageSize-th key closes a page; the largest key closes the last.
-		rows, err := db.Query(ctx, fmt.Sprintf(`
-			SELECT k FROM (SELECT %[1]s AS k, row_number() OVER (ORDER BY %[1]s) AS n FROM %[2]s) numbered
-			WHERE n %% $1 = 0 ORDER BY k`, key, table), t.PageSize)
-		if err != nil {
-			return err
-		}
-		bounds, err = pgx.CollectRows(rows, pgx.RowTo[int64])
-		return err
+		})
 	})
 	if err != nil {
-		return fmt.Errorf("pgsource: splitting %s by %s (is it a unique integer column?): %w", t.Name, t.Key, err)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "22P02" || pgErr.Code == "42846" || pgErr.Code == "22003") {
+			return fmt.Errorf("pgsource: splitting %s by %s: %w (Key must be an integer column; use SplitOffset for a table without one)", t.Name, t.Key, err)
+		}
+		return fmt.Errorf("pgsource: splitting %s by %s: %w", t.Name, t.Key, err)
 	}
 	if lo == nil {
 		return nil // empty
@@ -165,10 +175,11 @@ func SplitOffset(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore
 // and returns its rows, built by scan. It holds a permit of sem while the
 // query runs and its rows are read, and releases it before returning, so
 // the caller processes the rows without holding back the fleet. A permit
-// lost mid-query (its lease ran out) cancels the query.
+// lost mid-query (its lease ran out) cancels the query. A nil sem means no
+// permit.
 func Fetch[T any](ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, sql string, page Page, scan pgx.RowToFunc[T], args ...any) ([]T, error) {
 	var out []T
-	err := sem.Do(ctx, func(ctx context.Context) error {
+	err := withPermit(ctx, sem, func(ctx context.Context) error {
 		rows, err := db.Query(ctx, sql, append(page.Args(), args...)...)
 		if err != nil {
 			return err
@@ -185,7 +196,7 @@ func Fetch[T any](ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphor
 // Exec runs a statement (a page's idempotent write, say) under a permit of
 // sem, like Fetch.
 func Exec(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, sql string, args ...any) error {
-	err := sem.Do(ctx, func(ctx context.Context) error {
+	err := withPermit(ctx, sem, func(ctx context.Context) error {
 		_, err := db.Exec(ctx, sql, args...)
 		return err
 	})

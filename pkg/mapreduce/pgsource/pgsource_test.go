@@ -175,11 +175,33 @@ func TestBadTablesGetErrorsThatNameTheFix(t *testing.T) {
 		{pgsource.Table{Name: "items", PageSize: 1}, "Key is empty"},
 		{pgsource.Table{Name: "items", Key: "id"}, "PageSize 0"},
 		{pgsource.Table{Name: "nope", Key: "id", PageSize: 1}, `"nope" does not exist`},
-		{pgsource.Table{Name: "texts", Key: "name", PageSize: 1}, "integer column"},
+		{pgsource.Table{Name: "texts", Key: "name", PageSize: 1}, "Key must be an integer column"},
 	} {
 		err := pgsource.Split(ctx, pool, nil, tc.t, none)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Split(%+v): %v, want an error saying %q", tc.t, err, tc.want)
 		}
+	}
+}
+
+// Keys of type int, with negative values, page as well as bigint ones.
+func TestSplitPagesIntKeysDownToTheirMinimum(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE small (id int PRIMARY KEY);
+		INSERT INTO small SELECT g FROM generate_series(-2147483648, -2147483648 + 99) g`); err != nil {
+		t.Fatal(err)
+	}
+	var pages []pgsource.KeyRange
+	err := pgsource.Split(ctx, pool, nil, pgsource.Table{Name: "small", Key: "id", PageSize: 30}, func(r pgsource.KeyRange) error {
+		pages = append(pages, r)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pages) != 4 || pages[0].Lo != -2147483649 || pages[3].Hi != -2147483648+99 {
+		t.Errorf("pages %+v, want 4 covering [-2^31, -2^31+99]", pages)
 	}
 }

@@ -1,10 +1,14 @@
--- stats returns a consistent snapshot, after purging the dead.
+-- stats returns a consistent snapshot, after purging the dead. It writes no
+-- limit: looking at a semaphore nobody has used yet must not set its limit
+-- to the looker's default (limit 0 in the reply means "none yet").
 -- Returns {limit, now,
 --          {holderToken, leaseDeadline, info, ...},
 --          {waiterToken, ticket, info, ...}}
-local limit = get_limit()
+local limit = tonumber(redis.call('GET', K_LIMIT) or '0')
 purge_waiters()
-grant(limit, purge_holders())
+if limit > 0 then
+  grant(limit, purge_holders())
+end
 local holders = {}
 local h = redis.call('ZRANGE', K_HOLDERS, 0, -1, 'WITHSCORES')
 for i = 1, #h, 2 do
