@@ -104,10 +104,16 @@ func TestConfiguredLimitOnlyInitialisesTheLimitInRedis(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
 	a := newSem(t, rdb, prefix, semaphore.Options{Limit: 5})
+	if err := mustAcquire(t, a).Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if st := stats(t, a); st.Limit != 5 {
 		t.Fatalf("limit = %d, want 5 from the first client", st.Limit)
 	}
 	b := newSem(t, rdb, prefix, semaphore.Options{Limit: 9})
+	if err := mustAcquire(t, b).Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if st := stats(t, b); st.Limit != 5 {
 		t.Errorf("a second client with Limit 9 changed the limit to %d", st.Limit)
 	}
