@@ -3,7 +3,6 @@ package mapreduce_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"iter"
 	"log/slog"
 	"os"
@@ -261,4 +260,3 @@ func (e *env) taskOf(typ, run string) *asynq.TaskInfo {
 	return found[0]
 }
 
-var _ = fmt.Sprint
