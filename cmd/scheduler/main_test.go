@@ -108,6 +108,7 @@ func TestBadInputGetsOneLineAndANonZeroExit(t *testing.T) {
 		{[]string{"permits", "set", "db", "zero"}, 2, "whole number"},
 		{[]string{"serve", "--schedule", "orders-report=@every 1ms"}, 2, "at least 1s"},
 		{[]string{"serve", "--schedule", "nope=@daily"}, 2, `no job "nope"`},
+		{[]string{"serve", "--schedule", "orders-report=@daily", "--args", `orders-report={"pagesize": 1}`}, 2, `unknown field "pagesize"`},
 		{[]string{"status", "x:y", "--redis-url", "redis://127.0.0.1:1/0"}, 1, "does not answer"},
 	} {
 		_, errs, code := s.run(tc.args...)

@@ -62,7 +62,16 @@ func serve(ctx context.Context, args []string) int {
 		}
 		argsOf[job] = mapreduce.RawArgs(js)
 	}
-	names, _ := app.JobNames(ctx)
+	jobs, err := app.Jobs(ctx, nil, nil)
+	if err != nil {
+		app.Fail("%v", err)
+	}
+	names := jobs.Names()
+	for job, a := range argsOf {
+		if err := jobs.CheckArgs(job, a); err != nil {
+			app.Usage("--args %s=%s: %v", job, a, err)
+		}
+	}
 	var scheds []*schedule
 	for _, s := range specs {
 		job, spec, ok := strings.Cut(s, "=")

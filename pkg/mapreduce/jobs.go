@@ -59,6 +59,21 @@ func (j *Jobs) lookup(name string) (jobRunner, bool) {
 	return r, ok
 }
 
+// CheckArgs reports whether args would be accepted by Start for the job
+// named job: a value of its argument type, or RawArgs that decode into it.
+// A scheduler checks its configuration with it at start-up, not at the
+// first tick.
+func (j *Jobs) CheckArgs(job string, args any) error {
+	r, ok := j.lookup(job)
+	if !ok {
+		return fmt.Errorf("mapreduce: job %q: %w", job, ErrUnknownJob)
+	}
+	if _, err := r.encodeArgs(args); err != nil {
+		return fmt.Errorf("mapreduce: %w", err)
+	}
+	return nil
+}
+
 // Names returns the registered job names, sorted.
 func (j *Jobs) Names() []string {
 	j.mu.RLock()

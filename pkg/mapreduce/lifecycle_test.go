@@ -276,6 +276,12 @@ func TestStartRefusesUnknownJobsAndWrongArguments(t *testing.T) {
 	if _, err := c.Start(ctx, "sum", mapreduce.RawArgs(`{"N": "ten"}`), mapreduce.StartOptions{}); err == nil || !strings.Contains(err.Error(), "sumArgs") {
 		t.Errorf("a wrongly typed field: %v", err)
 	}
+	if err := e.jobs.CheckArgs("sum", mapreduce.RawArgs(`{"N": 10, "PageSiz": 5}`)); err == nil || !strings.Contains(err.Error(), "PageSiz") {
+		t.Errorf("CheckArgs of a misspelt field: %v", err)
+	}
+	if err := e.jobs.CheckArgs("sum", sumArgs{}); err != nil {
+		t.Errorf("CheckArgs of good arguments: %v", err)
+	}
 	id, err := c.Start(ctx, "sum", mapreduce.RawArgs(`{"N": 10, "PageSize": 5}`), mapreduce.StartOptions{})
 	if err != nil {
 		t.Fatalf("good encoded arguments: %v", err)
