@@ -259,4 +259,3 @@ func (e *env) taskOf(typ, run string) *asynq.TaskInfo {
 	}
 	return found[0]
 }
-
