@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -78,7 +79,7 @@ func serve(ctx context.Context, args []string) int {
 		if !ok {
 			app.Usage("--schedule %q: use JOB=SPEC, e.g. orders-report=@every 10m", s)
 		}
-		if !contains(names, job) {
+		if !slices.Contains(names, job) {
 			app.Usage("--schedule %q: no job %q (bundled: %s)", s, job, strings.Join(names, ", "))
 		}
 		next, err := parseSpec(spec)
@@ -152,13 +153,4 @@ func parseSpec(spec string) (func(time.Time) time.Time, error) {
 		return nil, fmt.Errorf("not a cron spec (%v): use 5 fields, a descriptor like @hourly, or @every DURATION", err)
 	}
 	return func(t time.Time) time.Time { return sched.Next(t.UTC()) }, nil
-}
-
-func contains(xs []string, x string) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }

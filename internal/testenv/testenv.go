@@ -245,12 +245,8 @@ func Queue(t testing.TB, rdb *redis.Client, prefix string) string {
 	t.Helper()
 	queue := strings.ReplaceAll(prefix, ":", "-")
 	t.Cleanup(func() {
-		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, "asynq:{"+queue+"}:*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
-		rdb.SRem(ctx, "asynq:queues", queue)
+		deleteKeys(t, rdb, "asynq:{"+queue+"}:")
+		rdb.SRem(context.Background(), "asynq:queues", queue)
 	})
 	return queue
 }

@@ -6,15 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
@@ -237,7 +235,7 @@ func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 				return st, nil
 			}
 			last = st
-		case errors.Is(err, ErrRunNotFound), ctx.Err() != nil, !isTransient(err):
+		case errors.Is(err, ErrRunNotFound), ctx.Err() != nil, !rediserr.Transient(err):
 			return last, err
 		default:
 			c.log.Warn("mapreduce: wait: reading the run's status failed; retrying", "run", id, "error", err)
@@ -339,15 +337,4 @@ func (c *Client) finish(ctx context.Context, id string, to State, result []byte,
 	n, _ := res[0].(int64)
 	s, _ := res[1].(string)
 	return n == 1, State(s), nil
-}
-
-// isTransient reports whether err may pass by itself: the network, not a
-// server's answer or a malformed run ID.
-func isTransient(err error) bool {
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		return false
-	}
-	var nerr net.Error
-	return errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }

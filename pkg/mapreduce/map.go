@@ -76,20 +76,33 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	} else {
 		outcome = result
 	}
-	flag := "0"
-	if failed {
-		flag = "1"
-	}
 	rctx, cancel := afterWork(ctx)
 	defer cancel()
-	res, err := scriptRecord.Run(rctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, p.Index, outcome, flag, p.Nonce).Slice()
+	st, err := c.record(rctx, k, p.Nonce, p.Index, outcome, failed)
 	if err != nil {
 		return fmt.Errorf("mapreduce: page %d of %s: recording its outcome: %w", p.Index, p.Run, errors.Join(err, mapErr))
 	}
-	if st, _ := res[1].(string); State(st) == StateReducing {
+	if st == StateReducing {
 		if err := c.enqueueStep(rctx, p.Run, nonce, TypeReduce, o); err != nil {
 			return fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, err)
 		}
 	}
 	return mapErr // nil, or the final failure: asynq archives the task
+}
+
+// record runs record.lua for page i of a run: outcome is the encoded result,
+// or the encoded failure if failed. It returns the run's state after the
+// call; StateReducing means the caller must make sure the reduce is
+// enqueued.
+func (c *Client) record(ctx context.Context, k runKeys, nonce string, i int, outcome []byte, failed bool) (State, error) {
+	flag := "0"
+	if failed {
+		flag = "1"
+	}
+	res, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, i, outcome, flag, nonce).Slice()
+	if err != nil {
+		return "", err
+	}
+	st, _ := res[1].(string)
+	return State(st), nil
 }

@@ -148,44 +148,40 @@ func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep 
 		return err
 	}
 	checks := 0
+	reducing := false
 	for i := 0; i < st.Total && checks < maxPageChecks; i++ {
 		if bitSet(bits, i) {
 			continue
 		}
 		checks++
 		info, err := c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, st.nonce, i))
+		var lost failure
 		switch {
 		case isTaskGone(err):
 			// Gone without being recorded: deleted by hand, or lost with a
-			// Redis that failed over. Its page descriptor went with it, so
-			// only a new split could recreate it: fail the page.
-			if err := c.recordLost(ctx, k, st.nonce, i, "the map task disappeared before its page was recorded"); err != nil {
-				return err
-			}
-			rep.PagesFailed++
+			// Redis that failed over. Its page descriptor went with it.
+			lost.Error = "mapreduce: the map task disappeared before its page was recorded"
 		case err != nil:
 			return err
 		case info.State == asynq.TaskStateArchived:
 			var p mapPayload
 			_ = json.Unmarshal(info.Payload, &p)
-			outcome, _ := json.Marshal(failure{Page: p.page(), Error: "mapreduce: archived by asynq after its retries ran out: " + info.LastErr})
-			if _, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, i, outcome, "1", st.nonce).Slice(); err != nil {
-				return err
-			}
-			rep.PagesFailed++
+			lost = failure{Page: p.page(), Error: "mapreduce: archived by asynq after its retries ran out: " + info.LastErr}
+		default:
+			continue // pending, active, retrying: it will record itself
 		}
+		outcome, _ := json.Marshal(lost)
+		state, err := c.record(ctx, k, st.nonce, i, outcome, true)
+		if err != nil {
+			return err
+		}
+		rep.PagesFailed++
+		reducing = reducing || state == StateReducing
 	}
-	// A page recorded by the repairs may have been the last one.
-	if s, err := c.rdb.HGet(ctx, k.run, "state").Result(); err == nil && State(s) == StateReducing {
+	if reducing { // a page recorded here was the last one
 		return c.enqueueStep(ctx, st.ID, st.nonce, TypeReduce, o)
 	}
 	return nil
-}
-
-func (c *Client) recordLost(ctx context.Context, k runKeys, nonce string, i int, why string) error {
-	outcome, _ := json.Marshal(failure{Error: "mapreduce: " + why})
-	_, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, i, outcome, "1", nonce).Slice()
-	return err
 }
 
 func isTaskGone(err error) bool {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -124,20 +125,39 @@ func (c *Client) storedPages(ctx context.Context, k runKeys, total int) iter.Seq
 }
 
 // describeFailures names the failed pages of a run, for the error of a run
-// that fails under SuccessSemantics.
+// that fails under SuccessSemantics: the first ten, from the failures hash
+// alone.
 func (c *Client) describeFailures(ctx context.Context, k runKeys, total, failed int) (string, error) {
 	const show = 10
-	var parts []string
-	for sp, err := range c.storedPages(ctx, k, total) {
-		if err != nil {
+	fields, err := c.rdb.HKeys(ctx, k.failures).Result()
+	if err != nil {
+		return "", err
+	}
+	idx := make([]int, 0, len(fields))
+	for _, f := range fields {
+		if i, err := strconv.Atoi(f); err == nil {
+			idx = append(idx, i)
+		}
+	}
+	slices.Sort(idx)
+	idx = idx[:min(show, len(idx))]
+	first := make([]string, len(idx))
+	for j, i := range idx {
+		first[j] = strconv.Itoa(i)
+	}
+	var vals []any
+	if len(first) > 0 {
+		if vals, err = c.rdb.HMGet(ctx, k.failures, first...).Result(); err != nil {
 			return "", err
 		}
-		if sp.failure != nil {
-			parts = append(parts, fmt.Sprintf("page %d: %s", sp.index, sp.failure.Error))
-			if len(parts) == show {
-				break
-			}
+	}
+	parts := make([]string, 0, len(idx))
+	for j, i := range idx {
+		var f failure
+		if s, ok := vals[j].(string); ok {
+			_ = json.Unmarshal([]byte(s), &f)
 		}
+		parts = append(parts, fmt.Sprintf("page %d: %s", i, f.Error))
 	}
 	more := ""
 	if failed > len(parts) {

@@ -235,6 +235,14 @@ func TestASplitThatChangesItsPagesOnRetryFailsTheRunClearly(t *testing.T) {
 	if st.State != mapreduce.StateFailed || !strings.Contains(st.Error, "same pages in the same order") {
 		t.Fatalf("state %s, error %q; want failed, saying Split must be deterministic", st.State, st.Error)
 	}
+	// Ended like any run: its keys expire, and the job may run again.
+	keys, _ := e.rdb.Keys(context.Background(), e.prefix+":{shifty}:run:*").Result()
+	if len(keys) != 1 || e.rdb.PTTL(context.Background(), keys[0]).Val() <= 0 {
+		t.Errorf("the failed run's record %v has no expiry", keys)
+	}
+	if _, err := c.Start(context.Background(), "shifty", sumArgs{}, mapreduce.StartOptions{}); err != nil {
+		t.Errorf("starting the job again: %v", err)
+	}
 }
 
 func TestWaitReturnsAtOnceForAMalformedOrUnknownRun(t *testing.T) {

@@ -121,8 +121,11 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return fmt.Errorf("mapreduce: split of %s: recording the total of %d pages: %w", run, n, err)
 	}
-	if State(st) == StateFailed {
-		return fmt.Errorf("mapreduce: split of %s: %w", run, asynq.SkipRetry) // splitdone ended the run; its error says why
+	if st == "nondeterministic" {
+		err := fmt.Errorf("mapreduce: split of %s: Split emitted %d pages, but an earlier attempt emitted more and they were recorded: "+
+			"Split must emit the same pages in the same order every time it runs: %w", run, n, asynq.SkipRetry)
+		c.failRun(rctx, run, err)
+		return err
 	}
 	if State(st) == StateReducing {
 		return c.enqueueStep(rctx, run, nonce, TypeReduce, o)

@@ -170,7 +170,7 @@ func (c *Client) enqueueMap(ctx context.Context, run, nonce string, i int, page 
 	p := mapPayload{Run: run, Nonce: nonce, Index: i}
 	// Only JSON-encoded pages travel as JSON: encoding/json compacts and
 	// escapes a RawMessage, which would change another codec's bytes.
-	if o.Codec == JSON && json.Valid(page) {
+	if o.Codec == JSON {
 		p.Page = page
 	} else {
 		p.PageBytes = page

@@ -1,12 +1,9 @@
 package semaphore
 
 import (
-	"context"
 	"errors"
-	"net"
-	"strings"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/batchmr/batchmr/internal/rediserr"
 )
 
 var (
@@ -35,28 +32,6 @@ var (
 	ErrClosed = errors.New("semaphore closed")
 )
 
-// transient reports whether err may go away by itself (the network, a
-// failover, a server still loading), so that a blocking Acquire keeps trying
-// while its context lives. Anything else — wrong credentials, a key of the
-// wrong type, a script error — will not heal by retrying.
-func transient(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	if errors.Is(err, redis.ErrClosed) {
-		return false // the client was closed: nothing will reopen it
-	}
-	var netErr net.Error
-	if errors.As(err, &netErr) || errors.Is(err, net.ErrClosed) {
-		return true
-	}
-	msg := err.Error()
-	for _, prefix := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK"} {
-		if strings.HasPrefix(msg, prefix) {
-			return true
-		}
-	}
-	return strings.Contains(msg, "EOF") || strings.Contains(msg, "connection refused") ||
-		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
-		strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "pool timeout")
-}
+// transient reports whether err may go away by itself, so that a blocking
+// Acquire keeps trying while its context lives.
+func transient(err error) bool { return rediserr.Transient(err) }

@@ -173,8 +173,7 @@ func mapreduceRound(ctx context.Context, rdb *redis.Client, prefix, queue string
 	c := newClient(rdb, prefix, queue)
 	defer c.Close()
 	start := time.Now()
-	st := runAndWait(ctx, rdb, c, queue, n, nil)
-	_ = st
+	runAndWait(ctx, rdb, c, queue, n, nil)
 	return time.Since(start)
 }
 

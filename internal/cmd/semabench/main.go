@@ -409,8 +409,10 @@ func runWorker(rdb *redis.Client) {
 	switch *worker {
 	case "batchmr", "batchmr-eval":
 		if *worker == "batchmr-eval" {
-			rdb = evalOnlyClient(ctx, rdb)
-			rdb.AddHook(sent)
+			if evalOnly := evalOnlyClient(ctx, rdb); evalOnly != rdb {
+				rdb = evalOnly
+				rdb.AddHook(sent)
+			}
 		}
 		s := newSem(rdb, *prefix, *limit)
 		defer s.Close()

@@ -15,7 +15,7 @@
 -- Returns {recorded, state}: recorded is 1 if this call recorded the page,
 -- 0 if it was recorded before or the run no longer takes results; state is
 -- the run's state after the call ("" if the run does not exist).
-local run = redis.call('HMGET', KEYS[1], 'state', 'nonce')
+local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'total', 'done', 'failed')
 local st = run[1]
 if not st then
   return {0, ''}
@@ -26,8 +26,8 @@ end
 if st ~= 'splitting' and st ~= 'mapping' then
   return {0, st}
 end
-local i = tonumber(ARGV[1])
-if st == 'mapping' and i >= tonumber(redis.call('HGET', KEYS[1], 'total')) then
+local i, total = tonumber(ARGV[1]), tonumber(run[3])
+if st == 'mapping' and i >= total then
   return {0, st} -- a page of an earlier split attempt that emitted more
 end
 if redis.call('SETBIT', KEYS[2], i, 1) == 1 then
@@ -35,18 +35,16 @@ if redis.call('SETBIT', KEYS[2], i, 1) == 1 then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local done, failed
+local done, failed = tonumber(run[4]), tonumber(run[5])
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
   failed = redis.call('HINCRBY', KEYS[1], 'failed', 1)
-  done = tonumber(redis.call('HGET', KEYS[1], 'done'))
 else
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
   done = redis.call('HINCRBY', KEYS[1], 'done', 1)
-  failed = tonumber(redis.call('HGET', KEYS[1], 'failed'))
 end
 redis.call('HSET', KEYS[1], 'updated', now)
-if st == 'mapping' and done + failed == tonumber(redis.call('HGET', KEYS[1], 'total')) then
+if st == 'mapping' and done + failed == total then
   redis.call('HSET', KEYS[1], 'state', 'reducing', 'reducing_at', now)
   return {1, 'reducing'}
 end

@@ -3,12 +3,14 @@
 -- page is already recorded (or there are none). Only now can a recorded
 -- page be the last one. Pages recorded at or past the total come from an
 -- earlier split attempt that emitted more pages: Split was not
--- deterministic, the counts cannot be trusted, and the run fails saying so.
+-- deterministic and the counts cannot be trusted; the script then changes
+-- nothing and replies "nondeterministic", and the caller fails the run.
 -- KEYS[1] run       HASH    the run record
 -- KEYS[2] recorded  STRING  bitmap of recorded pages
 -- ARGV[1] total pages
 -- ARGV[2] the run's nonce, as the split task carries it
--- Returns the run's state after the call ("" if the run does not exist).
+-- Returns the run's state after the call ("" if the run does not exist),
+-- or "nondeterministic".
 local run = redis.call('HMGET', KEYS[1], 'state', 'nonce')
 local st = run[1]
 if not st then
@@ -31,10 +33,7 @@ if not extra and redis.call('STRLEN', KEYS[2]) > first_full then
   extra = redis.call('BITPOS', KEYS[2], 1, first_full) >= 0
 end
 if extra then
-  redis.call('HSET', KEYS[1], 'state', 'failed', 'finished', now, 'updated', now, 'error',
-    'mapreduce: Split emitted ' .. total .. ' pages, but an earlier attempt emitted more and ' ..
-    'they were recorded: Split must emit the same pages in the same order every time it runs')
-  return 'failed'
+  return 'nondeterministic'
 end
 
 redis.call('HSET', KEYS[1], 'total', total, 'state', 'mapping', 'split_done', now, 'updated', now)

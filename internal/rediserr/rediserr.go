@@ -1,0 +1,38 @@
+// Package rediserr classifies Redis client errors for the packages that
+// retry them.
+package rediserr
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Transient reports whether err may go away by itself (the network, a
+// failover, a server still loading), so that a caller keeps trying while
+// its context lives. Anything else — wrong credentials, a key of the wrong
+// type, a script error, a closed client — will not heal by retrying.
+func Transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if errors.Is(err, redis.ErrClosed) {
+		return false // the client was closed: nothing will reopen it
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	msg := err.Error()
+	for _, prefix := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK"} {
+		if strings.HasPrefix(msg, prefix) {
+			return true
+		}
+	}
+	return strings.Contains(msg, "EOF") || strings.Contains(msg, "connection refused") ||
+		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
+		strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "pool timeout")
+}
