@@ -167,14 +167,26 @@ func (r statusRow) totals() Totals {
 	return Totals{Orders: r.Orders, AmountCents: r.AmountCents, ByStatus: map[string]int64{r.Status: r.Orders}}
 }
 
-// pageSQL aggregates one keyset page, after $3 seconds of pg_sleep: once
-// per page, whatever the plan and even for an empty page, since a scalar
-// subquery in a condition becomes an InitPlan that runs once.
+// pageSQL aggregates one keyset page and writes the page's row, in one
+// statement under one permit. The row is keyed by (run, page): a retried
+// page overwrites it, never adds a second. pg_sleep($3) runs once per page,
+// whatever the plan and even for an empty page: a scalar subquery in a
+// condition becomes an InitPlan that runs once.
 const pageSQL = `
-SELECT status, count(*), coalesce(sum(amount_cents), 0)::bigint
-FROM orders
-WHERE id > $1 AND id <= $2 AND (SELECT pg_sleep($3)) IS NOT NULL
-GROUP BY status`
+WITH agg AS (
+	SELECT status, count(*) AS orders, coalesce(sum(amount_cents), 0)::bigint AS amount_cents
+	FROM orders
+	WHERE id > $1 AND id <= $2 AND (SELECT pg_sleep($3)) IS NOT NULL
+	GROUP BY status
+), page AS (
+	INSERT INTO orders_report_pages (run_id, lo, hi, orders, amount_cents, by_status)
+	SELECT $4, $1, $2, coalesce(sum(orders), 0), coalesce(sum(amount_cents), 0),
+	       coalesce(jsonb_object_agg(status, orders), '{}'::jsonb)
+	FROM agg
+	ON CONFLICT (run_id, lo) DO UPDATE
+	SET hi = excluded.hi, orders = excluded.orders, amount_cents = excluded.amount_cents, by_status = excluded.by_status
+)
+SELECT status, orders, amount_cents FROM agg`
 
 // Job returns the job, reading orders from db under permits of sem.
 func Job(db *pgxpool.Pool, sem *semaphore.Semaphore) mapreduce.Job[Args, Page, Totals, Report] {
@@ -190,7 +202,8 @@ func Job(db *pgxpool.Pool, sem *semaphore.Semaphore) mapreduce.Job[Args, Page, T
 			})
 		},
 		Map: func(ctx context.Context, r Page) (Totals, error) {
-			rows, err := pgsource.Fetch(ctx, db, sem, pageSQL, r, pgx.RowToStructByPos[statusRow], float64(r.SlowMS)/1000)
+			run, _ := mapreduce.RunID(ctx)
+			rows, err := pgsource.Fetch(ctx, db, sem, pageSQL, r, pgx.RowToStructByPos[statusRow], float64(r.SlowMS)/1000, run)
 			if err != nil {
 				return Totals{}, err
 			}
@@ -198,16 +211,7 @@ func Job(db *pgxpool.Pool, sem *semaphore.Semaphore) mapreduce.Job[Args, Page, T
 			for _, row := range rows {
 				t.add(row.totals())
 			}
-			run, _ := mapreduce.RunID(ctx)
-			byStatus, _ := json.Marshal(t.ByStatus)
-			// Keyed by (run, page): a retried page overwrites its row.
-			err = pgsource.Exec(ctx, db, sem, `
-				INSERT INTO orders_report_pages (run_id, lo, hi, orders, amount_cents, by_status)
-				VALUES ($1, $2, $3, $4, $5, $6)
-				ON CONFLICT (run_id, lo) DO UPDATE
-				SET hi = excluded.hi, orders = excluded.orders, amount_cents = excluded.amount_cents, by_status = excluded.by_status`,
-				run, r.Lo, r.Hi, t.Orders, t.AmountCents, byStatus)
-			return t, err
+			return t, nil
 		},
 		Options: mapreduce.JobOptions{
 			// A page query that fails (a deadlock, a failover) is worth
