@@ -8,8 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
@@ -64,17 +66,26 @@ func main() {
 		app.Usage("%v", err)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
+	// A SIGTERM while connecting is a clean stop too; once the server runs,
+	// asynq handles the signals itself.
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
+	stopping := func(err error) {
+		if ctx.Err() != nil {
+			log.Info("worker: stopped before starting")
+			os.Exit(0)
+		}
+		app.Fail("%v", err)
+	}
 	rdb, err := app.Redis(ctx, *redisURL)
 	if err != nil {
-		app.Fail("%v", err)
+		stopping(err)
 	}
 	defer rdb.Close()
 	// A connection per page at work, and a few for the split and reduce.
 	pool, err := app.Postgres(ctx, *dbURL, *appName, *concurrency+4)
 	if err != nil {
-		app.Fail("%v", err)
+		stopping(err)
 	}
 	defer pool.Close()
 	sem, err := app.Semaphore(rdb, app.SemaphoreName, semaphore.Options{Limit: *permits, Lease: *lease, Logger: log})
@@ -84,12 +95,17 @@ func main() {
 	defer sem.Close()
 	jobs, err := app.Jobs(ctx, pool, sem)
 	if err != nil {
-		app.Fail("%v", err)
+		stopping(err)
 	}
 	mr, err := app.MapReduce(rdb, jobs, log)
 	if err != nil {
 		app.Fail("%v", err)
 	}
+	// From here on asynq's Run handles SIGTERM and SIGINT; ctx only stops
+	// the reconciler.
+	cancel()
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
 	go mr.RunReconciler(ctx, *reconcile)
 
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
