@@ -109,6 +109,11 @@ func serve(ctx context.Context, args []string) int {
 		for _, s := range scheds {
 			if s.next(now).Equal(due) {
 				fire(ctx, c.mr, log, s, due)
+				// Woken late (a paused process, a slow Start): the ticks
+				// in between are not run, but they are not silent either.
+				if next := s.next(due); time.Now().After(next) {
+					log.Warn("scheduler: ticks missed", "job", s.job, "after", due, "until", time.Now())
+				}
 			}
 		}
 	}
