@@ -276,3 +276,34 @@ func Build(t testing.TB, pkg string) string {
 	}
 	return bin
 }
+
+// KeysInOneSlot fails the test unless the cluster holds at least min keys
+// under prefix (besides extra, which the caller found otherwise) and all of
+// them hash to one slot: what every multi-key script of a package needs.
+func KeysInOneSlot(t testing.TB, rdb *redis.ClusterClient, prefix string, min int, extra ...string) {
+	t.Helper()
+	ctx := context.Background()
+	keys := append([]string(nil), extra...)
+	var mu sync.Mutex
+	err := rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		iter := node.Scan(ctx, 0, prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			keys = append(keys, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) < min {
+		t.Fatalf("found only %v, want at least %d keys", keys, min)
+	}
+	want := rdb.ClusterKeySlot(ctx, keys[0]).Val()
+	for _, k := range keys {
+		if slot := rdb.ClusterKeySlot(ctx, k).Val(); slot != want {
+			t.Errorf("key %s is in slot %d, others in %d", k, slot, want)
+		}
+	}
+}

@@ -54,24 +54,5 @@ func TestRunsWorkOnRedisCluster(t *testing.T) {
 	if st.State != mapreduce.StateSucceeded || resultOf(t, c, st) != 100*99/2 {
 		t.Fatalf("state %s (%s), want succeeded with %d", st.State, st.Error, 100*99/2)
 	}
-	var keys []string
-	err = rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-		iter := node.Scan(ctx, 0, prefix+"*", 100).Iterator()
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		return iter.Err()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) < 4 {
-		t.Fatalf("found only %v", keys)
-	}
-	want := rdb.ClusterKeySlot(ctx, keys[0]).Val()
-	for _, k := range keys {
-		if slot := rdb.ClusterKeySlot(ctx, k).Val(); slot != want {
-			t.Errorf("key %s is in slot %d, others in %d", k, slot, want)
-		}
-	}
+	testenv.KeysInOneSlot(t, rdb, prefix, 4)
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/semaphore"
-	"github.com/redis/go-redis/v9"
 )
 
 // On Redis Cluster every multi-key script must touch one slot, or the
@@ -46,25 +45,7 @@ func TestWorksOnRedisCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-		iter := node.Scan(ctx, 0, prefix+"*", 100).Iterator()
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		return iter.Err()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) < 5 {
-		t.Fatalf("found only %v", keys)
-	}
-	want := rdb.ClusterKeySlot(ctx, keys[0]).Val()
-	for _, k := range keys {
-		if slot := rdb.ClusterKeySlot(ctx, k).Val(); slot != want {
-			t.Errorf("key %s is in slot %d, others in %d", k, slot, want)
-		}
-	}
+	testenv.KeysInOneSlot(t, rdb, prefix, 5, keys...)
 	// The function library was loaded on the node that owns the slot.
 	if !semaphore.ForcedEval() && serverHasFunctions(t, rdb) && (!a.UsesFunctions() || !b.UsesFunctions()) {
 		t.Error("the semaphore fell back to EVALSHA on a cluster that has functions")
