@@ -285,6 +285,8 @@ var designs = []design{
 	{"zset-poll-10ms", "asynq x/rate style: ZREMRANGEBYSCORE+ZCARD+ZADD, retry after 10 ms"},
 	{"zset-poll-1ms", "asynq x/rate style, retry after 1 ms"},
 	{"lock-counter", "SET NX lock + counter, backoff 1→32 ms with jitter"},
+	{"bound-1rtt", "bound, not a design: limit split over the processes, in-process hand-off after one PING"},
+	{"bound-local", "bound, not a design: limit split over the processes, in-process hand-off"},
 }
 
 // utilisation runs each design with -processes worker processes of
@@ -430,6 +432,12 @@ func runWorker(rdb *redis.Client) {
 		}
 		z := &pollingZSet{rdb: rdb, key: *prefix + ":zset", limit: *limit, sleep: sleep, lease: 30 * time.Second}
 		acquire = z.acquire
+	case "bound-1rtt", "bound-local":
+		if *limit%*processes != 0 {
+			fmt.Fprintf(os.Stderr, "semabench: %s needs -limit (%d) to be a multiple of -processes (%d)\n", *worker, *limit, *processes)
+			os.Exit(2)
+		}
+		acquire = newLocalBound(rdb, *limit / *processes, *worker == "bound-1rtt").acquire
 	case "lock-counter":
 		l := &lockCounter{rdb: rdb, lock: *prefix + ":lock", counter: *prefix + ":count", limit: *limit, min: time.Millisecond, max: 32 * time.Millisecond}
 		acquire = l.acquire
