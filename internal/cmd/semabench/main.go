@@ -359,7 +359,7 @@ func utilisationRun(ctx context.Context, rdb *redis.Client, exe, prefix, name st
 	for i := 0; i < *processes; i++ {
 		cmd := exec.Command(exe, "-worker", name, "-cpuprofile", *cpuProfile, "-prefix", prefix, "-redis", *redisURL,
 			"-start", strconv.FormatInt(startAt.UnixNano(), 10), "-duration", duration.String(),
-			"-goroutines", strconv.Itoa(*goroutines), "-limit", strconv.Itoa(*limit), "-hold", hold.String())
+			"-goroutines", strconv.Itoa(*goroutines), "-processes", strconv.Itoa(*processes), "-limit", strconv.Itoa(*limit), "-hold", hold.String())
 		cmd.Stderr = os.Stderr
 		wg.Add(1)
 		go func() {
