@@ -131,3 +131,37 @@ func (b *localBound) acquire(ctx context.Context) (func(), error) {
 		b.tokens <- struct{}{}
 	}, nil
 }
+
+// tokenList follows the redis-semaphore gem: the free permits are tokens
+// in a list; acquire is a BLPOP on it and release pushes the token back.
+// Redis serves blocked clients in the order they blocked, so it is fair,
+// and a release reaches the next waiter with no polling; but it has no
+// leases (a crashed holder's permit is gone for good) and every waiting
+// goroutine holds a blocking connection of its own.
+type tokenList struct {
+	rdb *redis.Client
+	key string
+}
+
+func newTokenList(ctx context.Context, rdb *redis.Client, key string, limit int) *tokenList {
+	// Only one process seeds the list: the first to create the guard key.
+	if ok, err := rdb.SetNX(ctx, key+":seeded", 1, 0).Result(); err == nil && ok {
+		for i := range limit {
+			rdb.RPush(ctx, key, i)
+		}
+	}
+	return &tokenList{rdb: rdb, key: key}
+}
+
+func (t *tokenList) acquire(ctx context.Context) (func(), error) {
+	for {
+		res, err := t.rdb.BLPop(ctx, time.Second, t.key).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return func() { t.rdb.RPush(context.Background(), t.key, res[1]) }, nil
+	}
+}

@@ -285,6 +285,7 @@ var designs = []design{
 	{"zset-poll-10ms", "asynq x/rate style: ZREMRANGEBYSCORE+ZCARD+ZADD, retry after 10 ms"},
 	{"zset-poll-1ms", "asynq x/rate style, retry after 1 ms"},
 	{"lock-counter", "SET NX lock + counter, backoff 1→32 ms with jitter"},
+	{"token-list", "redis-semaphore gem style: BLPOP a token list, RPUSH it back (fair, but no leases)"},
 	{"bound-1rtt", "bound, not a design: limit split over the processes, in-process hand-off after one PING"},
 	{"bound-local", "bound, not a design: limit split over the processes, in-process hand-off"},
 }
@@ -432,6 +433,14 @@ func runWorker(rdb *redis.Client) {
 		}
 		z := &pollingZSet{rdb: rdb, key: *prefix + ":zset", limit: *limit, sleep: sleep, lease: 30 * time.Second}
 		acquire = z.acquire
+	case "token-list":
+		// One blocking connection per goroutine, as the design needs.
+		opt := *rdb.Options()
+		opt.PoolSize = *goroutines + 2
+		trdb := redis.NewClient(&opt)
+		trdb.AddHook(sent)
+		defer trdb.Close()
+		acquire = newTokenList(ctx, trdb, *prefix+":tokens", *limit).acquire
 	case "bound-1rtt", "bound-local":
 		if *limit%*processes != 0 {
 			fmt.Fprintf(os.Stderr, "semabench: %s needs -limit (%d) to be a multiple of -processes (%d)\n", *worker, *limit, *processes)
