@@ -20,12 +20,12 @@ local w = weight_of(tok)
 
 if queue_empty and held + w <= limit then
   -- The fast path: one ZADD NX both grants and detects a retry.
-  if redis.call('ZADD', K_HOLDERS, 'NX', now + lease, tok) == 1 then
+  if redis.call('ZADD', K_HOLDERS, 'NX', int(now + lease), tok) == 1 then
     local fence = redis.call('INCR', K_FENCE)
-    redis.call('HSET', K_INFO, tok, int(fence) .. ':' .. int(now))
+    redis.call('HSET', K_INFO, tok, int(fence) .. ':' .. now_s)
     return {1, fence, limit}
   end
-  redis.call('ZADD', K_HOLDERS, now + lease, tok)
+  redis.call('ZADD', K_HOLDERS, int(now + lease), tok)
   return {1, fence_of(tok), limit}
 end
 
@@ -34,12 +34,12 @@ end
 -- case, a new token.
 if redis.call('HGET', K_INFO, tok) then
   if redis.call('ZSCORE', K_HOLDERS, tok) then
-    redis.call('ZADD', K_HOLDERS, now + lease, tok)
+    redis.call('ZADD', K_HOLDERS, int(now + lease), tok)
     return {1, fence_of(tok), limit}
   end
   local ticket = redis.call('ZSCORE', K_QUEUE, tok)
   if ticket then
-    redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
+    redis.call('ZADD', K_ALIVE, int(now + heartbeat), tok)
     return {0, tonumber(ticket), limit}
   end
 end
@@ -51,7 +51,7 @@ if ARGV[8] ~= '1' then
   return {2, 0, limit}
 end
 local ticket = redis.call('INCR', K_TICKET)
-redis.call('ZADD', K_QUEUE, ticket, tok)
-redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
-redis.call('HSET', K_INFO, tok, int(now))
+redis.call('ZADD', K_QUEUE, int(ticket), tok)
+redis.call('ZADD', K_ALIVE, int(now + heartbeat), tok)
+redis.call('HSET', K_INFO, tok, now_s)
 return {0, ticket, limit}

@@ -17,10 +17,10 @@ local out = {}
 for i = 7, #ARGV do
   local tok = ARGV[i]
   if redis.call('ZSCORE', K_HOLDERS, tok) then
-    redis.call('ZADD', K_HOLDERS, now + lease, tok)
+    redis.call('ZADD', K_HOLDERS, int(now + lease), tok)
     out[#out + 1] = fence_of(tok)
   elseif redis.call('ZSCORE', K_QUEUE, tok) then
-    redis.call('ZADD', K_ALIVE, now + heartbeat, tok)
+    redis.call('ZADD', K_ALIVE, int(now + heartbeat), tok)
     out[#out + 1] = 0
   else
     out[#out + 1] = -1
