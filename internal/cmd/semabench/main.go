@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +49,8 @@ var (
 	prefix     = flag.String("prefix", "", "internal: key prefix")
 	start      = flag.Int64("start", 0, "internal: start time, unix ns")
 	cpuProfile = flag.String("cpuprofile", "", "write each utilisation worker's CPU profile to this path + .<design>.<pid>")
+	execTrace  = flag.String("trace", "", "write each utilisation worker's execution trace to this path + .<design>.<pid>; scripts/handoff-trace.py reads it")
+	jitter     = flag.Float64("hold-jitter", 0, "vary each grant's work uniformly by ± this fraction of the hold time (0.25: 2ms becomes 1.5–2.5ms)")
 )
 
 func main() {
@@ -60,6 +63,12 @@ func main() {
 			must(err)
 			must(pprof.StartCPUProfile(f))
 			defer pprof.StopCPUProfile()
+		}
+		if *execTrace != "" {
+			f, err := os.Create(fmt.Sprintf("%s.%s.%d", *execTrace, *worker, os.Getpid()))
+			must(err)
+			must(trace.Start(f))
+			defer trace.Stop()
 		}
 		runWorker(rdb)
 		return
@@ -323,8 +332,12 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 			runs[i] = append(runs[i], utilisationRun(ctx, rdb, exe, fmt.Sprintf("%s:%s:%d", prefix, d.name, r), d.name, hold))
 		}
 	}
-	fmt.Printf("## 3. Permit utilisation under contention: limit %d, %d goroutines in %d processes, %v of work per grant (median of %d interleaved runs of %v)\n\n",
-		*limit, *goroutines**processes, *processes, hold, *repeat, *duration)
+	work := hold.String()
+	if *jitter > 0 {
+		work = fmt.Sprintf("%v ± %.0f%%", hold, 100**jitter)
+	}
+	fmt.Printf("## 3. Permit utilisation under contention: limit %d, %d goroutines in %d processes, %s of work per grant (median of %d interleaved runs of %v)\n\n",
+		*limit, *goroutines**processes, *processes, work, *repeat, *duration)
 	fmt.Println("| design | utilisation (target ≥ 0.95) | vs batchmr | runs | wait p50 / p99 / max | grants/s | client commands/s | worker CPU µs/grant | Redis CPU µs/grant |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	var ours float64
@@ -358,7 +371,7 @@ func utilisationRun(ctx context.Context, rdb *redis.Client, exe, prefix, name st
 	var total workerResult
 	var cpu time.Duration
 	for i := 0; i < *processes; i++ {
-		cmd := exec.Command(exe, "-worker", name, "-cpuprofile", *cpuProfile, "-prefix", prefix, "-redis", *redisURL,
+		cmd := exec.Command(exe, "-worker", name, "-cpuprofile", *cpuProfile, "-trace", *execTrace, "-hold-jitter", strconv.FormatFloat(*jitter, 'g', -1, 64), "-prefix", prefix, "-redis", *redisURL,
 			"-start", strconv.FormatInt(startAt.UnixNano(), 10), "-duration", duration.String(),
 			"-goroutines", strconv.Itoa(*goroutines), "-processes", strconv.Itoa(*processes), "-limit", strconv.Itoa(*limit), "-hold", hold.String())
 		cmd.Stderr = os.Stderr
@@ -473,12 +486,19 @@ func runWorker(rdb *redis.Client) {
 				if err != nil {
 					return // the run's deadline
 				}
+				// The two marks scripts/handoff-trace.py pairs up.
+				trace.Log(ctx, "handoff", "granted")
 				t0 := time.Now()
 				waitsMu.Lock()
 				waits = append(waits, t0.Sub(asked).Microseconds())
 				waitsMu.Unlock()
-				time.Sleep(*hold)
+				work := *hold
+				if *jitter > 0 {
+					work = time.Duration(float64(work) * (1 + *jitter*(2*rand.Float64()-1)))
+				}
+				time.Sleep(work)
 				t1 := time.Now()
+				trace.Log(ctx, "handoff", "release")
 				release()
 				// Count only permit-time inside the measured window.
 				if t1.After(end) {
