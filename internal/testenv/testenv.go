@@ -307,3 +307,49 @@ func KeysInOneSlot(t testing.TB, rdb *redis.ClusterClient, prefix string, min in
 		}
 	}
 }
+
+// PrivateRedis starts a redis-server of the test's own, configured with
+// args (redis-server command-line options, such as "--maxmemory", "2mb"),
+// and returns a client of it; the server stops when the test ends. It is for
+// tests that change what a shared server must keep as it is: its memory
+// limit, its ACL, its life. It listens on a unix socket in the test's temp
+// dir, so it needs no free port. The test is skipped when redis-server is
+// not on PATH (make test installs it).
+func PrivateRedis(t testing.TB, args ...string) *redis.Client {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("testenv: this test starts a redis-server of its own and none is on PATH: install redis-server (make test does)")
+	}
+	// A short path: unix socket paths are limited to ~100 bytes.
+	dir, err := os.MkdirTemp("", "batchmr-redis-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "redis.sock")
+	argv := append([]string{"--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
+		"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log")}, args...)
+	cmd := exec.Command(bin, argv...)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("testenv: starting redis-server: %v", err)
+	}
+	rdb := redis.NewClient(&redis.Options{Network: "unix", Addr: sock})
+	t.Cleanup(func() {
+		_ = rdb.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = os.RemoveAll(dir)
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := rdb.Ping(context.Background()).Err()
+		if err == nil {
+			return rdb
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
+			t.Fatalf("testenv: the test's redis-server did not answer within 20s: %v\n%s", err, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -163,6 +163,10 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (s
 			}
 			return 0, 0, 0, sent, fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)
 		}
+		if isOOM(err) {
+			// Not transient, and not ours to fix: say what is.
+			err = fmt.Errorf("%w (Redis is over its maxmemory and will not take a new permit: free memory or raise maxmemory; see docs/operations.md)", err)
+		}
 		if !wait || !transient(err) {
 			return 0, 0, 0, sent, err
 		}

@@ -32,9 +32,13 @@ var (
 	//go:embed scripts/stats.lua
 	luaStats string
 
-	scriptAcquire  = newScript("acquire", luaAcquire)
-	scriptRelease  = newScript("release", luaRelease)
-	scriptRefresh  = newScript("refresh", luaRefresh)
+	scriptAcquire = newScript("acquire", luaAcquire)
+	// Releasing and refreshing grow no memory (a holder leaves, a waiter
+	// becomes a holder, deadlines move), so they run when Redis is over its
+	// maxmemory: holders keep their permits and hand them on. Taking a new
+	// place in the queue does not.
+	scriptRelease  = newScript("release", luaRelease, "allow-oom")
+	scriptRefresh  = newScript("refresh", luaRefresh, "allow-oom")
 	scriptSetLimit = newScript("setlimit", luaSetLimit)
 	scriptStats    = newScript("stats", luaStats)
 
@@ -48,19 +52,22 @@ var (
 )
 
 // script is one semaphore operation. Its EVALSHA form is eval; its function
-// form is named by a library.
+// form is named by a library and registered with flags (Redis function
+// flags, such as "allow-oom"; EVALSHA scripts carry none, to run on
+// Redis < 7 too).
 type script struct {
-	name string
-	body string
-	eval *redis.Script
+	name  string
+	body  string
+	flags []string
+	eval  *redis.Script
 }
 
-func newScript(name, body string) *script {
+func newScript(name, body string, flags ...string) *script {
 	// Before Redis 5, a script that reads TIME and then writes must switch
 	// to effects replication first.
 	src := "if redis.replicate_commands then pcall(redis.replicate_commands) end\n" +
 		luaLib + "\nbegin(KEYS, ARGV)\n" + body
-	return &script{name: name, body: body, eval: redis.NewScript(src)}
+	return &script{name: name, body: body, flags: flags, eval: redis.NewScript(src)}
 }
 
 // library is every script as one Redis function library.
@@ -77,7 +84,11 @@ func newLibrary(version string) *library {
 	for _, sc := range allScripts {
 		fn := "batchmr_sem_" + sc.name + "_" + version
 		lib.functions[sc] = fn
-		fmt.Fprintf(&b, "redis.register_function('%s', function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n%s\nend)\n", fn, sc.body)
+		flags := ""
+		for _, f := range sc.flags {
+			flags += "'" + f + "', "
+		}
+		fmt.Fprintf(&b, "redis.register_function{function_name = '%s', flags = {%s}, callback = function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n%s\nend}\n", fn, flags, sc.body)
 	}
 	lib.code = b.String()
 	return lib

@@ -8,6 +8,11 @@
 -- permit (a waiter whose wake message went missing learns of its grant here),
 -- 0 if it is queued, -1 if Redis no longer knows it (lease or heartbeat lost).
 local lease, heartbeat = tonumber(ARGV[5]), tonumber(ARGV[6])
+-- Over maxmemory, Redis refuses a script's first write if it may grow
+-- memory (ZADD does), and allows any write after one that cannot (ZREM):
+-- this removal of a member no token can be lets the deadlines below move
+-- when the script runs by EVALSHA. (As a function it is flagged allow-oom.)
+redis.call('ZREM', K_HOLDERS, '')
 local limit = get_limit()
 purge_waiters()
 -- Grant first, so that a token granted by this very call reports its fence

@@ -1,0 +1,172 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+// outOfMemory puts Redis over its memory limit (maxmemory below what it
+// uses, nothing evictable) and returns a function that lifts the limit.
+func outOfMemory(t *testing.T, rdb *redis.Client) (free func()) {
+	t.Helper()
+	ctx := context.Background()
+	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, "probe", "x", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		t.Fatalf("SET over maxmemory = %v, want Redis to refuse it with OOM", err)
+	}
+	return func() {
+		if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Over maxmemory with noeviction, Redis refuses a function that may write
+// unless it is flagged allow-oom, and refuses a script's first write that
+// may grow memory. A release must still go through (the holder leaves) and
+// still hand the permit to the waiter queued before memory ran out; Stats
+// must still answer; a new Acquire must fail at once with Redis's OOM
+// error, not hang or retry.
+func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
+	ctx := context.Background()
+	a := newSem(t, rdb, "oom", semaphore.Options{Limit: 1})
+	b := newSem(t, rdb, "oom", semaphore.Options{Limit: 1})
+
+	p, err := a.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := b.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- q
+	}()
+	waitFor(t, 10*time.Second, "b queued", func() bool {
+		st, err := a.Stats(ctx)
+		return err == nil && len(st.Waiters) == 1
+	})
+
+	free := outOfMemory(t, rdb)
+	if a.UsesFunctions() {
+		// Redis does refuse a function that may grow memory.
+		err := rdb.Do(ctx, "FCALL", semaphore.AcquireScript.Function, "0").Err()
+		if err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+			t.Fatalf("FCALL acquire under maxmemory = %v, want Redis to refuse it with OOM", err)
+		}
+	}
+
+	if err := p.Release(ctx); err != nil {
+		t.Fatalf("Release under maxmemory = %v, want nil", err)
+	}
+	var q *semaphore.Permit
+	select {
+	case q = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter queued before memory ran out was not granted the released permit")
+	}
+	if q == nil {
+		t.FailNow()
+	}
+	if q.Fence() <= p.Fence() {
+		t.Errorf("fence after the hand-off = %d, want > %d", q.Fence(), p.Fence())
+	}
+
+	if st, err := a.Stats(ctx); err != nil || len(st.Holders) != 1 {
+		t.Errorf("Stats under maxmemory = %+v, %v; want one holder", st, err)
+	}
+	// Full, so TryAcquire writes nothing and answers as usual.
+	if _, err := a.TryAcquire(ctx); !errors.Is(err, semaphore.ErrNoPermit) {
+		t.Errorf("TryAcquire while full under maxmemory = %v, want ErrNoPermit", err)
+	}
+	if err := q.Release(ctx); err != nil {
+		t.Fatalf("second Release under maxmemory = %v, want nil", err)
+	}
+	// Free, so taking the permit needs memory Redis will not give.
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = a.Acquire(actx)
+	if err == nil || !strings.Contains(err.Error(), "OOM") || !strings.Contains(err.Error(), "raise maxmemory") || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire under maxmemory = %v, want Redis's OOM error at once, with what to do", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Acquire under maxmemory took %v to fail, want at once", d)
+	}
+
+	free()
+	r, err := a.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("Acquire after memory was freed = %v", err)
+	}
+	if err := r.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Refreshing a lease grows no memory, so a Redis over its maxmemory must not
+// cost holders their permits (and their queries): leases and heartbeats are
+// kept for several lease times, and the permits are then released and handed
+// over as usual.
+func TestOutOfMemoryHoldersAndWaitersKeepTheirPlaces(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
+	ctx := context.Background()
+	const lease = 300 * time.Millisecond
+	a := newSem(t, rdb, "oom", semaphore.Options{Limit: 1, Lease: lease})
+	b := newSem(t, rdb, "oom", semaphore.Options{Limit: 1, Lease: lease})
+	p, err := a.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := b.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- q
+	}()
+	waitFor(t, 10*time.Second, "b queued", func() bool {
+		st, err := a.Stats(ctx)
+		return err == nil && len(st.Waiters) == 1
+	})
+
+	free := outOfMemory(t, rdb)
+	defer free()
+	time.Sleep(5 * lease)
+	if err := context.Cause(p.Context()); err != nil {
+		t.Fatalf("the holder's permit was lost while Redis was over maxmemory: %v", err)
+	}
+	st, err := a.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Holders) != 1 || st.Holders[0].ID != p.ID() || len(st.Waiters) != 1 {
+		t.Fatalf("after %v over maxmemory: holders %v, waiters %v; want the holder and the waiter kept", 5*lease, st.Holders, st.Waiters)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatalf("Release after %v over maxmemory = %v", 5*lease, err)
+	}
+	select {
+	case q := <-got:
+		if q != nil {
+			_ = q.Release(ctx)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not granted the released permit")
+	}
+}
