@@ -310,12 +310,13 @@ func KeysInOneSlot(t testing.TB, rdb *redis.ClusterClient, prefix string, min in
 
 // PrivateRedis starts a redis-server of the test's own, configured with
 // args (redis-server command-line options, such as "--maxmemory", "2mb"),
-// and returns a client of it; the server stops when the test ends. It is for
-// tests that change what a shared server must keep as it is: its memory
-// limit, its ACL, its life. It listens on a unix socket in the test's temp
-// dir, so it needs no free port. The test is skipped when redis-server is
-// not on PATH (make test installs it).
-func PrivateRedis(t testing.TB, args ...string) *redis.Client {
+// and returns a client of it and a function that restarts it: kill -9 and
+// start again, empty, as a server without persistence comes back. The
+// server stops when the test ends. It is for tests that change what a
+// shared server must keep as it is: its memory limit, its data, its life.
+// It listens on a unix socket, so it needs no free port. The test is
+// skipped when redis-server is not on PATH (make test installs it).
+func PrivateRedis(t testing.TB, args ...string) (rdb *redis.Client, restart func()) {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -327,29 +328,43 @@ func PrivateRedis(t testing.TB, args ...string) *redis.Client {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "redis.sock")
+	logFile := filepath.Join(dir, "redis.log")
 	argv := append([]string{"--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
-		"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log")}, args...)
-	cmd := exec.Command(bin, argv...)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("testenv: starting redis-server: %v", err)
+		"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", logFile}, args...)
+	rdb = redis.NewClient(&redis.Options{Network: "unix", Addr: sock})
+	var cmd *exec.Cmd
+	stop := func() {
+		if cmd != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
 	}
-	rdb := redis.NewClient(&redis.Options{Network: "unix", Addr: sock})
+	start := func() {
+		cmd = exec.Command(bin, argv...)
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("testenv: starting redis-server: %v", err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			err := rdb.Ping(context.Background()).Err()
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				log, _ := os.ReadFile(logFile)
+				t.Fatalf("testenv: the test's redis-server did not answer within 20s: %v\n%s", err, log)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	t.Cleanup(func() {
 		_ = rdb.Close()
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		stop()
 		_ = os.RemoveAll(dir)
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := rdb.Ping(context.Background()).Err()
-		if err == nil {
-			return rdb
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-			t.Fatalf("testenv: the test's redis-server did not answer within 20s: %v\n%s", err, log)
-		}
-		time.Sleep(20 * time.Millisecond)
+	start()
+	return rdb, func() {
+		stop()
+		start()
 	}
 }

@@ -38,7 +38,7 @@ func outOfMemory(t *testing.T, rdb *redis.Client) (free func()) {
 // error, not hang or retry.
 func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 	t.Parallel()
-	rdb := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
+	rdb, _ := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
 	ctx := context.Background()
 	a := newSem(t, rdb, "oom", semaphore.Options{Limit: 1})
 	b := newSem(t, rdb, "oom", semaphore.Options{Limit: 1})
@@ -123,7 +123,7 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 // over as usual.
 func TestOutOfMemoryHoldersAndWaitersKeepTheirPlaces(t *testing.T) {
 	t.Parallel()
-	rdb := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
+	rdb, _ := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
 	ctx := context.Background()
 	const lease = 300 * time.Millisecond
 	a := newSem(t, rdb, "oom", semaphore.Options{Limit: 1, Lease: lease})

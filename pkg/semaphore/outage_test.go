@@ -185,3 +185,65 @@ func TestWaiterWhoseHeartbeatLapsedDuringAnOutageQueuesAgain(t *testing.T) {
 		t.Fatal("the re-queued waiter was never granted")
 	}
 }
+
+// A Redis that restarts without persistence comes back empty: no holders,
+// no queue, no limit, no function library. Holders must learn that their
+// permits are gone (ErrLeaseLost) rather than go on as if they held them;
+// waiters must queue again and be granted under the limit their handles
+// configure; and Release must say the permit was lost.
+func TestRedisRestartWithoutPersistenceLosesHoldersAndRequeuesWaiters(t *testing.T) {
+	t.Parallel()
+	rdb, restart := testenv.PrivateRedis(t)
+	ctx := context.Background()
+	const lease = 600 * time.Millisecond
+	a := newSem(t, rdb, "restart", semaphore.Options{Limit: 1, Lease: lease})
+	b := newSem(t, rdb, "restart", semaphore.Options{Limit: 1, Lease: lease})
+	p, err := a.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := b.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- q
+	}()
+	waitFor(t, 10*time.Second, "b queued", func() bool {
+		st, err := a.Stats(ctx)
+		return err == nil && len(st.Waiters) == 1
+	})
+
+	restart()
+	select {
+	case <-p.Context().Done():
+		if cause := context.Cause(p.Context()); !errors.Is(cause, semaphore.ErrLeaseLost) {
+			t.Errorf("holder's context cause after the restart = %v, want ErrLeaseLost", cause)
+		}
+	case <-time.After(lease + lease/3 + 5*time.Second):
+		t.Fatal("the holder was not told that the restart took its permit")
+	}
+	var q *semaphore.Permit
+	select {
+	case q = <-got:
+	case <-time.After(lease + 10*time.Second):
+		t.Fatal("the waiter was not granted after the restart")
+	}
+	if q == nil {
+		t.FailNow()
+	}
+	if err := p.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {
+		t.Errorf("Release of the lost permit = %v, want ErrLeaseLost", err)
+	}
+	st, err := a.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Limit != 1 || len(st.Holders) != 1 || st.Holders[0].ID != q.ID() || len(st.Waiters) != 0 {
+		t.Errorf("after the restart: limit %d, holders %v, waiters %v; want limit 1 re-initialised and the waiter holding", st.Limit, st.Holders, st.Waiters)
+	}
+	if err := q.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
