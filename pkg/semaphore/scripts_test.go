@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/semaphore"
@@ -157,5 +158,62 @@ func TestScriptsFallBackToEvalWhereFunctionsAreForbidden(t *testing.T) {
 				t.Error("the library was loaded by a user without the right to")
 			}
 		})
+	}
+}
+
+// A server without FCALL and FUNCTION answers as Redis 6 does ("unknown
+// command"), not with NOPERM as an ACL does: the semaphore must recognise
+// that too, run everything with EVALSHA, and hand permits over as usual.
+func TestScriptsRunWithEvalOnAServerWithoutFunctions(t *testing.T) {
+	t.Parallel()
+	if semaphore.ForcedEval() {
+		t.Skip("BATCHMR_SEMAPHORE_SCRIPTS=eval: this test checks how the handle detects a server without functions")
+	}
+	rdb, _ := testenv.PrivateRedis(t, "--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
+	ctx := context.Background()
+	if err := rdb.Do(ctx, "FCALL", "x", "0").Err(); err == nil || !strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+		t.Fatalf("FCALL on the test's server = %v, want an unknown-command error", err)
+	}
+	counter := &cmdCounter{n: map[string]int{}}
+	rdb.AddHook(counter)
+	a := newSem(t, rdb, "nofn", semaphore.Options{Limit: 1})
+	b := newSem(t, rdb, "nofn", semaphore.Options{Limit: 1})
+
+	cycle(t, a, counter, "evalsha")
+	if a.UsesFunctions() {
+		t.Error("the handle still uses functions on a server without them")
+	}
+	p := mustAcquire(t, a)
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := b.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- q
+	}()
+	waitFor(t, 10*time.Second, "b queued", func() bool {
+		st, err := a.Stats(ctx)
+		return err == nil && len(st.Waiters) == 1
+	})
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case q := <-got:
+		if q == nil {
+			t.FailNow()
+		}
+		if q.Fence() <= p.Fence() {
+			t.Errorf("fence after the hand-off = %d, want > %d", q.Fence(), p.Fence())
+		}
+		if err := q.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not granted the released permit")
+	}
+	if n := counter.snapshot()["fcall"]; n > 2 {
+		t.Errorf("%d FCALL attempts: the handle should stop trying after the first unknown-command answer of each handle", n)
 	}
 }
