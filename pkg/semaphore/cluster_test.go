@@ -20,21 +20,13 @@ func TestWorksOnRedisCluster(t *testing.T) {
 	ctx := context.Background()
 
 	p := mustAcquire(t, a)
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := b.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- q
-	}()
-	waitFor(t, 5*time.Second, "a waiter", func() bool { return len(stats(t, a).Waiters) == 1 })
+	got := acquireQueued(t, b, a, 1)
 	st := stats(t, a)
 	keys := []string{prefix + ":{db}:wake:" + st.Waiters[0].Process}
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	q := <-got
+	q := receiveGrant(t, got, 10*time.Second, "the waiter, after the release")
 	if q.Fence() <= p.Fence() {
 		t.Errorf("fence %d after %d", q.Fence(), p.Fence())
 	}

@@ -71,6 +71,22 @@ func acquireQueued(t *testing.T, s, observer *semaphore.Semaphore, queued int) <
 	return got
 }
 
+// receiveGrant returns the permit an acquireQueued call was granted,
+// failing the test if none comes within d.
+func receiveGrant(t *testing.T, got <-chan *semaphore.Permit, d time.Duration, what string) *semaphore.Permit {
+	t.Helper()
+	select {
+	case q := <-got:
+		if q == nil {
+			t.FailNow() // acquireQueued reported the error
+		}
+		return q
+	case <-time.After(d):
+		t.Fatalf("no grant within %v: %s", d, what)
+		return nil
+	}
+}
+
 // cutOffPair returns two handles on one semaphore of limit 1: s, whose Redis
 // connections pass through px so that the test can cut it off, with the
 // given lease; and other, connected directly, with otherLease (zero: the

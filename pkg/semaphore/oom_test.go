@@ -47,18 +47,7 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := b.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- q
-	}()
-	waitFor(t, 10*time.Second, "b queued", func() bool {
-		st, err := a.Stats(ctx)
-		return err == nil && len(st.Waiters) == 1
-	})
+	got := acquireQueued(t, b, a, 1)
 
 	free := outOfMemory(t, rdb)
 	if a.UsesFunctions() {
@@ -72,15 +61,7 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatalf("Release under maxmemory = %v, want nil", err)
 	}
-	var q *semaphore.Permit
-	select {
-	case q = <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter queued before memory ran out was not granted the released permit")
-	}
-	if q == nil {
-		t.FailNow()
-	}
+	q := receiveGrant(t, got, 10*time.Second, "the waiter queued before memory ran out")
 	if q.Fence() <= p.Fence() {
 		t.Errorf("fence after the hand-off = %d, want > %d", q.Fence(), p.Fence())
 	}
@@ -132,18 +113,7 @@ func TestOutOfMemoryHoldersAndWaitersKeepTheirPlaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := b.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- q
-	}()
-	waitFor(t, 10*time.Second, "b queued", func() bool {
-		st, err := a.Stats(ctx)
-		return err == nil && len(st.Waiters) == 1
-	})
+	got := acquireQueued(t, b, a, 1)
 
 	free := outOfMemory(t, rdb)
 	defer free()
@@ -161,12 +131,6 @@ func TestOutOfMemoryHoldersAndWaitersKeepTheirPlaces(t *testing.T) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatalf("Release after %v over maxmemory = %v", 5*lease, err)
 	}
-	select {
-	case q := <-got:
-		if q != nil {
-			_ = q.Release(ctx)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter was not granted the released permit")
-	}
+	q := receiveGrant(t, got, 10*time.Second, "the waiter, after the release")
+	_ = q.Release(ctx)
 }

@@ -202,18 +202,7 @@ func TestRedisRestartWithoutPersistenceLosesHoldersAndRequeuesWaiters(t *testing
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := b.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- q
-	}()
-	waitFor(t, 10*time.Second, "b queued", func() bool {
-		st, err := a.Stats(ctx)
-		return err == nil && len(st.Waiters) == 1
-	})
+	got := acquireQueued(t, b, a, 1)
 
 	restart()
 	select {
@@ -224,15 +213,7 @@ func TestRedisRestartWithoutPersistenceLosesHoldersAndRequeuesWaiters(t *testing
 	case <-time.After(lease + lease/3 + 5*time.Second):
 		t.Fatal("the holder was not told that the restart took its permit")
 	}
-	var q *semaphore.Permit
-	select {
-	case q = <-got:
-	case <-time.After(lease + 10*time.Second):
-		t.Fatal("the waiter was not granted after the restart")
-	}
-	if q == nil {
-		t.FailNow()
-	}
+	q := receiveGrant(t, got, lease+10*time.Second, "the waiter, after the restart")
 	if err := p.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {
 		t.Errorf("Release of the lost permit = %v, want ErrLeaseLost", err)
 	}

@@ -184,34 +184,16 @@ func TestScriptsRunWithEvalOnAServerWithoutFunctions(t *testing.T) {
 		t.Error("the handle still uses functions on a server without them")
 	}
 	p := mustAcquire(t, a)
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := b.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- q
-	}()
-	waitFor(t, 10*time.Second, "b queued", func() bool {
-		st, err := a.Stats(ctx)
-		return err == nil && len(st.Waiters) == 1
-	})
+	got := acquireQueued(t, b, a, 1)
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case q := <-got:
-		if q == nil {
-			t.FailNow()
-		}
-		if q.Fence() <= p.Fence() {
-			t.Errorf("fence after the hand-off = %d, want > %d", q.Fence(), p.Fence())
-		}
-		if err := q.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter was not granted the released permit")
+	q := receiveGrant(t, got, 10*time.Second, "the waiter, after the release")
+	if q.Fence() <= p.Fence() {
+		t.Errorf("fence after the hand-off = %d, want > %d", q.Fence(), p.Fence())
+	}
+	if err := q.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if n := counter.snapshot()["fcall"]; n > 2 {
 		t.Errorf("%d FCALL attempts: the handle should stop trying after the first unknown-command answer of each handle", n)
