@@ -15,12 +15,8 @@ import (
 func TestWorksOnRedisCluster(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.RedisCluster(t)
-	a := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
-	b := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
 	ctx := context.Background()
-
-	p := mustAcquire(t, a)
-	got := acquireQueued(t, b, a, 1)
+	a, b, p, got := heldAndQueued(t, rdb, prefix, semaphore.Options{Limit: 1})
 	st := stats(t, a)
 	keys := []string{prefix + ":{db}:wake:" + st.Waiters[0].Process}
 	if err := p.Release(ctx); err != nil {

@@ -71,6 +71,17 @@ func acquireQueued(t *testing.T, s, observer *semaphore.Semaphore, queued int) <
 	return got
 }
 
+// heldAndQueued sets up the common scene of a hand-off: two handles on one
+// semaphore, a holding a permit (p) and b queued behind it (got receives
+// b's grant).
+func heldAndQueued(t *testing.T, rdb redis.UniversalClient, prefix string, opts semaphore.Options) (a, b *semaphore.Semaphore, p *semaphore.Permit, got <-chan *semaphore.Permit) {
+	t.Helper()
+	a = newSem(t, rdb, prefix, opts)
+	b = newSem(t, rdb, prefix, opts)
+	p = mustAcquire(t, a)
+	return a, b, p, acquireQueued(t, b, a, 1)
+}
+
 // receiveGrant returns the permit an acquireQueued call was granted,
 // failing the test if none comes within d.
 func receiveGrant(t *testing.T, got <-chan *semaphore.Permit, d time.Duration, what string) *semaphore.Permit {

@@ -40,14 +40,7 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 	t.Parallel()
 	rdb, _ := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
 	ctx := context.Background()
-	a := newSem(t, rdb, "oom", semaphore.Options{Limit: 1})
-	b := newSem(t, rdb, "oom", semaphore.Options{Limit: 1})
-
-	p, err := a.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := acquireQueued(t, b, a, 1)
+	a, _, p, got := heldAndQueued(t, rdb, "oom", semaphore.Options{Limit: 1})
 
 	free := outOfMemory(t, rdb)
 	if a.UsesFunctions() {
@@ -80,7 +73,7 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err = a.Acquire(actx)
+	_, err := a.Acquire(actx)
 	if err == nil || !strings.Contains(err.Error(), "OOM") || !strings.Contains(err.Error(), "raise maxmemory") || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Acquire under maxmemory = %v, want Redis's OOM error at once, with what to do", err)
 	}
@@ -107,13 +100,7 @@ func TestOutOfMemoryHoldersAndWaitersKeepTheirPlaces(t *testing.T) {
 	rdb, _ := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
 	ctx := context.Background()
 	const lease = 300 * time.Millisecond
-	a := newSem(t, rdb, "oom", semaphore.Options{Limit: 1, Lease: lease})
-	b := newSem(t, rdb, "oom", semaphore.Options{Limit: 1, Lease: lease})
-	p, err := a.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := acquireQueued(t, b, a, 1)
+	a, _, p, got := heldAndQueued(t, rdb, "oom", semaphore.Options{Limit: 1, Lease: lease})
 
 	free := outOfMemory(t, rdb)
 	defer free()

@@ -196,13 +196,7 @@ func TestRedisRestartWithoutPersistenceLosesHoldersAndRequeuesWaiters(t *testing
 	rdb, restart := testenv.PrivateRedis(t)
 	ctx := context.Background()
 	const lease = 600 * time.Millisecond
-	a := newSem(t, rdb, "restart", semaphore.Options{Limit: 1, Lease: lease})
-	b := newSem(t, rdb, "restart", semaphore.Options{Limit: 1, Lease: lease})
-	p, err := a.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := acquireQueued(t, b, a, 1)
+	a, _, p, got := heldAndQueued(t, rdb, "restart", semaphore.Options{Limit: 1, Lease: lease})
 
 	restart()
 	select {
