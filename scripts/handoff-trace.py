@@ -23,6 +23,9 @@ distribution:
   run->ready      until it readies the next holder (parsing, bookkeeping)
   ready->run      until the next holder runs
   run->granted    until the next holder's Acquire has returned
+
+A release that does not wait for Redis (the bound-local design) has no
+round trip to split: it reports no hand-offs.
 """
 import bisect
 import collections
@@ -59,6 +62,7 @@ def main():
             own[e[3][0]].append(e)
         else:
             marks[e[2]].append(e)
+    own_times = {g: [e[0] for e in v] for g, v in own.items()}
 
     phases = collections.OrderedDict((k, []) for k in (
         'release->park', 'parked', 'runnable', 'run->ready', 'ready->run', 'run->granted', 'TOTAL'))
@@ -66,7 +70,7 @@ def main():
         if kind != 'mark' or what != 'release':
             continue
         park = wake = run = None
-        for t, _, _, (_, a, b) in own[r][bisect.bisect_left([e[0] for e in own[r]], t0):][:40]:
+        for t, _, _, (_, a, b) in own[r][bisect.bisect_left(own_times[r], t0):][:40]:
             if park is None and (a, b) == ('Running', 'Waiting'):
                 park = t
             elif park is not None and wake is None and (a, b) == ('Waiting', 'Runnable'):
@@ -75,6 +79,13 @@ def main():
                 run = t
                 break
         if run is None:
+            continue
+        # A releaser that readied someone before it parked got its reply
+        # without waiting: not the shape this measures, and pairing its
+        # later park would mix in an unrelated cycle.
+        i0, i1 = bisect.bisect_left(times, t0), bisect.bisect_left(times, park)
+        if any(k == 'state' and g == r and d[0] != r and (d[1], d[2]) == ('Waiting', 'Runnable')
+               for _, k, g, d in events[i0:i1]):
             continue
         w = ready = None
         i = bisect.bisect_left(times, run)
@@ -85,7 +96,7 @@ def main():
         if w is None:
             continue
         wrun = next((t for t, _, _, (_, a, b) in own[w] if t >= ready and (a, b) == ('Runnable', 'Running')), None)
-        got = next((t for t, _, _, what in marks[w] if t >= ready), None)
+        got = next((t for t, _, _, what in marks[w] if t >= ready and what == 'granted'), None)
         if wrun is None or got is None or got - t0 > 5_000_000:
             continue  # not a hand-off: the readied goroutine was not a new holder
         for k, v in zip(phases, (park - t0, wake - park, run - wake, ready - run, wrun - ready, got - wrun, got - t0)):

@@ -57,9 +57,10 @@ func (s *Semaphore) run(ctx context.Context, sc *script, argv []any) (any, error
 	case isNoPermission(err):
 		s.useEval("the server's ACL forbids FCALL", err)
 	case isOOM(err):
-		// Under maxmemory Redis refuses a function outright, but runs a
-		// script until its first write that needs memory: a release, which
-		// frees memory, still works that way.
+		// Over maxmemory Redis refuses a function not flagged allow-oom
+		// outright, but runs a script until its first write that may grow
+		// memory: an acquire that finds the semaphore full, or purges or
+		// grants before it queues, still works that way.
 	case !isFunctionNotFound(err):
 		return nil, err
 	default:

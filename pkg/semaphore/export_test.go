@@ -14,6 +14,7 @@ var (
 	AcquireScript = ScriptID{scriptAcquire.eval.Hash(), defaultLibrary.functions[scriptAcquire]}
 	ReleaseScript = ScriptID{scriptRelease.eval.Hash(), defaultLibrary.functions[scriptRelease]}
 	RefreshScript = ScriptID{scriptRefresh.eval.Hash(), defaultLibrary.functions[scriptRefresh]}
+	StatsScript   = ScriptID{scriptStats.eval.Hash(), defaultLibrary.functions[scriptStats]}
 )
 
 // ForcedEval reports whether the suite runs with EVALSHA only.

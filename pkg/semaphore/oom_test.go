@@ -44,10 +44,25 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 
 	free := outOfMemory(t, rdb)
 	if a.UsesFunctions() {
-		// Redis does refuse a function that may grow memory.
-		err := rdb.Do(ctx, "FCALL", semaphore.AcquireScript.Function, "0").Err()
-		if err == nil || !strings.HasPrefix(err.Error(), "OOM") {
-			t.Fatalf("FCALL acquire under maxmemory = %v, want Redis to refuse it with OOM", err)
+		// Redis refuses a function that may grow memory, and runs the ones
+		// flagged allow-oom: called here directly, on keys of their own, so
+		// that no fallback can hide a missing flag.
+		call := func(fn string, args ...any) error {
+			k := "oomprobe:{x}:"
+			cmd := []any{"FCALL", fn, 7, k + "limit", k + "holders", k + "queue", k + "alive", k + "info", k + "fence", k + "ticket",
+				k + "wake:", 1, 60000, ""}
+			return rdb.Do(ctx, append(cmd, args...)...).Err()
+		}
+		if err := call(semaphore.AcquireScript.Function, "p:1:1", 1000, 1000, "1"); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+			t.Errorf("FCALL acquire under maxmemory = %v, want Redis to refuse it with OOM", err)
+		}
+		for _, fn := range []struct {
+			name string
+			args []any
+		}{{semaphore.ReleaseScript.Function, []any{"p:1:1"}}, {semaphore.RefreshScript.Function, []any{1000, 1000, "p:1:1"}}, {semaphore.StatsScript.Function, nil}} {
+			if err := call(fn.name, fn.args...); err != nil {
+				t.Errorf("FCALL %s under maxmemory = %v, want it to run (allow-oom)", fn.name, err)
+			}
 		}
 	}
 

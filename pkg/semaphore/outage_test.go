@@ -196,7 +196,17 @@ func TestRedisRestartWithoutPersistenceLosesHoldersAndRequeuesWaiters(t *testing
 	rdb, restart := testenv.PrivateRedis(t)
 	ctx := context.Background()
 	const lease = 600 * time.Millisecond
-	a, _, p, got := heldAndQueued(t, rdb, "restart", semaphore.Options{Limit: 1, Lease: lease})
+	opts := semaphore.Options{Limit: 1, Lease: lease}
+	a, b := newSem(t, rdb, "restart", opts), newSem(t, rdb, "restart", opts)
+	// A limit in Redis other than the configured one, to tell them apart.
+	if err := a.SetLimit(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	p, err := a.AcquireN(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := acquireQueued(t, b, a, 1)
 
 	restart()
 	select {
@@ -216,7 +226,7 @@ func TestRedisRestartWithoutPersistenceLosesHoldersAndRequeuesWaiters(t *testing
 		t.Fatal(err)
 	}
 	if st.Limit != 1 || len(st.Holders) != 1 || st.Holders[0].ID != q.ID() || len(st.Waiters) != 0 {
-		t.Errorf("after the restart: limit %d, holders %v, waiters %v; want limit 1 re-initialised and the waiter holding", st.Limit, st.Holders, st.Waiters)
+		t.Errorf("after the restart: limit %d, holders %v, waiters %v; want the configured limit 1 (not the 2 set before) and the waiter holding", st.Limit, st.Holders, st.Waiters)
 	}
 	if err := q.Release(ctx); err != nil {
 		t.Fatal(err)

@@ -33,14 +33,14 @@ var (
 	luaStats string
 
 	scriptAcquire = newScript("acquire", luaAcquire)
-	// Releasing and refreshing grow no memory (a holder leaves, a waiter
-	// becomes a holder, deadlines move), so they run when Redis is over its
-	// maxmemory: holders keep their permits and hand them on. Taking a new
-	// place in the queue does not.
+	// Releasing, refreshing and looking grow no memory (a holder leaves, a
+	// waiter becomes a holder, deadlines move), so they run when Redis is
+	// over its maxmemory: holders keep their permits and hand them on.
+	// Taking a new place in the queue does not.
 	scriptRelease  = newScript("release", luaRelease, "allow-oom")
 	scriptRefresh  = newScript("refresh", luaRefresh, "allow-oom")
 	scriptSetLimit = newScript("setlimit", luaSetLimit)
-	scriptStats    = newScript("stats", luaStats)
+	scriptStats    = newScript("stats", luaStats, "allow-oom")
 
 	allScripts = []*script{scriptAcquire, scriptRelease, scriptRefresh, scriptSetLimit, scriptStats}
 

@@ -55,6 +55,10 @@ var (
 
 func main() {
 	flag.Parse()
+	if *jitter < 0 || *jitter >= 1 {
+		fmt.Fprintf(os.Stderr, "semabench: -hold-jitter %g: want a fraction in [0, 1), such as 0.25\n", *jitter)
+		os.Exit(2)
+	}
 	rdb := benchutil.Redis("semabench", *redisURL, 0)
 	defer rdb.Close()
 	if *worker != "" {
@@ -324,6 +328,10 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 	for _, d := range designs {
 		if *designList == "" || slices.Contains(strings.Split(*designList, ","), d.name) {
 			chosen = append(chosen, d)
+			if strings.HasPrefix(d.name, "bound-") && *limit%*processes != 0 {
+				fmt.Fprintf(os.Stderr, "semabench: %s splits -limit over the processes: make -limit (%d) a multiple of -processes (%d), or leave it out with -designs\n", d.name, *limit, *processes)
+				os.Exit(2)
+			}
 		}
 	}
 	runs := make([][]runResult, len(chosen))
@@ -454,11 +462,7 @@ func runWorker(rdb *redis.Client) {
 		trdb.AddHook(sent)
 		defer trdb.Close()
 		acquire = newTokenList(ctx, trdb, *prefix+":tokens", *limit).acquire
-	case "bound-1rtt", "bound-local":
-		if *limit%*processes != 0 {
-			fmt.Fprintf(os.Stderr, "semabench: %s needs -limit (%d) to be a multiple of -processes (%d)\n", *worker, *limit, *processes)
-			os.Exit(2)
-		}
+	case "bound-1rtt", "bound-local": // -limit is a multiple of -processes: see utilisationFor
 		acquire = newLocalBound(rdb, *limit / *processes, *worker == "bound-1rtt").acquire
 	case "lock-counter":
 		l := &lockCounter{rdb: rdb, lock: *prefix + ":lock", counter: *prefix + ":count", limit: *limit, min: time.Millisecond, max: 32 * time.Millisecond}

@@ -77,7 +77,7 @@ end
 local function get_limit()
   local l = redis.call('GET', K_LIMIT)
   if l then return tonumber(l) end
-  redis.call('SET', K_LIMIT, DEFAULT_LIMIT)
+  redis.call('SET', K_LIMIT, int(DEFAULT_LIMIT))
   return DEFAULT_LIMIT
 end
 
