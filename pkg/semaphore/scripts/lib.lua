@@ -128,8 +128,9 @@ end
 -- its permits back) and returns the weight the others hold: every script
 -- needs both.
 local function purge_holders()
-  -- Two light calls rather than one ZRANGE WITHSCORES: Redis formats every
-  -- score as a string and Lua parses it back, which costs more than both.
+  -- Two light calls rather than one ZRANGE WITHSCORES, so that no score is
+  -- formatted by Redis and parsed back by Lua: a cost that grows with the
+  -- number of holders. With a few holders the two ways cost the same.
   for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', now_s)) do
     redis.call('ZREM', K_HOLDERS, tok)
     redis.call('HDEL', K_INFO, tok)
