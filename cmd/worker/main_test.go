@@ -22,7 +22,7 @@ func TestSIGTERMFinishesInFlightPagesReleasesPermitsAndExitsZero(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
-	queue := testenv.Queue(t, rdb, prefix)
+	testenv.JobQueue(t, rdb, prefix, ordersreport.Name)
 	if err := ordersreport.Seed(ctx, pool, 20_000); err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestSIGTERMFinishesInFlightPagesReleasesPermitsAndExitsZero(t *testing.T) {
 		cmd := exec.Command(bin, "--db-permits", "2", "--concurrency", "4", "--shutdown-timeout", "20s",
 			"--poll-interval", "20ms", "--log-format", "json")
 		cmd.Env = append(os.Environ(), "REDIS_URL="+testenv.RedisURL(t), "DATABASE_URL="+dbURL,
-			"BATCHMR_PREFIX="+prefix, "BATCHMR_QUEUE="+queue)
+			"BATCHMR_PREFIX="+prefix)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -40,11 +40,7 @@ func TestSIGTERMFinishesInFlightPagesReleasesPermitsAndExitsZero(t *testing.T) {
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		return cmd
 	}
-	jobs := mapreduce.NewJobs()
-	if err := ordersreport.Register(ctx, jobs, nil, nil, queue); err != nil {
-		t.Fatal(err)
-	}
-	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: prefix})
+	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +51,7 @@ func TestSIGTERMFinishesInFlightPagesReleasesPermitsAndExitsZero(t *testing.T) {
 	defer sem.Close()
 
 	first := start()
-	id, err := mr.Start(ctx, ordersreport.Name, mapreduce.RawArgs(`{"page_size": 1000, "slow_ms": 300}`), mapreduce.StartOptions{})
+	id, err := ordersreport.Job.Start(ctx, mr, ordersreport.Args{PageSize: 1000, SlowMS: 300}, mapreduce.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +94,8 @@ func TestSIGTERMFinishesInFlightPagesReleasesPermitsAndExitsZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep ordersreport.Report
-	if st.State != mapreduce.StateSucceeded || mr.DecodeResult(st, &rep) != nil {
+	rep, err := ordersreport.Job.Result(st)
+	if err != nil {
 		t.Fatalf("run: %s (%s)", st.State, st.Error)
 	}
 	want, err := ordersreport.Expected(ctx, pool)

@@ -28,16 +28,16 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
-	queue := testenv.Queue(t, rdb, prefix)
+	testenv.JobQueue(t, rdb, prefix, ordersreport.Name)
 	if err := ordersreport.Seed(ctx, pool, 100_000); err != nil {
 		t.Fatal(err)
 	}
 
 	bin := testenv.Build(t, "../../cmd/worker")
-	appName := "e2e-" + queue[len(queue)-8:]
+	appName := "e2e-" + prefix[len(prefix)-8:]
 	dbURL := testenv.DatabaseURLIn(t, schema)
 	env := append(os.Environ(), "REDIS_URL="+testenv.RedisURL(t), "DATABASE_URL="+dbURL,
-		"BATCHMR_PREFIX="+prefix, "BATCHMR_QUEUE="+queue)
+		"BATCHMR_PREFIX="+prefix)
 	startWorker := func(i int) *exec.Cmd {
 		cmd := exec.Command(bin, "--db-permits", "3", "--concurrency", "8", "--lease", "5s",
 			"--application-name", appName, "--log-level", "warn")
@@ -71,15 +71,11 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 		}
 	}()
 
-	jobs := mapreduce.NewJobs()
-	if err := ordersreport.Register(ctx, jobs, nil, nil, queue); err != nil {
-		t.Fatal(err)
-	}
-	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: prefix})
+	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := mr.Start(ctx, ordersreport.Name, mapreduce.RawArgs(`{"page_size": 1000, "slow_ms": 30}`), mapreduce.StartOptions{})
+	id, err := ordersreport.Job.Start(ctx, mr, ordersreport.Args{PageSize: 1000, SlowMS: 30}, mapreduce.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,8 +116,8 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 	if st.State != mapreduce.StateSucceeded {
 		t.Fatalf("run %s: %s (%s)", id, st.State, st.Error)
 	}
-	var rep ordersreport.Report
-	if err := mr.DecodeResult(st, &rep); err != nil {
+	rep, err := ordersreport.Job.Result(st)
+	if err != nil {
 		t.Fatal(err)
 	}
 	want, err := ordersreport.Expected(ctx, pool)

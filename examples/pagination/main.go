@@ -1,7 +1,8 @@
 // Command pagination is batchmr's example: a report over a large Postgres
 // table, split into keyset pages that a fleet of workers aggregates under
 // the fleet-wide database semaphore. The job itself is in ordersreport;
-// cmd/worker runs it and cmd/scheduler starts it.
+// cmd/worker runs it and cmd/scheduler starts it. It imports only public
+// packages: copy it as a template.
 //
 //	go run ./examples/pagination seed --rows 1000000   # create and fill orders
 //	worker &  worker &  worker &                       # three workers (cmd/worker)
@@ -12,14 +13,17 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
 	"github.com/batchmr/batchmr/examples/pagination/ordersreport"
-	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 )
 
 const usage = `pagination seeds the example's orders table and checks a report run.
@@ -37,33 +41,33 @@ Flags (both commands read --database-url, env DATABASE_URL; check also --redis-u
 
 func main() {
 	if len(os.Args) < 2 {
-		app.Usage("missing command: seed or check")
+		usageError("missing command: seed or check")
 	}
 	ctx := context.Background()
 	fs := flag.NewFlagSet(os.Args[1], flag.ContinueOnError)
-	dbURL := fs.String("database-url", app.Env("DATABASE_URL", ""), "Postgres URL (env DATABASE_URL)")
-	redisURL := fs.String("redis-url", app.Env("REDIS_URL", ""), "Redis URL (env REDIS_URL), for check")
+	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "Postgres URL (env DATABASE_URL)")
+	redisURL := fs.String("redis-url", env("REDIS_URL", ""), "Redis URL (env REDIS_URL), for check")
 	rows := fs.Int("rows", 1_000_000, "orders to create, for seed")
 	switch os.Args[1] {
 	case "seed":
-		app.Parse(fs, usage, os.Args[2:])
+		parse(fs, os.Args[2:])
 		if fs.NArg() > 0 {
-			app.Usage("unexpected argument %q", fs.Arg(0))
+			usageError("unexpected argument %q", fs.Arg(0))
 		}
-		pool, err := app.Postgres(ctx, *dbURL, "batchmr-seed", 0)
+		pool, err := connectPostgres(ctx, *dbURL, "batchmr-seed")
 		if err != nil {
-			app.Fail("%v", err)
+			fail("%v", err)
 		}
 		defer pool.Close()
 		start := time.Now()
 		if err := ordersreport.Seed(ctx, pool, *rows); err != nil {
-			app.Fail("%v", err)
+			fail("%v", err)
 		}
 		fmt.Printf("seeded %d orders in %s\n", *rows, time.Since(start).Round(time.Millisecond))
 	case "check":
-		app.Parse(fs, usage, os.Args[2:])
+		parse(fs, os.Args[2:])
 		if fs.NArg() != 1 {
-			app.Usage("check takes one RUN")
+			usageError("check takes one RUN")
 		}
 		os.Exit(check(ctx, *dbURL, *redisURL, fs.Arg(0)))
 	case "-h", "--help", "help":
@@ -71,33 +75,44 @@ func main() {
 		fs.SetOutput(os.Stdout)
 		fs.PrintDefaults()
 	default:
-		app.Usage("unknown command %q: use seed or check", os.Args[1])
+		usageError("unknown command %q: use seed or check", os.Args[1])
 	}
 }
 
 // check compares a succeeded run's report with the SQL aggregate.
 func check(ctx context.Context, dbURL, redisURL, run string) int {
-	pool, err := app.Postgres(ctx, dbURL, "batchmr-check", 0)
+	pool, err := connectPostgres(ctx, dbURL, "batchmr-check")
 	if err != nil {
-		app.Fail("%v", err)
+		fail("%v", err)
 	}
 	defer pool.Close()
-	rdb, mr := app.Client(ctx, redisURL)
+	if redisURL == "" {
+		usageError("no Redis: pass --redis-url or set REDIS_URL")
+	}
+	opt, err := redis.ParseURL(redisURL)
+	if err != nil {
+		fail("--redis-url: %v", err)
+	}
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
+	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: env("BATCHMR_PREFIX", "")})
+	if err != nil {
+		fail("%v", err)
+	}
 	st, err := mr.Status(ctx, run)
 	if err != nil {
-		app.Fail("%v", err)
+		fail("%v", err)
 	}
 	if st.State != mapreduce.StateSucceeded {
-		app.Fail("run %s is %s, not succeeded: %s", run, st.State, st.Error)
+		fail("run %s is %s, not succeeded: %s", run, st.State, st.Error)
 	}
-	var rep ordersreport.Report
-	if err := mr.DecodeResult(st, &rep); err != nil {
-		app.Fail("%v", err)
+	rep, err := ordersreport.Job.Result(st)
+	if err != nil {
+		fail("%v", err)
 	}
 	want, err := ordersreport.Expected(ctx, pool)
 	if err != nil {
-		app.Fail("%v", err)
+		fail("%v", err)
 	}
 	got, _ := json.Marshal(rep.Totals)
 	exp, _ := json.Marshal(want)
@@ -107,4 +122,52 @@ func check(ctx context.Context, dbURL, redisURL, run string) int {
 	}
 	fmt.Printf("OK: the report of %s (%d pages) equals SQL's: %s\n", run, rep.Pages, got)
 	return 0
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "pagination: %s\n", fmt.Sprintf(format, args...))
+	os.Exit(1)
+}
+
+func usageError(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "pagination: %s (see --help)\n", fmt.Sprintf(format, args...))
+	os.Exit(2)
+}
+
+func parse(fs *flag.FlagSet, args []string) {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		fmt.Print(usage)
+		fs.SetOutput(os.Stdout)
+		fs.PrintDefaults()
+		os.Exit(0)
+	} else if err != nil {
+		usageError("%v", err)
+	}
+}
+
+func connectPostgres(ctx context.Context, url, appName string) (*pgxpool.Pool, error) {
+	if url == "" {
+		return nil, errors.New("no database: pass --database-url or set DATABASE_URL")
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("postgres at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	return pool, nil
 }

@@ -1,5 +1,5 @@
-// Package app holds what batchmr's commands share: flags with environment
-// fallbacks, connections, logging, and the bundled jobs.
+// Package app holds what batchmr's commands and the worker runtime share:
+// flags with environment fallbacks, connections with clear errors, logging.
 package app
 
 import (
@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/batchmr/batchmr/examples/pagination/ordersreport"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -148,53 +147,21 @@ func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.
 	return pool, nil
 }
 
-// Settings shared by every command, from the environment: several
-// independent batchmr deployments (or test runs) can share one Redis by
-// giving each its own BATCHMR_PREFIX and BATCHMR_QUEUE.
-var (
-	// Prefix starts every key of runs (Prefix) and semaphores (Prefix:sem).
-	Prefix = Env("BATCHMR_PREFIX", "batchmr")
-	// Queue is the asynq queue of the bundled jobs.
-	Queue = Env("BATCHMR_QUEUE", "default")
-)
+// Prefix starts every key of runs (Prefix), semaphores (Prefix:sem) and
+// the catalogue, and names each job's queue (Prefix:JOB): several
+// independent deployments (or test runs) share one Redis by giving each its
+// own BATCHMR_PREFIX.
+var Prefix = Env("BATCHMR_PREFIX", "batchmr")
 
 // EnvHelp documents the settings above, for every command's --help.
 const EnvHelp = `
-Environment: BATCHMR_PREFIX (key prefix, default batchmr) and BATCHMR_QUEUE
-(the bundled jobs' asynq queue, default "default") let several deployments
-share one Redis; every command of one deployment must agree on them.
+Environment: BATCHMR_PREFIX (default batchmr) starts every Redis key and
+queue name of one deployment, so that several share one Redis; every
+worker and scheduler of a deployment must agree on it.
 `
 
-// Jobs registers the bundled jobs. db and sem may be nil in a process that
-// only starts and inspects runs.
-func Jobs(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore) (*mapreduce.Jobs, error) {
-	jobs := mapreduce.NewJobs()
-	if err := ordersreport.Register(ctx, jobs, db, sem, Queue); err != nil {
-		return nil, err
-	}
-	return jobs, nil
-}
-
-// Client connects a process that starts and inspects runs (but does not
-// run them) to Redis, with the bundled jobs registered. It exits with one
-// line when it cannot.
-func Client(ctx context.Context, url string) (*redis.Client, *mapreduce.Client) {
-	rdb, err := Redis(ctx, url)
-	if err != nil {
-		Fail("%v", err)
-	}
-	jobs, err := Jobs(ctx, nil, nil)
-	if err != nil {
-		Fail("%v", err)
-	}
-	mr, err := MapReduce(rdb, jobs, nil)
-	if err != nil {
-		Fail("%v", err)
-	}
-	return rdb, mr
-}
-
-// MapReduce returns a mapreduce client of the bundled jobs.
+// MapReduce returns a mapreduce client under Prefix that runs jobs (nil:
+// one that only starts, inspects and cancels runs).
 func MapReduce(rdb *redis.Client, jobs *mapreduce.Jobs, log *slog.Logger) (*mapreduce.Client, error) {
 	return mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: Prefix, Logger: log})
 }
@@ -228,13 +195,4 @@ func Parse(fs *flag.FlagSet, usage string, args []string) {
 	if err != nil {
 		Usage("%v", err)
 	}
-}
-
-// JobNames lists the bundled jobs.
-func JobNames(ctx context.Context) ([]string, error) {
-	jobs, err := Jobs(ctx, nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	return jobs.Names(), nil
 }

@@ -252,6 +252,19 @@ func Queue(t testing.TB, rdb *redis.Client, prefix string) string {
 	return queue
 }
 
+// JobQueue returns the asynq queue of job under prefix (a job's own queue
+// by default, "<prefix>:<job>") and removes the queue's keys when the test
+// ends.
+func JobQueue(t testing.TB, rdb *redis.Client, prefix, job string) string {
+	t.Helper()
+	queue := prefix + ":" + job
+	t.Cleanup(func() {
+		deleteKeys(t, rdb, "asynq:{"+queue+"}:")
+		rdb.SRem(context.Background(), "asynq:queues", queue)
+	})
+	return queue
+}
+
 // DatabaseURLIn returns the test database's URL with schema as search_path,
 // for a subprocess that must see the test's own tables.
 func DatabaseURLIn(t testing.TB, schema string) string {

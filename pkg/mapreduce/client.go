@@ -17,9 +17,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Config configures a Client. Only Jobs is required.
+// Config configures a Client. The zero value is usable.
 type Config struct {
-	// Jobs holds the jobs this process can start and run. Required.
+	// Jobs holds the jobs this process runs: register the Client on an
+	// asynq server (Register) to run them, and announce them (Announce) so
+	// that any process can start them by name. Nil in a process that only
+	// starts, inspects and cancels runs.
 	Jobs *Jobs
 	// Prefix starts every Redis key batchmr writes for runs. Default
 	// "batchmr". asynq's own keys (tasks, queues) are asynq's: "asynq:…".
@@ -38,8 +41,8 @@ type Config struct {
 	StuckAfter time.Duration
 }
 
-// Client starts, inspects and cancels runs, and is the asynq handler that
-// executes them: register it on a worker's asynq.ServeMux with Register.
+// Client starts, inspects and cancels runs of any job, and runs the jobs of
+// its Config.Jobs when registered on a worker's asynq.ServeMux (Register).
 // It is safe for concurrent use.
 type Client struct {
 	rdb    redis.UniversalClient
@@ -60,9 +63,6 @@ type Client struct {
 func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if rdb == nil {
 		return nil, errors.New("mapreduce: New: nil redis client")
-	}
-	if cfg.Jobs == nil {
-		return nil, errors.New("mapreduce: New: Config.Jobs is nil: build a registry with NewJobs and AddJob")
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = "batchmr"
@@ -95,13 +95,6 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
 		watches: map[string]map[*watch]struct{}{},
 	}, nil
-}
-
-// Close releases what the Client holds. It does not close the redis
-// client, which the Client only borrows (and so do its asynq client and
-// inspector); it always returns nil.
-func (c *Client) Close() error {
-	return nil
 }
 
 // runKeys are the Redis keys of one run and of its job.
@@ -147,16 +140,28 @@ type StartOptions struct {
 
 var keyRE = regexp.MustCompile(`^[A-Za-z0-9_.:+-]{1,200}$`)
 
-// Start creates a run of job with args (a value of the job's argument type
-// A, a *A, or nil for A's zero value) and enqueues its split. It returns the
-// run ID. If a run with the same ID exists, it returns that ID and an error
-// wrapping ErrRunExists; if the job forbids overlap and another run is
-// active, an error wrapping ErrRunActive that names it.
-func (c *Client) Start(ctx context.Context, job string, args any, opts StartOptions) (string, error) {
-	r, ok := c.jobs.lookup(job)
-	if !ok {
-		return "", fmt.Errorf("mapreduce: start %q: %w (registered: %s)", job, ErrUnknownJob, strings.Join(c.jobs.Names(), ", "))
+// jobSpec is what starting a job's runs and enqueueing its tasks need: its
+// name and its options, defaults applied and queue resolved. It comes from
+// a registered job, a Job value, or the catalogue.
+type jobSpec struct {
+	name string
+	o    JobOptions
+}
+
+// spec resolves a job's queue: by default its own, under the prefix.
+func (c *Client) spec(name string, o JobOptions) jobSpec {
+	if o.Queue == "" {
+		o.Queue = c.prefix + ":" + name
 	}
+	return jobSpec{name: name, o: o}
+}
+
+// options returns a registered job's options with its queue resolved.
+func (c *Client) options(r jobRunner) JobOptions { return c.spec(r.name(), r.options()).o }
+
+// start creates a run of a job with encoded, checked arguments.
+func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts StartOptions) (string, error) {
+	job, o := j.name, j.o
 	key := opts.Key
 	if key == "" {
 		var b [4]byte
@@ -166,11 +171,6 @@ func (c *Client) Start(ctx context.Context, job string, args any, opts StartOpti
 		return "", fmt.Errorf("mapreduce: start %q: Key %q is invalid: use up to 200 characters from [A-Za-z0-9_.:+-]", job, key)
 	}
 	id := job + ":" + key
-	encoded, err := r.encodeArgs(args)
-	if err != nil {
-		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
-	}
-	o := r.options()
 	k, _ := c.keys(id)
 	overlap := "0"
 	if o.AllowOverlap {
@@ -192,13 +192,13 @@ func (c *Client) Start(ctx context.Context, job string, args any, opts StartOpti
 	case 0:
 		if State(detail) == StateSplitting {
 			// The first Start may have died before enqueuing the split.
-			if err := c.enqueueStep(ctx, id, nonce, TypeSplit, o); err != nil {
+			if err := c.enqueueStep(ctx, id, nonce, typeSplit, o); err != nil {
 				return id, fmt.Errorf("mapreduce: start %s: %w", id, err)
 			}
 		}
 		return id, fmt.Errorf("mapreduce: start %s: %w (state %s)", id, ErrRunExists, detail)
 	}
-	if err := c.enqueueStep(ctx, id, nonce, TypeSplit, o); err != nil {
+	if err := c.enqueueStep(ctx, id, nonce, typeSplit, o); err != nil {
 		return id, fmt.Errorf("mapreduce: start %s: the run was created but its split could not be enqueued (a worker's reconciler will enqueue it): %w", id, err)
 	}
 	return id, nil
@@ -302,35 +302,17 @@ func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
 	return out, nil
 }
 
-// DecodeResult decodes a run's Result into v with its job's codec.
-func (c *Client) DecodeResult(st *Status, v any) error {
-	r, ok := c.jobs.lookup(st.Job)
-	if !ok {
-		return fmt.Errorf("mapreduce: decode result of %s: job %q: %w", st.ID, st.Job, ErrUnknownJob)
-	}
-	if st.Result == nil {
-		return fmt.Errorf("mapreduce: decode result of %s: the run has no result (state %s)", st.ID, st.State)
-	}
-	return r.options().Codec.Unmarshal(st.Result, v)
-}
-
 // finish runs finish.lua; from restricts the state the run must be in.
 func (c *Client) finish(ctx context.Context, id string, to State, result []byte, msg string, from State) (ended bool, state State, err error) {
 	k, err := c.keys(id)
 	if err != nil {
 		return false, "", err
 	}
-	retention := 24 * time.Hour
-	if job, _ := jobOf(id); job != "" {
-		if r, ok := c.jobs.lookup(job); ok {
-			retention = r.options().Retention
-		}
-	}
 	hasResult := "0"
 	if result != nil {
 		hasResult = "1"
 	}
-	res, err := scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, retention.Milliseconds(), string(from), hasResult).Slice()
+	res, err := scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, string(from), hasResult).Slice()
 	if err != nil {
 		return false, "", err
 	}

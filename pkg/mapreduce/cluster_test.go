@@ -36,10 +36,9 @@ func TestRunsWorkOnRedisCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
 
 	id := mustStart(t, c, "sum", sumArgs{N: 100, PageSize: 10}, mapreduce.StartOptions{})
-	if _, err := c.Start(ctx, "sum", sumArgs{N: 100, PageSize: 10}, mapreduce.StartOptions{}); !errors.Is(err, mapreduce.ErrRunActive) {
+	if _, err := c.StartAny(ctx, "sum", sumArgs{N: 100, PageSize: 10}, mapreduce.StartOptions{}); !errors.Is(err, mapreduce.ErrRunActive) {
 		t.Fatalf("second Start: %v, want ErrRunActive", err)
 	}
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: 4, Queues: map[string]int{queue: 1},

@@ -3,7 +3,8 @@ package mapreduce
 import "errors"
 
 var (
-	// ErrUnknownJob is returned for a job name that no AddJob registered.
+	// ErrUnknownJob is returned for a job name that neither this process
+	// registered nor any worker announced in the catalogue.
 	ErrUnknownJob = errors.New("no job registered under this name")
 	// ErrRunExists is returned by Start when a run with the same ID (the
 	// same job and Key) already exists; the ID returned is that run's.
@@ -17,6 +18,10 @@ var (
 	// ErrRunEnded is returned by Cancel for a run that already succeeded
 	// or failed.
 	ErrRunEnded = errors.New("run already ended")
+	// ErrInvalidArgs is returned by Start and StartJSON for arguments that
+	// do not decode into the job's argument type or that its Validate
+	// rejects; nothing is created.
+	ErrInvalidArgs = errors.New("invalid arguments")
 	// ErrRunCancelled is the cause of the context of a Split, Map or
 	// Reduce whose run was cancelled, and what emit returns then.
 	ErrRunCancelled = errors.New("run cancelled")

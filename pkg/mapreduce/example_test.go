@@ -27,12 +27,11 @@ func Example() {
 	// Unique names, so that the example runs beside other users of the
 	// server; a real program keeps the defaults.
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	prefix, queue := "bmrexample:"+run, "bmrexample-"+run
-	defer exampleCleanup(rdb, prefix, queue)
+	prefix := "bmrexample:" + run
+	defer exampleCleanup(rdb, prefix, prefix+":wordcount")
 
 	type page struct{ Doc, Text string }
-	jobs := mapreduce.NewJobs()
-	err = mapreduce.AddJob(jobs, mapreduce.Job[[]string, page, int, int]{
+	wordcount := mapreduce.Job[[]string, page, int, int]{
 		Name: "wordcount",
 		// Split streams one page per document.
 		Split: func(ctx context.Context, docs []string, emit func(page) error) error {
@@ -66,20 +65,24 @@ func Example() {
 			}
 			return total, nil
 		},
-		Options: mapreduce.JobOptions{Queue: queue},
-	})
-	if err != nil {
+	}
+	jobs := mapreduce.NewJobs()
+	if err := mapreduce.AddJob(jobs, wordcount); err != nil {
 		panic(err)
 	}
 	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: prefix})
 	if err != nil {
 		panic(err)
 	}
-	defer mr.Close()
 
-	// The worker: an ordinary asynq server.
-	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: map[string]int{queue: 1},
-		RetryDelayFunc: mr.RetryDelay, TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
+	// The worker: an ordinary asynq server serving the job's own queue.
+	// (The worker package does all of this, and more, in one call.)
+	queues, err := mr.Queues(nil)
+	if err != nil {
+		panic(err)
+	}
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: queues,
+		RetryDelayFunc: mr.RetryDelay, IsFailure: mr.IsFailure, TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
 	mux := asynq.NewServeMux()
 	mr.Register(mux)
 	if err := srv.Start(mux); err != nil {
@@ -87,7 +90,8 @@ func Example() {
 	}
 	defer srv.Shutdown()
 
-	id, err := mr.Start(ctx, "wordcount", []string{"the quick brown fox", "jumps over", "the lazy dog"}, mapreduce.StartOptions{})
+	// Any process can start a run: typed arguments, no dependencies.
+	id, err := wordcount.Start(ctx, mr, []string{"the quick brown fox", "jumps over", "the lazy dog"}, mapreduce.StartOptions{})
 	if err != nil {
 		panic(err)
 	}
@@ -95,8 +99,8 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	var words int
-	if err := mr.DecodeResult(st, &words); err != nil {
+	words, err := wordcount.Result(st)
+	if err != nil {
 		panic(err)
 	}
 	fmt.Println(st.State, st.Done, "pages,", words, "words")

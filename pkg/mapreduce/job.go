@@ -3,7 +3,9 @@ package mapreduce
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
 	"iter"
 	"regexp"
 	"time"
@@ -45,6 +47,14 @@ type Job[A, P, R, O any] struct {
 	// recorded.
 	Reduce func(ctx context.Context, args A, pages iter.Seq2[PageResult[P, R], error]) (O, error)
 
+	// Validate checks a run's arguments before the run is created: Start
+	// returns its error wrapped in ErrInvalidArgs, and nothing is written.
+	// A start from the command line (Client.StartJSON) has it run by a live
+	// worker hosting the job; the split runs it again before any page, so
+	// that a run created past it fails at once, without retries. Nil: every
+	// value of A is valid.
+	Validate func(args A) error
+
 	// Options tunes how the job runs; the zero value is usable.
 	Options JobOptions
 }
@@ -73,8 +83,11 @@ const (
 
 // JobOptions tunes a job. Zero values take the documented defaults.
 type JobOptions struct {
-	// Queue is the asynq queue of the job's tasks. Default "default".
-	// Workers must serve it (asynq.Config.Queues).
+	// Queue is the asynq queue of the job's tasks. Default: the job's own
+	// queue, "<Config.Prefix>:<Name>", so that a task of the job only ever
+	// reaches workers that host it. Jobs that set the same Queue share it;
+	// a task that reaches a worker without its job is handed back
+	// (Client.IsFailure), never failing its run.
 	Queue string
 	// MapRetries is how many times a failing page is retried before it
 	// fails for good. Default 3; a negative value means no retries.
@@ -125,9 +138,6 @@ var JSON Codec = jsonCodec{}
 var jobNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,100}$`)
 
 func (o JobOptions) withDefaults() JobOptions {
-	if o.Queue == "" {
-		o.Queue = "default"
-	}
 	if o.MapRetries == 0 {
 		o.MapRetries = 3
 	} else if o.MapRetries < 0 {
@@ -178,4 +188,100 @@ func (o JobOptions) validate() error {
 
 func ceilSecond(d time.Duration) time.Duration {
 	return (d + time.Second - 1) / time.Second * time.Second
+}
+
+// check reports what makes the job unusable: a bad name or bad options.
+func (j Job[A, P, R, O]) check() error {
+	if !jobNameRE.MatchString(j.Name) {
+		return fmt.Errorf("job name %q is invalid: use 1 to 100 characters from [A-Za-z0-9_.-]", j.Name)
+	}
+	if err := j.Options.validate(); err != nil {
+		return fmt.Errorf("job %q: %w", j.Name, err)
+	}
+	return nil
+}
+
+// validate runs Validate on decoded arguments.
+func (j Job[A, P, R, O]) validate(a A) error {
+	if j.Validate == nil {
+		return nil
+	}
+	if err := j.Validate(a); err != nil {
+		return fmt.Errorf("%w for job %q: %w", ErrInvalidArgs, j.Name, err)
+	}
+	return nil
+}
+
+// Start creates a run of the job with args and enqueues its split; any
+// worker hosting the job (a process that registered it with AddJob, such
+// as one started with the worker package) runs it. The process calling
+// Start needs none of the job's dependencies: only c's Redis.
+//
+// It returns the run ID. Arguments that Validate rejects give an error
+// wrapping ErrInvalidArgs, and nothing is created. If a run with the same
+// ID exists, Start returns that ID and an error wrapping ErrRunExists; if
+// the job forbids overlap and another run is active, an error wrapping
+// ErrRunActive that names it.
+func (j Job[A, P, R, O]) Start(ctx context.Context, c *Client, args A, opts StartOptions) (string, error) {
+	if err := j.check(); err != nil {
+		return "", fmt.Errorf("mapreduce: start: %w", err)
+	}
+	if err := j.validate(args); err != nil {
+		return "", fmt.Errorf("mapreduce: start %q: %w", j.Name, err)
+	}
+	o := j.Options.withDefaults()
+	b, err := o.Codec.Marshal(args)
+	if err != nil {
+		return "", fmt.Errorf("mapreduce: start %q: encoding the arguments: %w", j.Name, err)
+	}
+	return c.start(ctx, c.spec(j.Name, o), b, opts)
+}
+
+// Result decodes the result of a succeeded run of the job. It returns an
+// error if the run is not the job's, has not succeeded, or its result does
+// not decode into O.
+func (j Job[A, P, R, O]) Result(st *Status) (O, error) {
+	var o O
+	switch {
+	case st == nil:
+		return o, fmt.Errorf("mapreduce: result of job %q: nil Status", j.Name)
+	case st.Job != j.Name:
+		return o, fmt.Errorf("mapreduce: result of %s: the run is of job %q, not %q", st.ID, st.Job, j.Name)
+	case st.State != StateSucceeded:
+		return o, fmt.Errorf("mapreduce: result of %s: the run has not succeeded (state %s%s)", st.ID, st.State, suffix(": ", st.Error))
+	}
+	if err := j.Options.withDefaults().Codec.Unmarshal(st.Result, &o); err != nil {
+		return o, fmt.Errorf("mapreduce: result of %s: decoding it into %v: %w", st.ID, reflect.TypeFor[O](), err)
+	}
+	return o, nil
+}
+
+func suffix(sep, s string) string {
+	if s == "" {
+		return ""
+	}
+	return sep + s
+}
+
+// AnyJob is a Job of any type parameters, for the places that take jobs of
+// different types together, such as worker.Main. Only Job implements it.
+type AnyJob interface {
+	// JobName returns the job's Name.
+	JobName() string
+	addTo(jobs *Jobs) error
+}
+
+// JobName returns the job's Name.
+func (j Job[A, P, R, O]) JobName() string { return j.Name }
+
+func (j Job[A, P, R, O]) addTo(jobs *Jobs) error { return AddJob(jobs, j) }
+
+var _ AnyJob = Job[int, int, int, int]{}
+
+// Add registers a job of any type in j, as AddJob does.
+func (j *Jobs) Add(job AnyJob) error {
+	if job == nil {
+		return errors.New("mapreduce: Jobs.Add: nil job")
+	}
+	return job.addTo(j)
 }

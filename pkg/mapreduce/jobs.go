@@ -30,14 +30,11 @@ func AddJob[A, P, R, O any](jobs *Jobs, job Job[A, P, R, O]) error {
 	if jobs == nil {
 		return errors.New("mapreduce: AddJob: nil Jobs: create one with NewJobs")
 	}
-	if !jobNameRE.MatchString(job.Name) {
-		return fmt.Errorf("mapreduce: AddJob: job name %q is invalid: use 1 to 100 characters from [A-Za-z0-9_.-]", job.Name)
+	if err := job.check(); err != nil {
+		return fmt.Errorf("mapreduce: AddJob: %w", err)
 	}
 	if job.Split == nil || job.Map == nil {
 		return fmt.Errorf("mapreduce: AddJob: job %q needs both Split and Map (Reduce is optional)", job.Name)
-	}
-	if err := job.Options.validate(); err != nil {
-		return fmt.Errorf("mapreduce: AddJob: job %q: %w", job.Name, err)
 	}
 	job.Options = job.Options.withDefaults()
 	jobs.mu.Lock()
@@ -59,23 +56,11 @@ func (j *Jobs) lookup(name string) (jobRunner, bool) {
 	return r, ok
 }
 
-// CheckArgs reports whether args would be accepted by Start for the job
-// named job: a value of its argument type, or RawArgs that decode into it.
-// A scheduler checks its configuration with it at start-up, not at the
-// first tick.
-func (j *Jobs) CheckArgs(job string, args any) error {
-	r, ok := j.lookup(job)
-	if !ok {
-		return fmt.Errorf("mapreduce: job %q: %w", job, ErrUnknownJob)
-	}
-	if _, err := r.encodeArgs(args); err != nil {
-		return fmt.Errorf("mapreduce: %w", err)
-	}
-	return nil
-}
-
 // Names returns the registered job names, sorted.
 func (j *Jobs) Names() []string {
+	if j == nil {
+		return nil
+	}
 	j.mu.RLock()
 	defer j.mu.RUnlock()
 	names := make([]string, 0, len(j.byName))
@@ -90,7 +75,9 @@ func (j *Jobs) Names() []string {
 type jobRunner interface {
 	name() string
 	options() JobOptions
-	encodeArgs(args any) ([]byte, error)
+	// checkArgs decodes encoded arguments strictly and runs Validate.
+	checkArgs(args []byte) error
+	info() JobInfo
 	split(ctx context.Context, args []byte, emit func(page []byte) error) error
 	mapPage(ctx context.Context, page []byte) ([]byte, error)
 	hasReduce() bool
@@ -116,32 +103,15 @@ func (j *typedJob[A, P, R, O]) name() string        { return j.Name }
 func (j *typedJob[A, P, R, O]) options() JobOptions { return j.Options }
 func (j *typedJob[A, P, R, O]) hasReduce() bool     { return j.Reduce != nil }
 
-func (j *typedJob[A, P, R, O]) encodeArgs(args any) ([]byte, error) {
+func (j *typedJob[A, P, R, O]) checkArgs(b []byte) error {
 	var a A
-	switch v := args.(type) {
-	case A:
-		a = v
-	case *A:
-		if v != nil {
-			a = *v
-		}
-	case nil:
-		// The zero A: for jobs without arguments.
-	case RawArgs:
-		// Already encoded (a command line's --args): they must decode into
-		// an A, and with the JSON codec name no field A lacks.
-		if err := decodeStrict(j.Options.Codec, v, &a); err != nil {
-			return nil, fmt.Errorf("the arguments %.200q do not fit job %q's argument type %v: %w", v, j.Name, reflect.TypeFor[A](), err)
-		}
-	default:
-		return nil, fmt.Errorf("job %q takes arguments of type %v, not %T", j.Name, reflect.TypeFor[A](), args)
+	if err := decodeStrict(j.Options.Codec, b, &a); err != nil {
+		return fmt.Errorf("%w: %.200q do not fit job %q's argument type %v: %w", ErrInvalidArgs, b, j.Name, reflect.TypeFor[A](), err)
 	}
-	b, err := j.Options.Codec.Marshal(a)
-	if err != nil {
-		return nil, fmt.Errorf("encoding the arguments of job %q: %w", j.Name, err)
-	}
-	return b, nil
+	return j.validate(a)
 }
+
+func (j *typedJob[A, P, R, O]) info() JobInfo { return j.Job.info() }
 
 func (j *typedJob[A, P, R, O]) decodeArgs(b []byte) (A, error) {
 	var a A
@@ -152,9 +122,14 @@ func (j *typedJob[A, P, R, O]) decodeArgs(b []byte) (A, error) {
 }
 
 func (j *typedJob[A, P, R, O]) split(ctx context.Context, args []byte, emit func([]byte) error) error {
+	// Arguments that got past Start unchecked (no worker answered the
+	// check of a command-line start) fail the run here, before any page.
 	a, err := j.decodeArgs(args)
+	if err == nil {
+		err = j.validate(a)
+	}
 	if err != nil {
-		return err
+		return &malformedError{err}
 	}
 	return j.Split(ctx, a, func(p P) error {
 		b, err := j.Options.Codec.Marshal(p)
@@ -223,11 +198,6 @@ type malformedError struct{ err error }
 
 func (e *malformedError) Error() string { return e.err.Error() }
 func (e *malformedError) Unwrap() error { return e.err }
-
-// RawArgs are a run's arguments already encoded with the job's codec (JSON
-// by default), for Start callers that do not know the job's argument type:
-// a command line, an HTTP handler. Start checks that they decode into it.
-type RawArgs []byte
 
 func decodeStrict(c Codec, data []byte, v any) error {
 	if c != JSON {

@@ -2,7 +2,9 @@ package mapreduce_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"iter"
 	"strings"
 	"sync"
@@ -138,7 +140,7 @@ func TestStartsWithTheSameKeyMakeOneRun(t *testing.T) {
 			if i%2 == 1 {
 				c = b
 			}
-			ids[i], errs[i] = c.Start(context.Background(), "nightly", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{Key: key})
+			ids[i], errs[i] = c.StartAny(context.Background(), "nightly", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{Key: key})
 		}()
 	}
 	wg.Wait()
@@ -179,7 +181,7 @@ func TestOverlappingRunsAreRefusedUnlessAllowed(t *testing.T) {
 	c := e.client()
 	ctx := context.Background()
 	first := mustStart(t, c, "solo", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
-	_, err := c.Start(ctx, "solo", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
+	_, err := c.StartAny(ctx, "solo", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
 	if !errors.Is(err, mapreduce.ErrRunActive) || !strings.Contains(err.Error(), first) {
 		t.Fatalf("second Start while the first runs: %v, want ErrRunActive naming %s", err, first)
 	}
@@ -201,94 +203,149 @@ func TestOverlappingRunsAreRefusedUnlessAllowed(t *testing.T) {
 	}
 }
 
-// A task whose payload cannot be decoded is archived at once with a message
-// saying so, not retried; so is a task of a job nobody registered, and its
-// run fails with an error naming the job.
-func TestMalformedTasksAndUnknownJobsAreArchivedWithAClearError(t *testing.T) {
+// A task whose payload cannot be decoded, or of a type batchmr does not
+// know, is archived at once with a message saying so, not retried.
+func TestMalformedTasksAreArchivedAtOnceWithAClearError(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	// No retries: an unknown job is retried like any error (another worker
-	// may know it), and fails the run on its last attempt.
-	e.addJob(mapreduce.AddJob(e.jobs, sumJob("known", newCounts(), e.opts(mapreduce.JobOptions{StepRetries: -1}))))
-	starter := e.client()
-	// The worker knows no job at all.
-	worker, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: mapreduce.NewJobs(), Prefix: e.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("known", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	worker := e.client()
 	aq := asynq.NewClientFromRedisClient(e.rdb)
 	t.Cleanup(func() { _ = aq.Close() })
-	for _, payload := range []string{`{not json`, `{"run":"no-colon","i":0,"page":1}`, `{"run":"known:x","i":-1,"page":1}`} {
-		if _, err := aq.Enqueue(asynq.NewTask(mapreduce.TypeMap, []byte(payload)), asynq.Queue(e.queue), asynq.MaxRetry(5)); err != nil {
+	tasks := []*asynq.Task{
+		asynq.NewTask(mapreduce.TypeMap, []byte(`{not json`)),
+		asynq.NewTask(mapreduce.TypeMap, []byte(`{"run":"no-colon","i":0,"page":1}`)),
+		asynq.NewTask(mapreduce.TypeMap, []byte(`{"run":"known:x","i":-1,"page":1}`)),
+		asynq.NewTask("batchmr:", nil),
+		asynq.NewTask("batchmr:MAP", []byte(`{}`)),
+	}
+	for _, task := range tasks {
+		if _, err := aq.Enqueue(task, asynq.Queue(e.queue), asynq.MaxRetry(5)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	id := mustStart(t, starter, "known", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
-
 	e.worker(worker, 2)
 	insp := asynq.NewInspectorFromRedisClient(e.rdb)
 	var archived []*asynq.TaskInfo
-	waitFor(t, 10*time.Second, "four archived tasks", func() bool {
+	waitFor(t, 10*time.Second, "five archived tasks", func() bool {
 		archived, _ = insp.ListArchivedTasks(e.queue)
-		return len(archived) == 4
+		return len(archived) == len(tasks)
 	})
 	for _, ti := range archived {
-		if ti.Retried != 0 {
-			t.Errorf("task %s was retried %d times before being archived", ti.Type, ti.Retried)
-		}
 		want := "malformed"
-		if ti.Type == mapreduce.TypeSplit {
-			want = `job "known"`
+		if ti.Type != mapreduce.TypeMap {
+			want = "not batchmr's"
 		}
-		if !strings.Contains(ti.LastErr, want) {
-			t.Errorf("archived %s: error %q does not say %q", ti.Type, ti.LastErr, want)
+		if ti.Retried != 0 || !strings.Contains(ti.LastErr, want) {
+			t.Errorf("archived %s after %d retries with error %q; want at once, saying %q", ti.Type, ti.Retried, ti.LastErr, want)
 		}
-	}
-	st := wait(t, starter, id, 10*time.Second)
-	if st.State != mapreduce.StateFailed || !strings.Contains(st.Error, `job "known"`) || !strings.Contains(st.Error, "AddJob") {
-		t.Errorf("run of an unregistered job: %s %q, want failed naming the job and the fix", st.State, st.Error)
-	}
-	// Unknown task types are refused the same way.
-	if err := worker.ProcessTask(context.Background(), asynq.NewTask("other:type", nil)); !errors.Is(err, asynq.SkipRetry) {
-		t.Errorf("an unknown task type: %v, want SkipRetry", err)
 	}
 }
 
-func TestStartRefusesUnknownJobsAndWrongArguments(t *testing.T) {
+// A task that reaches a worker without its job (two jobs sharing a queue)
+// is handed back: the run does not fail and the task spends none of its
+// retries, however often it is handed back, and a worker that runs the job
+// completes the run.
+func TestATaskOfAJobTheWorkerDoesNotRunIsHandedBackWithoutSpendingRetries(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("known", newCounts(), e.opts(mapreduce.JobOptions{StepRetries: -1, MapRetries: -1}))))
+	host := e.client()
+	// A worker of another job, serving the same queue.
+	others := mapreduce.NewJobs()
+	e.addJob(mapreduce.AddJob(others, sumJob("other", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	stranger, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: others, Prefix: e.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := mustStart(t, host, "known", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
+	task := e.taskOf(mapreduce.TypeSplit, id)
+	ctx := context.Background()
+	for range 3 {
+		err := stranger.ProcessTask(ctx, asynq.NewTask(task.Type, task.Payload))
+		if err == nil || stranger.IsFailure(err) || !strings.Contains(err.Error(), `job "known"`) {
+			t.Fatalf("a task of a job the worker does not run: %v (a failure: %v); want handed back, naming the job", err, stranger.IsFailure(err))
+		}
+		if d := stranger.RetryDelay(0, err, asynq.NewTask(task.Type, task.Payload)); d < time.Second || d > 10*time.Second {
+			t.Errorf("a handed-back task is offered again after %v, want a few seconds", d)
+		}
+	}
+	// Through a real server: handed back without a retry spent, the run
+	// still splitting.
+	e.worker(stranger, 1)
+	waitFor(t, 10*time.Second, "the split handed back", func() bool {
+		ti, err := asynq.NewInspectorFromRedisClient(e.rdb).GetTaskInfo(e.queue, task.ID)
+		return err == nil && ti.State == asynq.TaskStateRetry
+	})
+	ti, _ := asynq.NewInspectorFromRedisClient(e.rdb).GetTaskInfo(e.queue, task.ID)
+	if ti.Retried != 0 {
+		t.Errorf("the handed-back split spent %d retries, want 0", ti.Retried)
+	}
+	if st, _ := host.Status(ctx, id); st.State != mapreduce.StateSplitting {
+		t.Fatalf("the run after a hand-back: %s %q, want still splitting", st.State, st.Error)
+	}
+	// The retry is due within seconds; the job's own worker takes it.
+	e.worker(host, 2)
+	if st := wait(t, host, id, 30*time.Second); st.State != mapreduce.StateSucceeded || resultOf(t, host, st) != 45 {
+		t.Errorf("run after its tasks were handed back: %s %q", st.State, st.Error)
+	}
+}
+
+// positiveArgs is a job's Validate: what the command line gets wrong.
+func positiveArgs(a sumArgs) error {
+	if a.PageSize < 1 {
+		return fmt.Errorf("PageSize %d: use at least 1", a.PageSize)
+	}
+	return nil
+}
+
+func TestStartChecksTheJobTheArgumentsAndTheKeyBeforeCreatingAnything(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	job := sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{AllowOverlap: true}))
+	job.Validate = positiveArgs
+	e.addJob(mapreduce.AddJob(e.jobs, job))
 	c := e.client()
 	ctx := context.Background()
-	if _, err := c.Start(ctx, "summ", nil, mapreduce.StartOptions{}); !errors.Is(err, mapreduce.ErrUnknownJob) || !strings.Contains(err.Error(), `"summ"`) || !strings.Contains(err.Error(), "sum") {
+	if _, err := c.StartJSON(ctx, "summ", nil, mapreduce.StartOptions{}); !errors.Is(err, mapreduce.ErrUnknownJob) || !strings.Contains(err.Error(), `"summ"`) {
 		t.Errorf("unknown job: %v", err)
 	}
-	if _, err := c.Start(ctx, "sum", "ten", mapreduce.StartOptions{}); err == nil || !strings.Contains(err.Error(), "sumArgs") {
-		t.Errorf("wrong argument type: %v", err)
+	for _, tc := range []struct{ args, want string }{
+		{`"ten"`, "sumArgs"},
+		{`{"N": 10, "PageSiz": 5}`, `unknown field "PageSiz"`},
+		{`{"N": "ten"}`, "sumArgs"},
+		{`{"N": 10, "PageSize": -5}`, "PageSize -5: use at least 1"},
+	} {
+		if _, err := c.StartJSON(ctx, "sum", json.RawMessage(tc.args), mapreduce.StartOptions{}); !errors.Is(err, mapreduce.ErrInvalidArgs) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("StartJSON(%s): %v; want ErrInvalidArgs saying %q", tc.args, err, tc.want)
+		}
 	}
-	if _, err := c.Start(ctx, "sum", &sumArgs{N: 1, PageSize: 1}, mapreduce.StartOptions{Key: "a key with spaces"}); err == nil || !strings.Contains(err.Error(), "Key") {
+	if _, err := job.Start(ctx, c, sumArgs{N: 10}, mapreduce.StartOptions{}); !errors.Is(err, mapreduce.ErrInvalidArgs) || !strings.Contains(err.Error(), "PageSize 0") {
+		t.Errorf("typed Start of invalid arguments: %v", err)
+	}
+	if _, err := job.Start(ctx, c, sumArgs{N: 1, PageSize: 1}, mapreduce.StartOptions{Key: "a key with spaces"}); err == nil || !strings.Contains(err.Error(), "Key") {
 		t.Errorf("bad key: %v", err)
 	}
-	// Encoded arguments from a command line: checked against the type.
-	if _, err := c.Start(ctx, "sum", mapreduce.RawArgs(`{"N": 10, "PageSiz": 5}`), mapreduce.StartOptions{}); err == nil || !strings.Contains(err.Error(), `unknown field "PageSiz"`) {
-		t.Errorf("a misspelt field: %v", err)
+	if runs, err := c.Runs(ctx, "sum"); err != nil || len(runs) != 0 {
+		t.Fatalf("refused starts created %d runs (%v), want none", len(runs), err)
 	}
-	if _, err := c.Start(ctx, "sum", mapreduce.RawArgs(`{"N": "ten"}`), mapreduce.StartOptions{}); err == nil || !strings.Contains(err.Error(), "sumArgs") {
-		t.Errorf("a wrongly typed field: %v", err)
-	}
-	if err := e.jobs.CheckArgs("sum", mapreduce.RawArgs(`{"N": 10, "PageSiz": 5}`)); err == nil || !strings.Contains(err.Error(), "PageSiz") {
-		t.Errorf("CheckArgs of a misspelt field: %v", err)
-	}
-	if err := e.jobs.CheckArgs("sum", sumArgs{}); err != nil {
-		t.Errorf("CheckArgs of good arguments: %v", err)
-	}
-	id, err := c.Start(ctx, "sum", mapreduce.RawArgs(`{"N": 10, "PageSize": 5}`), mapreduce.StartOptions{})
+	typed, err := job.Start(ctx, c, sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
 	if err != nil {
-		t.Fatalf("good encoded arguments: %v", err)
+		t.Fatalf("typed Start: %v", err)
+	}
+	fromJSON, err := c.StartJSON(ctx, "sum", json.RawMessage(`{"N": 20, "PageSize": 5}`), mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatalf("good JSON arguments: %v", err)
 	}
 	e.worker(c, 2)
-	if st := wait(t, c, id, 30*time.Second); resultOf(t, c, st) != 45 {
-		t.Errorf("run from encoded arguments: %+v", st)
+	for id, want := range map[string]int{typed: 45, fromJSON: 190} {
+		st := wait(t, c, id, 30*time.Second)
+		if got, err := job.Result(st); err != nil || got != want {
+			t.Errorf("run %s: result %d (%v), want %d", id, got, err, want)
+		}
+	}
+	if _, err := sumJob("other", nil, mapreduce.JobOptions{}).Result(wait(t, c, typed, time.Second)); err == nil || !strings.Contains(err.Error(), `not "other"`) {
+		t.Errorf("Result of another job's run: %v", err)
 	}
 }
 

@@ -19,11 +19,11 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return err
 	}
-	r, err := c.runner(ctx, t, p.Run)
+	r, err := c.runner(t, p.Run)
 	if err != nil {
 		return err
 	}
-	o := r.options()
+	o := c.options(r)
 	k, _ := c.keys(p.Run)
 	// Watched from before the state check: a Cancel that lands after the
 	// check reaches this Map within one CancelPoll.
@@ -49,7 +49,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	case st == StateReducing:
 		// Recorded, and possibly by a handler that died before enqueuing
 		// the reduce: make sure it is enqueued.
-		return c.enqueueStep(ctx, p.Run, nonce, TypeReduce, o)
+		return c.enqueueStep(ctx, p.Run, nonce, typeReduce, o)
 	case st != StateSplitting && st != StateMapping:
 		return nil // ended, or expired
 	case bit.Val() == 1:
@@ -69,9 +69,10 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 			mapErr = fmt.Errorf("%w: %w", mapErr, asynq.SkipRetry)
 		}
 		mapErr = fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, mapErr)
-		if !lastAttempt(ctx, mapErr) {
+		if !lastAttempt(ctx, mapErr, o.MapRetries) {
 			return mapErr
 		}
+		mapErr = final(mapErr)
 		outcome, _ = json.Marshal(failure{Page: p.page(), Error: mapErr.Error()})
 	} else {
 		outcome = result
@@ -83,7 +84,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 		return fmt.Errorf("mapreduce: page %d of %s: recording its outcome: %w", p.Index, p.Run, errors.Join(err, mapErr))
 	}
 	if st == StateReducing {
-		if err := c.enqueueStep(rctx, p.Run, nonce, TypeReduce, o); err != nil {
+		if err := c.enqueueStep(rctx, p.Run, nonce, typeReduce, o); err != nil {
 			return fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, err)
 		}
 	}

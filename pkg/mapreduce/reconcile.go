@@ -86,7 +86,7 @@ func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
 
 func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) error {
 	r, _ := c.jobs.lookup(job)
-	o := r.options()
+	o := c.options(r)
 	runs, err := c.Runs(ctx, job)
 	if err != nil {
 		return err
@@ -96,9 +96,9 @@ func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) err
 		var err error
 		switch st.State {
 		case StateSplitting:
-			err = c.repairStep(ctx, st, TypeSplit, o, &rep.SplitsEnqueued, rep)
+			err = c.repairStep(ctx, st, typeSplit, o, &rep.SplitsEnqueued, rep)
 		case StateReducing:
-			err = c.repairStep(ctx, st, TypeReduce, o, &rep.ReducesEnqueued, rep)
+			err = c.repairStep(ctx, st, typeReduce, o, &rep.ReducesEnqueued, rep)
 		case StateMapping:
 			if time.Since(st.Updated) >= c.cfg.StuckAfter {
 				err = c.repairPages(ctx, st, o, rep)
@@ -115,7 +115,7 @@ func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) err
 func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOptions, enqueued *int, rep *Repairs) error {
 	run := st.ID
 	step := "split"
-	if typ == TypeReduce {
+	if typ == typeReduce {
 		step = "reduce"
 	}
 	info, err := c.insp.GetTaskInfo(o.Queue, taskID(run, st.nonce, step))
@@ -179,7 +179,7 @@ func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep 
 		reducing = reducing || state == StateReducing
 	}
 	if reducing { // a page recorded here was the last one
-		return c.enqueueStep(ctx, st.ID, st.nonce, TypeReduce, o)
+		return c.enqueueStep(ctx, st.ID, st.nonce, typeReduce, o)
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 		return err
 	}
 	run := pl.Run
-	r, err := c.runner(ctx, t, run)
+	r, err := c.runner(t, run)
 	if err != nil {
 		return err
 	}
@@ -60,10 +60,11 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 		}
 		if err != nil {
 			err = fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
-			if lastAttempt(ctx, err) {
+			if lastAttempt(ctx, err, c.options(r).StepRetries) {
 				if ferr := c.end(rctx, run, StateFailed, nil, err.Error()); ferr != nil {
 					return errors.Join(err, ferr)
 				}
+				return final(err)
 			}
 			return err
 		}

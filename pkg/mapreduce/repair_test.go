@@ -240,7 +240,7 @@ func TestASplitThatChangesItsPagesOnRetryFailsTheRunClearly(t *testing.T) {
 	if len(keys) != 1 || e.rdb.PTTL(context.Background(), keys[0]).Val() <= 0 {
 		t.Errorf("the failed run's record %v has no expiry", keys)
 	}
-	if _, err := c.Start(context.Background(), "shifty", sumArgs{}, mapreduce.StartOptions{}); err != nil {
+	if _, err := c.StartAny(context.Background(), "shifty", sumArgs{}, mapreduce.StartOptions{}); err != nil {
 		t.Errorf("starting the job again: %v", err)
 	}
 }

@@ -21,11 +21,11 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 		return err
 	}
 	run := pl.Run
-	r, err := c.runner(ctx, t, run)
+	r, err := c.runner(t, run)
 	if err != nil {
 		return err
 	}
-	o := r.options()
+	o := c.options(r)
 	k, _ := c.keys(run)
 	var (
 		fields   *redis.SliceCmd
@@ -112,8 +112,13 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 	defer cancel()
 	if splitErr != nil {
 		err := fmt.Errorf("mapreduce: split of %s after %d pages: %w", run, n, splitErr)
-		if lastAttempt(ctx, splitErr) {
+		var m *malformedError
+		if errors.As(splitErr, &m) { // arguments no retry can fix
+			err = fmt.Errorf("mapreduce: split of %s: %w", run, splitErr)
+		}
+		if lastAttempt(ctx, splitErr, o.StepRetries) {
 			c.failRun(rctx, run, err)
+			return final(err)
 		}
 		return err
 	}
@@ -128,7 +133,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 		return err
 	}
 	if State(st) == StateReducing {
-		return c.enqueueStep(rctx, run, nonce, TypeReduce, o)
+		return c.enqueueStep(rctx, run, nonce, typeReduce, o)
 	}
 	return nil
 }

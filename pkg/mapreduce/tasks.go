@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -18,40 +21,74 @@ import (
 // again under the same ID after the first one expired gets new task IDs,
 // while asynq may still keep the first one's tasks.
 const (
-	TypeSplit  = "batchmr:split"
-	TypeMap    = "batchmr:map"
-	TypeReduce = "batchmr:reduce"
+	typeSplit  = "batchmr:split"
+	typeMap    = "batchmr:map"
+	typeReduce = "batchmr:reduce"
 )
 
-// Register routes the three task types to c on mux.
+// Register routes batchmr's task types to c on mux, for a worker that runs
+// the jobs of c's Config.Jobs. Set the server's asynq.Config.RetryDelayFunc
+// to c.RetryDelay and IsFailure to c.IsFailure too, and serve the queues
+// that Queues returns. A task of a type batchmr does not know, or with a
+// malformed payload, is archived at once with an error saying why (asynq
+// would retry what cannot succeed).
 func (c *Client) Register(mux *asynq.ServeMux) {
-	mux.Handle(TypeSplit, c)
-	mux.Handle(TypeMap, c)
-	mux.Handle(TypeReduce, c)
+	mux.HandleFunc(typeSplit, c.processTask)
+	mux.HandleFunc(typeMap, c.processTask)
+	mux.HandleFunc(typeReduce, c.processTask)
+	mux.HandleFunc("batchmr:", c.processTask) // asynq routes by longest prefix
 }
 
-// ProcessTask makes Client an asynq.Handler for the task types above.
-// Another type or a malformed payload is an error wrapping asynq.SkipRetry:
-// asynq archives the task at once with that message instead of retrying
-// what cannot succeed. A job this worker does not know is retried, since
-// another worker may know it, and fails the run on the last attempt.
-func (c *Client) ProcessTask(ctx context.Context, t *asynq.Task) error {
+// Queues returns the asynq queues of the jobs c runs, each with weight 1
+// unless weights (by job name) says otherwise: the worker's
+// asynq.Config.Queues. It returns an error for a weight below 1 or of a
+// job c does not run.
+func (c *Client) Queues(weights map[string]int) (map[string]int, error) {
+	names := c.jobs.Names()
+	for job, w := range weights {
+		if !slices.Contains(names, job) {
+			return nil, fmt.Errorf("mapreduce: queue weight of %q: this worker does not run that job (it runs: %s)", job, strings.Join(names, ", "))
+		}
+		if w < 1 {
+			return nil, fmt.Errorf("mapreduce: queue weight %d of job %q: use at least 1", w, job)
+		}
+	}
+	qs := map[string]int{}
+	for _, job := range names {
+		r, _ := c.jobs.lookup(job)
+		w := max(weights[job], 1)
+		q := c.options(r).Queue
+		qs[q] = max(qs[q], w) // jobs sharing a queue share its weight
+	}
+	return qs, nil
+}
+
+// processTask runs one task of a run.
+func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 	switch t.Type() {
-	case TypeSplit:
+	case typeSplit:
 		return c.handleSplit(ctx, t)
-	case TypeMap:
+	case typeMap:
 		return c.handleMap(ctx, t)
-	case TypeReduce:
+	case typeReduce:
 		return c.handleReduce(ctx, t)
 	}
-	return fmt.Errorf("mapreduce: task type %q is not batchmr's (%s, %s, %s): %w", t.Type(), TypeSplit, TypeMap, TypeReduce, asynq.SkipRetry)
+	return fmt.Errorf("mapreduce: task type %q is not batchmr's (%s, %s, %s): %w", t.Type(), typeSplit, typeMap, typeReduce, asynq.SkipRetry)
 }
 
+// handBackDelay is how long a task of a job this worker does not run waits
+// before it is offered again, to this worker or another.
+const handBackDelay = 5 * time.Second
+
 // RetryDelay is an asynq.RetryDelayFunc that applies each job's
-// JobOptions.Backoff to its tasks; other tasks get
+// JobOptions.Backoff to its tasks; a task handed back because this worker
+// does not run its job is offered again after 5s; other tasks get
 // asynq.DefaultRetryDelayFunc. Set it as the worker's
 // asynq.Config.RetryDelayFunc.
 func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
+	if errors.Is(err, errNotHosted) {
+		return handBackDelay/2 + rand.N(handBackDelay)
+	}
 	var p runPayload // map payloads carry the run too
 	if json.Unmarshal(t.Payload(), &p) == nil {
 		if job, ok := jobOf(p.Run); ok {
@@ -62,6 +99,17 @@ func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	}
 	return asynq.DefaultRetryDelayFunc(n, err, t)
 }
+
+// IsFailure is an asynq.Config.IsFailure that does not count a task handed
+// back because this worker does not run its job: asynq then retries it
+// without spending one of its retries. Set it as the worker's
+// asynq.Config.IsFailure.
+func (c *Client) IsFailure(err error) bool {
+	return err != nil && !errors.Is(err, errNotHosted)
+}
+
+// errNotHosted marks a task of a job this worker does not run.
+var errNotHosted = errors.New("this worker does not run the task's job: handed back")
 
 // runPayload is the payload of split and reduce tasks. Nonce ties the task
 // to one incarnation of the run ID: a task left over from an earlier run
@@ -129,22 +177,19 @@ func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
 	return &p, nil
 }
 
-// runner finds the job of a run. A job this worker does not know may be
-// known to another (a rolling deploy that adds a job): the error is
-// retried like any other, and only on the task's last attempt does the run
-// fail, with a message that names the job and the fix.
-func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunner, error) {
+// runner finds the job of a run. A task of a job this worker does not run
+// (two jobs sharing a queue, a rolling deploy that moves a job) is handed
+// back: the error wraps errNotHosted, which IsFailure does not count and
+// RetryDelay offers again after a few seconds, so the run neither fails nor
+// loses retries. It is logged, since it means a queue is shared by workers
+// that host different jobs.
+func (c *Client) runner(t *asynq.Task, run string) (jobRunner, error) {
 	job, _ := jobOf(run)
 	r, ok := c.jobs.lookup(job)
 	if !ok {
-		err := fmt.Errorf("mapreduce: %s task of run %s: job %q: %w on this worker (registered: %v); register it with AddJob on every worker",
-			t.Type(), run, job, ErrUnknownJob, c.jobs.Names())
-		if lastAttempt(ctx, err) {
-			rctx, cancel := afterWork(ctx)
-			defer cancel()
-			c.failRun(rctx, run, err)
-		}
-		return nil, err
+		c.log.Warn("mapreduce: handed back a task of a job this worker does not run; a worker that runs it will take it",
+			"job", job, "run", run, "task", t.Type(), "runs", c.jobs.Names())
+		return nil, fmt.Errorf("mapreduce: %s task of run %s: job %q: %w (it runs: %s)", t.Type(), run, job, errNotHosted, strings.Join(c.jobs.Names(), ", "))
 	}
 	return r, nil
 }
@@ -154,11 +199,11 @@ func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunn
 func (c *Client) enqueueStep(ctx context.Context, run, nonce, typ string, o JobOptions) error {
 	payload, _ := json.Marshal(runPayload{Run: run, Nonce: nonce})
 	step, timeout := "split", o.SplitTimeout
-	if typ == TypeReduce {
+	if typ == typeReduce {
 		step, timeout = "reduce", o.ReduceTimeout
 	}
 	_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typ, payload),
-		asynq.TaskID(taskID(run, nonce, step)), asynq.Queue(o.Queue), asynq.MaxRetry(o.StepRetries),
+		asynq.TaskID(taskID(run, nonce, step)), asynq.Queue(o.Queue), asynq.MaxRetry(o.StepRetries+spareRetry),
 		asynq.Timeout(timeout), asynq.Retention(o.Retention))
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 		return fmt.Errorf("enqueue %s of run %s: %w", step, run, err)
@@ -179,8 +224,8 @@ func (c *Client) enqueueMap(ctx context.Context, run, nonce string, i int, page 
 	if err != nil {
 		return err
 	}
-	_, err = c.aq.EnqueueContext(ctx, asynq.NewTask(TypeMap, payload),
-		asynq.TaskID(mapTaskID(run, nonce, i)), asynq.Queue(o.Queue), asynq.MaxRetry(o.MapRetries),
+	_, err = c.aq.EnqueueContext(ctx, asynq.NewTask(typeMap, payload),
+		asynq.TaskID(mapTaskID(run, nonce, i)), asynq.Queue(o.Queue), asynq.MaxRetry(o.MapRetries+spareRetry),
 		asynq.Timeout(o.MapTimeout))
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 		return fmt.Errorf("enqueue page %d of run %s: %w", i, run, err)
@@ -196,9 +241,18 @@ func afterWork(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 }
 
-// lastAttempt reports whether the task's handler will not be retried after
-// returning err.
-func lastAttempt(ctx context.Context, err error) bool {
+// lastAttempt reports whether the task's handler, returning err, has used
+// up its job's retries (retries: JobOptions.MapRetries or StepRetries), or
+// err is one no retry can fix. The caller then records the outcome and
+// returns final(err), so that asynq archives the task.
+//
+// Tasks are enqueued with one asynq retry more than the job's (spareRetry):
+// asynq archives a task whose retry count is spent before it asks
+// IsFailure, so without the spare a task handed back on its last attempt
+// (errNotHosted) would be archived instead of offered again. The job's own
+// count is enforced here; a worker that dies on a task's last attempt gives
+// it the spare attempt.
+func lastAttempt(ctx context.Context, err error, retries int) bool {
 	if errors.Is(err, asynq.SkipRetry) {
 		return true
 	}
@@ -206,7 +260,17 @@ func lastAttempt(ctx context.Context, err error) bool {
 	if errors.As(err, &m) {
 		return true
 	}
-	retried, ok1 := asynq.GetRetryCount(ctx)
-	max, ok2 := asynq.GetMaxRetry(ctx)
-	return ok1 && ok2 && retried >= max
+	retried, ok := asynq.GetRetryCount(ctx)
+	return ok && retried >= retries
+}
+
+// spareRetry is the asynq retry that tasks get beyond their job's retries.
+const spareRetry = 1
+
+// final marks err so that asynq archives its task instead of retrying it.
+func final(err error) error {
+	if err == nil || errors.Is(err, asynq.SkipRetry) {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
 }

@@ -13,6 +13,7 @@ package ordersreport
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
@@ -20,7 +21,7 @@ import (
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
-	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/batchmr/batchmr/pkg/worker"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -73,7 +74,7 @@ type Report struct {
 }
 
 // Schema creates the job's tables: orders (when missing) and the per-page
-// and per-run report tables.
+// and per-run report tables. Seed and each run's Split create them.
 const Schema = `
 CREATE TABLE IF NOT EXISTS orders (
 	id           bigserial PRIMARY KEY,
@@ -188,73 +189,90 @@ WITH agg AS (
 )
 SELECT status, orders, amount_cents FROM agg`
 
-// Job returns the job, reading orders from db under permits of sem.
-func Job(db *pgxpool.Pool, sem *semaphore.Semaphore) mapreduce.Job[Args, Page, Totals, Report] {
-	return mapreduce.Job[Args, Page, Totals, Report]{
-		Name: Name,
-		Split: func(ctx context.Context, a Args, emit func(Page) error) error {
-			size := a.PageSize
-			if size == 0 {
-				size = 5000
-			}
-			return pgsource.Split(ctx, db, sem, pgsource.Table{Name: "orders", Key: "id", PageSize: size}, func(r pgsource.KeyRange) error {
-				return emit(Page{KeyRange: r, SlowMS: a.SlowMS})
-			})
-		},
-		Map: func(ctx context.Context, r Page) (Totals, error) {
-			run, _ := mapreduce.RunID(ctx)
-			rows, err := pgsource.Fetch(ctx, db, sem, pageSQL, r, pgx.RowToStructByPos[statusRow], float64(r.SlowMS)/1000, run)
-			if err != nil {
-				return Totals{}, err
-			}
-			t := Totals{ByStatus: map[string]int64{}}
-			for _, row := range rows {
-				t.add(row.totals())
-			}
-			return t, nil
-		},
-		Options: mapreduce.JobOptions{
-			// A page query that fails (a deadlock, a failover) is worth
-			// retrying soon: 1s, 2s, 4s … up to a minute, not asynq's
-			// default of 15 s and more.
-			Backoff: func(n int, _ error) time.Duration { return min(time.Second<<min(n, 6), time.Minute) },
-		},
-		Reduce: func(ctx context.Context, a Args, pages iter.Seq2[mapreduce.PageResult[Page, Totals], error]) (Report, error) {
-			var rep Report
-			rep.ByStatus = map[string]int64{}
-			for p, err := range pages {
-				if err != nil {
-					return Report{}, err
-				}
-				if p.Err != nil { // only under CompleteSemantics; this job uses SuccessSemantics
-					return Report{}, fmt.Errorf("page %d failed: %w", p.Index, p.Err)
-				}
-				rep.add(p.Result)
-				rep.Pages++
-			}
-			run, _ := mapreduce.RunID(ctx)
-			byStatus, _ := json.Marshal(rep.ByStatus)
-			err := pgsource.Exec(ctx, db, sem, `
-				INSERT INTO orders_reports (run_id, orders, amount_cents, by_status, pages)
-				VALUES ($1, $2, $3, $4, $5)
-				ON CONFLICT (run_id) DO UPDATE
-				SET orders = excluded.orders, amount_cents = excluded.amount_cents, by_status = excluded.by_status,
-				    pages = excluded.pages, written_at = now()`,
-				run, rep.Orders, rep.AmountCents, byStatus, rep.Pages)
-			return rep, err
-		},
-	}
-}
-
-// Register adds the job to jobs, creating its report tables in db.
-// The job runs in queue (empty: asynq's "default").
-func Register(ctx context.Context, jobs *mapreduce.Jobs, db *pgxpool.Pool, sem *semaphore.Semaphore, queue string) error {
-	if db != nil {
+// Job is the orders report. Its functions take the database pool and the
+// "db" semaphore from the worker that runs them (worker.Database), so any
+// process can start it and decode its result without a database:
+//
+//	id, err := ordersreport.Job.Start(ctx, mr, ordersreport.Args{PageSize: 5000}, mapreduce.StartOptions{})
+var Job = mapreduce.Job[Args, Page, Totals, Report]{
+	Name:     Name,
+	Validate: validate,
+	Split: func(ctx context.Context, a Args, emit func(Page) error) error {
+		db, sem, err := worker.Database(ctx)
+		if err != nil {
+			return err
+		}
 		if err := createTables(ctx, db); err != nil {
 			return fmt.Errorf("%s: creating its tables: %w", Name, err)
 		}
+		size := a.PageSize
+		if size == 0 {
+			size = 5000
+		}
+		return pgsource.Split(ctx, db, sem, pgsource.Table{Name: "orders", Key: "id", PageSize: size}, func(r pgsource.KeyRange) error {
+			return emit(Page{KeyRange: r, SlowMS: a.SlowMS})
+		})
+	},
+	Map: func(ctx context.Context, r Page) (Totals, error) {
+		db, sem, err := worker.Database(ctx)
+		if err != nil {
+			return Totals{}, err
+		}
+		run, _ := mapreduce.RunID(ctx)
+		rows, err := pgsource.Fetch(ctx, db, sem, pageSQL, r, pgx.RowToStructByPos[statusRow], float64(r.SlowMS)/1000, run)
+		if err != nil {
+			return Totals{}, err
+		}
+		t := Totals{ByStatus: map[string]int64{}}
+		for _, row := range rows {
+			t.add(row.totals())
+		}
+		return t, nil
+	},
+	Reduce: func(ctx context.Context, a Args, pages iter.Seq2[mapreduce.PageResult[Page, Totals], error]) (Report, error) {
+		db, sem, err := worker.Database(ctx)
+		if err != nil {
+			return Report{}, err
+		}
+		var rep Report
+		rep.ByStatus = map[string]int64{}
+		for p, err := range pages {
+			if err != nil {
+				return Report{}, err
+			}
+			if p.Err != nil { // only under CompleteSemantics; this job uses SuccessSemantics
+				return Report{}, fmt.Errorf("page %d failed: %w", p.Index, p.Err)
+			}
+			rep.add(p.Result)
+			rep.Pages++
+		}
+		run, _ := mapreduce.RunID(ctx)
+		byStatus, _ := json.Marshal(rep.ByStatus)
+		err = pgsource.Exec(ctx, db, sem, `
+			INSERT INTO orders_reports (run_id, orders, amount_cents, by_status, pages)
+			VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (run_id) DO UPDATE
+			SET orders = excluded.orders, amount_cents = excluded.amount_cents, by_status = excluded.by_status,
+			    pages = excluded.pages, written_at = now()`,
+			run, rep.Orders, rep.AmountCents, byStatus, rep.Pages)
+		return rep, err
+	},
+	Options: mapreduce.JobOptions{
+		// A page query that fails (a deadlock, a failover) is worth
+		// retrying soon: 1s, 2s, 4s … up to a minute, not asynq's
+		// default of 15 s and more.
+		Backoff: func(n int, _ error) time.Duration { return min(time.Second<<min(n, 6), time.Minute) },
+	},
+}
+
+// validate refuses arguments that could only fail the run later.
+func validate(a Args) error {
+	var errs []error
+	if a.PageSize < 0 {
+		errs = append(errs, fmt.Errorf("page_size %d: use a positive number of orders per page, or leave it out for 5000", a.PageSize))
 	}
-	j := Job(db, sem)
-	j.Options.Queue = queue
-	return mapreduce.AddJob(jobs, j)
+	if a.SlowMS < 0 {
+		errs = append(errs, fmt.Errorf("slow_ms %d: use 0 or more milliseconds", a.SlowMS))
+	}
+	return errors.Join(errs...)
 }

@@ -88,7 +88,13 @@ func newServer(rdb *redis.Client, queue string) *asynq.Server {
 // nothing, a Reduce that counts.
 func noopJobs(queue string) *mapreduce.Jobs {
 	jobs := mapreduce.NewJobs()
-	must(mapreduce.AddJob(jobs, mapreduce.Job[int, int, struct{}, int]{
+	must(mapreduce.AddJob(jobs, noopJob(queue)))
+	return jobs
+}
+
+// noopJob is a job of n pages whose Map does nothing.
+func noopJob(queue string) mapreduce.Job[int, int, struct{}, int] {
+	return mapreduce.Job[int, int, struct{}, int]{
 		Name: "noop",
 		Split: func(ctx context.Context, n int, emit func(int) error) error {
 			for i := range n {
@@ -101,8 +107,7 @@ func noopJobs(queue string) *mapreduce.Jobs {
 		Map: func(context.Context, int) (struct{}, error) { return struct{}{}, nil },
 		Options: mapreduce.JobOptions{Queue: queue, Retention: time.Minute,
 			Semantics: mapreduce.CompleteSemantics, MapRetries: -1},
-	}))
-	return jobs
+	}
 }
 
 func newClient(rdb *redis.Client, prefix, queue string) *mapreduce.Client {
@@ -120,7 +125,7 @@ func runAndWait(ctx context.Context, rdb *redis.Client, c *mapreduce.Client, que
 	c.Register(mux)
 	must(srv.Start(mux))
 	defer srv.Shutdown()
-	id, err := c.Start(ctx, "noop", n, mapreduce.StartOptions{})
+	id, err := noopJob(queue).Start(ctx, c, n, mapreduce.StartOptions{})
 	must(err)
 	for {
 		st, err := c.Status(ctx, id)
@@ -140,7 +145,6 @@ func runAndWait(ctx context.Context, rdb *redis.Client, c *mapreduce.Client, que
 
 func large(ctx context.Context, rdb *redis.Client, prefix, queue string) {
 	c := newClient(rdb, prefix, queue)
-	defer c.Close()
 	baseMem := usedMemory(ctx, rdb)
 	var peak int64
 	var samples int
@@ -171,7 +175,6 @@ func large(ctx context.Context, rdb *redis.Client, prefix, queue string) {
 
 func mapreduceRound(ctx context.Context, rdb *redis.Client, prefix, queue string, n int) time.Duration {
 	c := newClient(rdb, prefix, queue)
-	defer c.Close()
 	start := time.Now()
 	runAndWait(ctx, rdb, c, queue, n, nil)
 	return time.Since(start)

@@ -11,9 +11,10 @@
 -- ARGV[2] new state: succeeded, failed or cancelled
 -- ARGV[3] encoded result ("" for none)
 -- ARGV[4] error message ("" for none)
--- ARGV[5] retention (ms)
--- ARGV[6] the state the run must be in, or "" for any unfinished state
--- ARGV[7] "1" if ARGV[3] is a result (which may be empty bytes)
+-- ARGV[5] the state the run must be in, or "" for any unfinished state
+-- ARGV[6] "1" if ARGV[3] is a result (which may be empty bytes)
+-- The keys expire after the retention that start.lua kept in the run (24 h
+-- for a run created before it did).
 -- Returns {1, state} if this call ended the run, {0, state} otherwise,
 -- state being the run's state after the call ("" if it does not exist).
 local st = redis.call('HGET', KEYS[1], 'state')
@@ -23,19 +24,19 @@ end
 if st == 'succeeded' or st == 'failed' or st == 'cancelled' then
   return {0, st}
 end
-if ARGV[6] ~= '' and st ~= ARGV[6] then
+if ARGV[5] ~= '' and st ~= ARGV[5] then
   return {0, st}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished', now, 'updated', now)
-if ARGV[7] == '1' then
+if ARGV[6] == '1' then
   redis.call('HSET', KEYS[1], 'result', ARGV[3])
 end
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'error', ARGV[4])
 end
-local ttl = tonumber(ARGV[5])
+local ttl = tonumber(redis.call('HGET', KEYS[1], 'retention')) or 86400000
 for i = 1, 4 do
   redis.call('PEXPIRE', KEYS[i], ttl)
 end

@@ -8,7 +8,8 @@
 -- ARGV[2] job name
 -- ARGV[3] args (encoded)
 -- ARGV[4] "1" if runs of this job may overlap
--- ARGV[5] retention (ms): entries older than this leave the runs index
+-- ARGV[5] retention (ms): kept in the run, so that any process can end it
+--         (finish.lua); entries older than this leave the runs index
 -- ARGV[6] queue
 -- ARGV[7] nonce: a fresh random string, part of the run's task IDs, so that
 --         a run started again under the same ID after the first one expired
@@ -35,7 +36,7 @@ if ARGV[4] ~= '1' then
   redis.call('SET', KEYS[3], ARGV[1])
 end
 redis.call('HSET', KEYS[1], 'job', ARGV[2], 'args', ARGV[3], 'state', 'splitting',
-  'queue', ARGV[6], 'nonce', ARGV[7], 'total', -1, 'done', 0, 'failed', 0,
+  'queue', ARGV[6], 'nonce', ARGV[7], 'retention', ARGV[5], 'total', -1, 'done', 0, 'failed', 0,
   'created', now, 'updated', now)
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 -- Forget runs older than the retention whose records have expired; a run

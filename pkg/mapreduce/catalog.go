@@ -1,0 +1,442 @@
+package mapreduce
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/rediserr"
+	"github.com/redis/go-redis/v9"
+)
+
+// The catalogue is how any process learns which jobs exist without being
+// built with them: every worker announces the jobs it runs (Announce),
+// with a heartbeat, and the scheduler starts, lists and checks runs of any
+// announced job. Its keys share the hash tag {catalog}:
+//
+//	<prefix>:{catalog}:jobs           HASH  job name -> JobInfo (JSON), last announcer wins
+//	<prefix>:{catalog}:workers        ZSET  worker ID -> heartbeat deadline (ms, Redis time)
+//	<prefix>:{catalog}:worker:<id>    STRING WorkerInfo (JSON), expires with the heartbeat
+//	<prefix>:{catalog}:check:<job>    LIST  argument checks waiting for a host of the job
+//	<prefix>:{catalog}:answer:<id>    LIST  one check's answer
+
+// JobInfo describes a job as its workers announce it.
+type JobInfo struct {
+	Name string `json:"name"`
+	// Queue is the asynq queue of the job's tasks.
+	Queue string `json:"queue"`
+	// ArgsType is the Go type of the job's arguments, and ArgsSchema its
+	// shape as a JSON Schema (JSON codec only), for a person writing --args.
+	ArgsType   string          `json:"args_type"`
+	ArgsSchema json.RawMessage `json:"args_schema,omitempty"`
+	// JSON is true when the job's codec is JSON: only then can a run be
+	// started with StartJSON.
+	JSON bool `json:"json"`
+	// Validates is true when the job checks its arguments (Job.Validate).
+	Validates bool `json:"validates,omitempty"`
+
+	MapRetries    int           `json:"map_retries"`
+	StepRetries   int           `json:"step_retries"`
+	MapTimeout    time.Duration `json:"map_timeout"`
+	SplitTimeout  time.Duration `json:"split_timeout"`
+	ReduceTimeout time.Duration `json:"reduce_timeout"`
+	Retention     time.Duration `json:"retention"`
+	Semantics     string        `json:"semantics"`
+	AllowOverlap  bool          `json:"allow_overlap,omitempty"`
+
+	// Announced is when a worker last announced the job.
+	Announced time.Time `json:"announced"`
+	// Workers are the live workers that run the job, filled in by
+	// Client.Jobs. None means the job's runs would not start.
+	Workers []WorkerInfo `json:"-"`
+}
+
+// WorkerInfo describes a worker process, as it announces itself.
+type WorkerInfo struct {
+	// ID names the worker: host, process ID and random bits by default.
+	ID       string    `json:"id"`
+	Host     string    `json:"host"`
+	PID      int       `json:"pid"`
+	Started  time.Time `json:"started"`
+	Jobs     []string  `json:"jobs"`
+	Queues   map[string]int `json:"queues,omitempty"`
+	// Semaphores are the fleet-wide semaphores the worker's jobs use.
+	Semaphores []string `json:"semaphores,omitempty"`
+	// Version is free text: the user's build, for telling deploys apart.
+	Version string `json:"version,omitempty"`
+	// Seen is the worker's last heartbeat.
+	Seen time.Time `json:"seen"`
+}
+
+func (j Job[A, P, R, O]) info() JobInfo {
+	o := j.Options.withDefaults()
+	info := JobInfo{
+		Name:          j.Name,
+		Queue:         o.Queue,
+		ArgsType:      reflect.TypeFor[A]().String(),
+		JSON:          o.Codec == JSON,
+		Validates:     j.Validate != nil,
+		MapRetries:    o.MapRetries,
+		StepRetries:   o.StepRetries,
+		MapTimeout:    o.MapTimeout,
+		SplitTimeout:  o.SplitTimeout,
+		ReduceTimeout: o.ReduceTimeout,
+		Retention:     o.Retention,
+		Semantics:     "success",
+		AllowOverlap:  o.AllowOverlap,
+	}
+	if o.Semantics == CompleteSemantics {
+		info.Semantics = "complete"
+	}
+	if info.JSON {
+		info.ArgsSchema, _ = json.Marshal(schemaOf(reflect.TypeFor[A](), 0))
+	}
+	return info
+}
+
+// spec is the jobSpec of an announced job.
+func (i JobInfo) spec() jobSpec {
+	o := JobOptions{
+		Queue: i.Queue, MapRetries: i.MapRetries, StepRetries: i.StepRetries,
+		MapTimeout: i.MapTimeout, SplitTimeout: i.SplitTimeout, ReduceTimeout: i.ReduceTimeout,
+		Retention: i.Retention, AllowOverlap: i.AllowOverlap,
+	}
+	// The announced values are the defaults applied; 0 retries was -1.
+	if o.MapRetries == 0 {
+		o.MapRetries = -1
+	}
+	if o.StepRetries == 0 {
+		o.StepRetries = -1
+	}
+	return jobSpec{name: i.Name, o: o.withDefaults()}
+}
+
+func (c *Client) catalogKey(parts ...string) string {
+	return c.prefix + ":{catalog}:" + strings.Join(parts, ":")
+}
+
+// heartbeatTTL is how long a worker stays listed after its last heartbeat;
+// heartbeatEvery how often it renews.
+const (
+	heartbeatEvery = 5 * time.Second
+	heartbeatTTL   = 30 * time.Second
+)
+
+// NewWorkerInfo returns the WorkerInfo of this process for the jobs c
+// runs: its host, process ID, a fresh ID and the jobs' queues.
+func (c *Client) NewWorkerInfo() WorkerInfo {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	qs, _ := c.Queues(nil)
+	return WorkerInfo{
+		ID:      fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:])),
+		Host:    host,
+		PID:     os.Getpid(),
+		Started: time.Now(),
+		Jobs:    c.jobs.Names(),
+		Queues:  qs,
+	}
+}
+
+// Announce lists w and the jobs c runs in the catalogue, renews the
+// listing every 5 seconds and answers argument checks of command-line
+// starts (StartJSON) for those jobs, until ctx is done; it then withdraws
+// the listing and returns. A worker that dies without withdrawing drops out
+// of the listing 30 seconds after its last heartbeat. While Redis is
+// unreachable it logs a warning and keeps trying. It returns an error at
+// once only when c runs no job or w has no ID.
+func (c *Client) Announce(ctx context.Context, w WorkerInfo) error {
+	if len(c.jobs.Names()) == 0 {
+		return errors.New("mapreduce: announce: this Client runs no job: register jobs in Config.Jobs")
+	}
+	if w.ID == "" {
+		return errors.New("mapreduce: announce: WorkerInfo.ID is empty: start from Client.NewWorkerInfo")
+	}
+	go c.answerChecks(ctx)
+	var lastWarn time.Time
+	for {
+		if err := c.announce(ctx, w); err != nil && ctx.Err() == nil && time.Since(lastWarn) > time.Minute {
+			lastWarn = time.Now()
+			c.log.Warn("mapreduce: announcing this worker's jobs failed; retrying", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			defer cancel()
+			_, _ = c.rdb.Pipelined(wctx, func(p redis.Pipeliner) error {
+				p.ZRem(wctx, c.catalogKey("workers"), w.ID)
+				p.Del(wctx, c.catalogKey("worker", w.ID))
+				return nil
+			})
+			return nil
+		case <-time.After(heartbeatEvery):
+		}
+	}
+}
+
+// announce writes one heartbeat: the worker, and every job it runs.
+func (c *Client) announce(ctx context.Context, w WorkerInfo) error {
+	now, err := c.rdb.Time(ctx).Result()
+	if err != nil {
+		return err
+	}
+	w.Seen = now
+	wb, _ := json.Marshal(w)
+	jobs := map[string]any{}
+	for _, name := range c.jobs.Names() {
+		r, _ := c.jobs.lookup(name)
+		info := r.info()
+		info.Queue = c.options(r).Queue
+		info.Announced = now
+		b, _ := json.Marshal(info)
+		jobs[name] = b
+	}
+	_, err = c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRemRangeByScore(ctx, c.catalogKey("workers"), "-inf", strconv.FormatInt(now.UnixMilli(), 10))
+		p.ZAdd(ctx, c.catalogKey("workers"), redis.Z{Score: float64(now.Add(heartbeatTTL).UnixMilli()), Member: w.ID})
+		p.Set(ctx, c.catalogKey("worker", w.ID), wb, heartbeatTTL)
+		p.HSet(ctx, c.catalogKey("jobs"), jobs)
+		return nil
+	})
+	return err
+}
+
+// Jobs returns every job announced in the catalogue, sorted by name, each
+// with the live workers that run it. A job whose workers have all stopped
+// stays listed with none: its runs would not start until one is back.
+func (c *Client) Jobs(ctx context.Context) ([]JobInfo, error) {
+	workers, err := c.Workers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := c.rdb.HGetAll(ctx, c.catalogKey("jobs")).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: jobs: %w", err)
+	}
+	out := make([]JobInfo, 0, len(raw))
+	for name, b := range raw {
+		var info JobInfo
+		if err := json.Unmarshal([]byte(b), &info); err != nil {
+			return nil, fmt.Errorf("mapreduce: jobs: the catalogue entry of %q is malformed (%v): delete it with HDEL %s %s; a worker re-announces it", name, err, c.catalogKey("jobs"), name)
+		}
+		for _, w := range workers {
+			if slices.Contains(w.Jobs, name) {
+				info.Workers = append(info.Workers, w)
+			}
+		}
+		out = append(out, info)
+	}
+	slices.SortFunc(out, func(a, b JobInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// Job returns the catalogue's entry of one job, or an error wrapping
+// ErrUnknownJob that lists the jobs there are.
+func (c *Client) Job(ctx context.Context, name string) (JobInfo, error) {
+	all, err := c.Jobs(ctx)
+	if err != nil {
+		return JobInfo{}, err
+	}
+	names := make([]string, 0, len(all))
+	for _, j := range all {
+		if j.Name == name {
+			return j, nil
+		}
+		names = append(names, j.Name)
+	}
+	known := "none: no worker has announced a job yet; start a worker that runs it"
+	if len(names) > 0 {
+		known = strings.Join(names, ", ")
+	}
+	return JobInfo{}, fmt.Errorf("mapreduce: job %q: %w: no worker has announced it (known jobs: %s)", name, ErrUnknownJob, known)
+}
+
+// Workers returns the live workers, sorted by ID.
+func (c *Client) Workers(ctx context.Context) ([]WorkerInfo, error) {
+	now, err := c.rdb.Time(ctx).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: workers: %w", err)
+	}
+	ids, err := c.rdb.ZRangeByScore(ctx, c.catalogKey("workers"), &redis.ZRangeBy{Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: workers: %w", err)
+	}
+	out := make([]WorkerInfo, 0, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i] = c.catalogKey("worker", id)
+	}
+	vals, err := c.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: workers: %w", err)
+	}
+	for _, v := range vals {
+		s, ok := v.(string)
+		if !ok {
+			continue // expired between the two reads
+		}
+		var w WorkerInfo
+		if json.Unmarshal([]byte(s), &w) == nil {
+			out = append(out, w)
+		}
+	}
+	slices.SortFunc(out, func(a, b WorkerInfo) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// StartJSON starts a run of the job named job with arguments encoded as
+// JSON (nil or empty: the zero value), for callers that do not have the
+// job's Go type: a command line, an HTTP handler. A job this process runs
+// is checked here; any other is looked up in the catalogue, and a live
+// worker that runs it decodes the arguments and runs Validate before the
+// run is created, answering within a few seconds. An error wrapping
+// ErrInvalidArgs means nothing was created. If no worker answers (none is
+// live), the run is created unchecked and its split checks the arguments,
+// failing the run at once if they are invalid. Otherwise StartJSON returns
+// what Job.Start does.
+func (c *Client) StartJSON(ctx context.Context, job string, args json.RawMessage, opts StartOptions) (string, error) {
+	if len(args) == 0 {
+		args = json.RawMessage("null")
+	}
+	if r, ok := c.jobs.lookup(job); ok {
+		if r.info().JSON {
+			if err := r.checkArgs(args); err != nil {
+				return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
+			}
+			return c.start(ctx, c.spec(job, r.options()), compactJSON(args), opts)
+		}
+		return "", fmt.Errorf("mapreduce: start %q: the job's codec is not JSON: start it from Go with Job.Start", job)
+	}
+	info, err := c.Job(ctx, job)
+	if err != nil {
+		return "", fmt.Errorf("mapreduce: start: %w", err)
+	}
+	if !info.JSON {
+		return "", fmt.Errorf("mapreduce: start %q: the job's codec is not JSON: start it from Go with Job.Start", job)
+	}
+	if !json.Valid(args) {
+		return "", fmt.Errorf("mapreduce: start %q: %w: %.200q is not JSON", job, ErrInvalidArgs, args)
+	}
+	if len(info.Workers) > 0 {
+		if err := c.checkArgs(ctx, job, args); err != nil {
+			return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
+		}
+	}
+	return c.start(ctx, info.spec(), compactJSON(args), opts)
+}
+
+// compactJSON drops the insignificant spaces of valid JSON: the arguments
+// are stored with the run.
+func compactJSON(b []byte) []byte {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return b
+	}
+	return buf.Bytes()
+}
+
+// checkTimeout bounds how long StartJSON waits for a host to check the
+// arguments.
+const checkTimeout = 5 * time.Second
+
+type checkRequest struct {
+	ID       string          `json:"id"`
+	Args     json.RawMessage `json:"args"`
+	Deadline int64           `json:"deadline"` // ms since the epoch, the caller's clock
+}
+
+type checkAnswer struct {
+	Err string `json:"error,omitempty"`
+}
+
+// checkArgs asks a live host of job to check args: a request on the job's
+// check list, one answer on the request's own list. A check nobody answers
+// in time is withdrawn and passes: the split checks again.
+func (c *Client) checkArgs(ctx context.Context, job string, args json.RawMessage) error {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	id := hex.EncodeToString(b[:])
+	req, _ := json.Marshal(checkRequest{ID: id, Args: args, Deadline: time.Now().Add(checkTimeout).UnixMilli()})
+	list := c.catalogKey("check", job)
+	if _, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.LPush(ctx, list, req)
+		p.Expire(ctx, list, time.Minute)
+		return nil
+	}); err != nil {
+		return err
+	}
+	res, err := c.rdb.BRPop(ctx, checkTimeout, c.catalogKey("answer", id)).Result()
+	if err != nil {
+		c.rdb.LRem(context.WithoutCancel(ctx), list, 1, req)
+		if errors.Is(err, redis.Nil) {
+			c.log.Warn("mapreduce: no worker checked the run's arguments in time; the split will", "job", job)
+			return nil
+		}
+		return err
+	}
+	var ans checkAnswer
+	if err := json.Unmarshal([]byte(res[1]), &ans); err != nil {
+		return fmt.Errorf("a malformed answer to the argument check: %w", err)
+	}
+	if ans.Err != "" {
+		return fmt.Errorf("%w: %s", ErrInvalidArgs, strings.TrimPrefix(ans.Err, ErrInvalidArgs.Error()+": "))
+	}
+	return nil
+}
+
+// answerChecks answers argument checks for the jobs c runs until ctx is
+// done, on one blocking connection.
+func (c *Client) answerChecks(ctx context.Context) {
+	names := c.jobs.Names()
+	lists := make([]string, len(names))
+	for i, n := range names {
+		lists[i] = c.catalogKey("check", n)
+	}
+	for ctx.Err() == nil {
+		res, err := c.rdb.BRPop(ctx, 2*time.Second, lists...).Result()
+		if err != nil {
+			if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
+				if !rediserr.Transient(err) {
+					c.log.Warn("mapreduce: waiting for argument checks failed", "error", err)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
+			}
+			continue
+		}
+		job := strings.TrimPrefix(res[0], c.catalogKey("check")+":")
+		var req checkRequest
+		if json.Unmarshal([]byte(res[1]), &req) != nil || req.ID == "" || time.Now().UnixMilli() > req.Deadline {
+			continue // malformed, or its caller has given up
+		}
+		var ans checkAnswer
+		if r, ok := c.jobs.lookup(job); ok {
+			if err := r.checkArgs(req.Args); err != nil {
+				ans.Err = err.Error()
+			}
+		}
+		b, _ := json.Marshal(ans)
+		key := c.catalogKey("answer", req.ID)
+		_, _ = c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.LPush(ctx, key, b)
+			p.Expire(ctx, key, time.Minute)
+			return nil
+		})
+	}
+}

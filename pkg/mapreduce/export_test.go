@@ -1,0 +1,28 @@
+package mapreduce
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/hibiken/asynq"
+)
+
+// The task types, for tests that drive tasks by hand.
+const (
+	TypeSplit  = typeSplit
+	TypeMap    = typeMap
+	TypeReduce = typeReduce
+)
+
+// ProcessTask runs one task as a worker's asynq server would.
+func (c *Client) ProcessTask(ctx context.Context, t *asynq.Task) error { return c.processTask(ctx, t) }
+
+// StartAny starts a run of a job by name with arguments of any type,
+// encoded as JSON: the tests' shorthand for StartJSON.
+func (c *Client) StartAny(ctx context.Context, job string, args any, opts StartOptions) (string, error) {
+	b, err := json.Marshal(args)
+	if err != nil {
+		return "", err
+	}
+	return c.StartJSON(ctx, job, b, opts)
+}

@@ -1,0 +1,136 @@
+package worker
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Config configures a worker. Every field has a command-line flag and an
+// environment variable in Main; zero values take the documented defaults.
+type Config struct {
+	// RedisURL locates the Redis that holds runs, tasks and semaphores
+	// (--redis-url, REDIS_URL). Required.
+	RedisURL string
+	// DatabaseURL locates the Postgres the jobs query (--database-url,
+	// DATABASE_URL). Empty: the worker has no database, and
+	// worker.Database returns an error.
+	DatabaseURL string
+	// ApplicationName names the worker's database connections in
+	// pg_stat_activity (--application-name, WORKER_APPLICATION_NAME).
+	// Default "batchmr-worker".
+	ApplicationName string
+	// Prefix starts every Redis key and queue name of the deployment
+	// (BATCHMR_PREFIX). Default "batchmr".
+	Prefix string
+	// Concurrency is how many tasks the worker runs at once
+	// (--concurrency, WORKER_CONCURRENCY). Default 10.
+	Concurrency int
+	// Permits opens fleet-wide semaphores by name, each with the limit it
+	// gets if Redis has none yet; Redis holds the live limit, which
+	// 'scheduler permits set' changes (--permits NAME=N, WORKER_PERMITS;
+	// --db-permits N, DB_PERMITS, for "db"). Default: "db" with 8 when the
+	// worker has a database.
+	Permits map[string]int
+	// Lease is how long a permit of a crashed worker stays taken
+	// (--lease, DB_PERMIT_LEASE). Default 30s.
+	Lease time.Duration
+	// ShutdownTimeout is how long in-flight tasks may finish after SIGTERM
+	// before they are handed back (--shutdown-timeout,
+	// WORKER_SHUTDOWN_TIMEOUT). Default 30s.
+	ShutdownTimeout time.Duration
+	// ReconcileEvery is how often the worker repairs runs that crashes left
+	// behind (--reconcile-every, WORKER_RECONCILE_EVERY). Default 30s.
+	ReconcileEvery time.Duration
+	// PollInterval is how often an idle worker looks for tasks
+	// (--poll-interval, WORKER_POLL_INTERVAL). Default 1s.
+	PollInterval time.Duration
+	// Weights sets the priority of each job's queue against the others'
+	// (--weight JOB=N, WORKER_WEIGHTS). Default 1 each.
+	Weights map[string]int
+	// Version is free text shown with the worker in 'scheduler jobs'
+	// (--version-label, WORKER_VERSION).
+	Version string
+	// Logger receives the worker's logs, asynq's included (at warn level
+	// and above for asynq). Default: text on stderr at info level.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.ApplicationName == "" {
+		c.ApplicationName = "batchmr-worker"
+	}
+	if c.Prefix == "" {
+		c.Prefix = "batchmr"
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 10
+	}
+	if c.Permits == nil && c.DatabaseURL != "" {
+		c.Permits = map[string]int{DBSemaphore: 8}
+	}
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.ReconcileEvery == 0 {
+		c.ReconcileEvery = 30 * time.Second
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// validate names the field and the flag of every bad value.
+func (c Config) validate() error {
+	var errs []string
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
+	if c.RedisURL == "" {
+		bad("no Redis: pass --redis-url or set REDIS_URL (Config.RedisURL), e.g. redis://localhost:6379/0")
+	}
+	if c.Concurrency < 0 {
+		bad("--concurrency %d: use at least 1 (Config.Concurrency)", c.Concurrency)
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+		min  time.Duration
+	}{
+		{"--lease", c.Lease, time.Second},
+		{"--shutdown-timeout", c.ShutdownTimeout, 0},
+		{"--reconcile-every", c.ReconcileEvery, time.Second},
+		{"--poll-interval", c.PollInterval, time.Millisecond},
+	} {
+		if d.v < 0 {
+			bad("%s %v is negative: use a positive duration such as 30s, or leave it unset for the default", d.flag, d.v)
+		} else if d.v > 0 && d.v < d.min {
+			bad("%s %v: use at least %v", d.flag, d.v, d.min)
+		}
+	}
+	names := make([]string, 0, len(c.Permits))
+	for name := range c.Permits {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if n := c.Permits[name]; n < 1 {
+			flag := "--permits " + name + "="
+			if name == DBSemaphore {
+				flag = "--db-permits "
+			}
+			bad("%s%d: a semaphore needs at least 1 permit (Config.Permits)", flag, n)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("worker: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}

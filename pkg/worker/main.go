@@ -1,0 +1,148 @@
+package worker
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+)
+
+const usage = `%[1]s runs batchmr jobs (%[2]s): it takes their pages from Redis (asynq),
+runs them, records the results, and takes a permit of a fleet-wide
+semaphore before each database query.
+
+Usage:
+  %[1]s [flags]
+
+Example:
+  REDIS_URL=redis://localhost:6379/0 DATABASE_URL=postgres://app@localhost/shop \
+    %[1]s --concurrency 20 --db-permits 8
+
+Start as many workers as you like, on as many machines: together they never
+run more than a semaphore's limit of queries at once. --db-permits and
+--permits set a limit only if Redis has none yet; change it live with
+'scheduler permits set db N'. Start runs with 'scheduler run JOB': the
+worker announces its jobs, so the scheduler needs no rebuild.
+SIGTERM or SIGINT: stop taking tasks, let in-flight ones finish (or hand
+them back after --shutdown-timeout), release permits, exit 0.
+
+Environment: every flag has the variable named in its description;
+BATCHMR_PREFIX (default batchmr) starts every Redis key and queue name of a
+deployment, so several share one Redis.
+
+Flags:
+`
+
+// Main runs jobs as a worker process: it reads the flags and their
+// environment variables (--help lists them), runs until SIGTERM or SIGINT,
+// and exits: 0 after a clean shutdown, 2 for a bad command line, 1 when it
+// cannot start (an unreachable server, an invalid job), each with one line
+// on stderr that names the problem and the fix. It is the whole main
+// function of a worker binary:
+//
+//	func main() { worker.Main(countkinds.Job, nightly.Job) }
+func Main(jobs ...mapreduce.AnyJob) {
+	cfg := configFromFlags(os.Args[1:], jobs)
+	// A SIGTERM while connecting is a clean stop too.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	w, err := start(ctx, cfg, jobs)
+	if err != nil {
+		if ctx.Err() != nil {
+			cfg.Logger.Info("worker: stopped before starting")
+			os.Exit(0)
+		}
+		app.Fail("%v", err)
+	}
+	<-ctx.Done()
+	stop() // a second signal kills the process at once
+	w.stop()
+}
+
+// configFromFlags parses the command line into a Config, exiting 0 after
+// --help and 2 with one line after a bad flag.
+func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
+	name := filepath.Base(os.Args[0])
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	var cfg Config
+	fs.StringVar(&cfg.RedisURL, "redis-url", app.Env("REDIS_URL", ""), "Redis URL (env REDIS_URL)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", app.Env("DATABASE_URL", ""), "Postgres URL; none: the jobs get no database (env DATABASE_URL)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", app.EnvInt("WORKER_CONCURRENCY", 10), "tasks run at once by this worker (env WORKER_CONCURRENCY)")
+	fs.StringVar(&cfg.ApplicationName, "application-name", app.Env("WORKER_APPLICATION_NAME", "batchmr-worker"), "application_name of the database connections, as pg_stat_activity shows them (env WORKER_APPLICATION_NAME)")
+	dbPermits := fs.Int("db-permits", app.EnvInt("DB_PERMITS", 8), `the fleet's concurrent database queries (semaphore "db"), used only if Redis has no limit yet (env DB_PERMITS)`)
+	permits := app.StringList(splitList(app.Env("WORKER_PERMITS", "")))
+	fs.Var(&permits, "permits", "NAME=N: open the fleet-wide semaphore NAME with N permits if Redis has no limit yet; repeatable (env WORKER_PERMITS, comma-separated)")
+	weights := app.StringList(splitList(app.Env("WORKER_WEIGHTS", "")))
+	fs.Var(&weights, "weight", "JOB=N: the priority of JOB's queue against the other jobs' (default 1); repeatable (env WORKER_WEIGHTS, comma-separated)")
+	fs.DurationVar(&cfg.Lease, "lease", app.EnvDuration("DB_PERMIT_LEASE", 30*time.Second), "how long a crashed worker's permit stays taken (env DB_PERMIT_LEASE)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", app.EnvDuration("WORKER_SHUTDOWN_TIMEOUT", 30*time.Second), "on SIGTERM, how long in-flight tasks may finish before they are handed back (env WORKER_SHUTDOWN_TIMEOUT)")
+	fs.DurationVar(&cfg.ReconcileEvery, "reconcile-every", app.EnvDuration("WORKER_RECONCILE_EVERY", 30*time.Second), "how often to repair runs left behind by crashes (env WORKER_RECONCILE_EVERY)")
+	fs.DurationVar(&cfg.PollInterval, "poll-interval", app.EnvDuration("WORKER_POLL_INTERVAL", time.Second), "how often an idle worker looks for tasks; lower starts steps sooner at the cost of Redis calls (env WORKER_POLL_INTERVAL)")
+	fs.StringVar(&cfg.Version, "version-label", app.Env("WORKER_VERSION", ""), "free text shown with this worker in 'scheduler jobs', e.g. a build ID (env WORKER_VERSION)")
+	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
+	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
+	names := make([]string, len(jobs))
+	for i, j := range jobs {
+		names[i] = j.JobName()
+	}
+	app.Parse(fs, fmt.Sprintf(usage, name, strings.Join(names, ", ")), args)
+	if fs.NArg() > 0 {
+		app.Usage("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if cfg.Logger, err = app.Logger(*logFormat, *logLevel); err != nil {
+		app.Usage("%v", err)
+	}
+	if cfg.Concurrency < 1 {
+		app.Usage("--concurrency %d: use at least 1", cfg.Concurrency)
+	}
+	cfg.Prefix = app.Prefix
+	if cfg.Permits, err = parseCounts("--permits", permits); err != nil {
+		app.Usage("%v", err)
+	}
+	if cfg.DatabaseURL != "" {
+		if _, set := cfg.Permits[DBSemaphore]; !set {
+			cfg.Permits[DBSemaphore] = *dbPermits
+		}
+	}
+	if cfg.Weights, err = parseCounts("--weight", weights); err != nil {
+		app.Usage("%v", err)
+	}
+	if err := cfg.withDefaults().validate(); err != nil {
+		app.Usage("%v", strings.TrimPrefix(err.Error(), "worker: "))
+	}
+	return cfg
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+// parseCounts reads NAME=N pairs.
+func parseCounts(flagName string, pairs []string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, p := range pairs {
+		name, v, ok := strings.Cut(p, "=")
+		n, err := strconv.Atoi(v)
+		if !ok || name == "" || err != nil {
+			return nil, fmt.Errorf("%s %q: use NAME=N, e.g. %s db=8", flagName, p, flagName)
+		}
+		out[name] = n
+	}
+	return out, nil
+}

@@ -1,0 +1,158 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// Run runs jobs until ctx is done, then shuts down gracefully and returns
+// nil: it stops taking tasks, lets in-flight ones finish within
+// Config.ShutdownTimeout (handing the rest back to their queues), releases
+// its permits and withdraws its jobs from the catalogue.
+//
+// It connects to Redis and, with a DatabaseURL, to Postgres, and returns at
+// once with an error naming the problem and the fix when it cannot, when
+// cfg is invalid, or when a job is (a bad name or options, two jobs of one
+// name, none at all). Once running, it:
+//   - serves each job's own asynq queue (weights from Config.Weights), so
+//     that no task of another job reaches it, and hands back without
+//     failing anything a task that does;
+//   - opens the semaphores of Config.Permits and hands them, the database
+//     pool and the logger to the jobs' functions (Database, Semaphore,
+//     Logger);
+//   - announces its jobs in the catalogue with a heartbeat, so that
+//     'scheduler run JOB' works for them without rebuilding the scheduler,
+//     and checks the arguments of runs started from the command line;
+//   - repairs runs that crashes left behind every Config.ReconcileEvery.
+func Run(ctx context.Context, cfg Config, jobs ...mapreduce.AnyJob) error {
+	w, err := start(ctx, cfg, jobs)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	w.stop()
+	return nil
+}
+
+// running is a started worker.
+type running struct {
+	cfg    Config
+	rdb    *redis.Client
+	env    *Env
+	srv    *asynq.Server
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the announcer has withdrawn
+	closes []func()
+}
+
+func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (w *running, err error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	registry := mapreduce.NewJobs()
+	for _, j := range jobs {
+		if err := registry.Add(j); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+	}
+	if len(registry.Names()) == 0 {
+		return nil, errors.New("worker: no jobs: pass your jobs to worker.Main or worker.Run")
+	}
+	w = &running{cfg: cfg}
+	defer func() {
+		if err != nil {
+			w.close()
+		}
+	}()
+	if w.rdb, err = app.Redis(ctx, cfg.RedisURL); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	w.closes = append(w.closes, func() { _ = w.rdb.Close() })
+	w.env = &Env{Redis: w.rdb, Logger: log, Semaphores: map[string]*semaphore.Semaphore{}}
+	if cfg.DatabaseURL != "" {
+		// A connection per task at work, and a few for splits and reduces.
+		if w.env.DB, err = app.Postgres(ctx, cfg.DatabaseURL, cfg.ApplicationName, cfg.Concurrency+4); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+		w.closes = append(w.closes, w.env.DB.Close)
+	}
+	for _, name := range slices.Sorted(maps.Keys(cfg.Permits)) {
+		sem, err := semaphore.New(w.rdb, name, semaphore.Options{Limit: cfg.Permits[name], Lease: cfg.Lease,
+			Prefix: cfg.Prefix + ":sem", Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+		w.env.Semaphores[name] = sem
+		// Closed (in reverse) before the pool and Redis: releases what is still held.
+		w.closes = append(w.closes, func() { _ = sem.Close() })
+	}
+	mr, err := mapreduce.New(w.rdb, mapreduce.Config{Jobs: registry, Prefix: cfg.Prefix, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	queues, err := mr.Queues(cfg.Weights)
+	if err != nil {
+		return nil, fmt.Errorf("worker: --weight: %w", err)
+	}
+	w.srv = asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
+		Concurrency:       cfg.Concurrency,
+		TaskCheckInterval: cfg.PollInterval,
+		Queues:            queues,
+		RetryDelayFunc:    mr.RetryDelay,
+		IsFailure:         mr.IsFailure,
+		ShutdownTimeout:   cfg.ShutdownTimeout,
+		BaseContext:       func() context.Context { return NewContext(context.Background(), w.env) },
+		Logger:            asynqLogger{log},
+		LogLevel:          asynq.WarnLevel,
+	})
+	mux := asynq.NewServeMux()
+	mr.Register(mux)
+	if err := w.srv.Start(mux); err != nil {
+		return nil, fmt.Errorf("worker: starting the asynq server: %w", err)
+	}
+
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	w.cancel = cancel
+	w.done = make(chan struct{})
+	info := mr.NewWorkerInfo()
+	info.Queues = queues
+	info.Semaphores = slices.Sorted(maps.Keys(cfg.Permits))
+	info.Version = cfg.Version
+	go mr.RunReconciler(bg, cfg.ReconcileEvery)
+	go func() {
+		defer close(w.done)
+		_ = mr.Announce(bg, info)
+	}()
+	log.Info("worker: started", "id", info.ID, "jobs", registry.Names(), "queues", queues,
+		"concurrency", cfg.Concurrency, "permits", cfg.Permits)
+	return w, nil
+}
+
+// stop shuts the worker down: the server first (in-flight tasks finish or
+// go back), then the announcement, the semaphores, the pool and Redis.
+func (w *running) stop() {
+	w.cfg.Logger.Info("worker: stopping", "shutdown_timeout", w.cfg.ShutdownTimeout)
+	w.srv.Shutdown()
+	w.cancel()
+	<-w.done
+	w.close()
+	w.cfg.Logger.Info("worker: stopped")
+}
+
+func (w *running) close() {
+	for i := len(w.closes) - 1; i >= 0; i-- {
+		w.closes[i]()
+	}
+	w.closes = nil
+}
