@@ -64,12 +64,12 @@ type JobInfo struct {
 // WorkerInfo describes a worker process, as it announces itself.
 type WorkerInfo struct {
 	// ID names the worker: host, process ID and random bits by default.
-	ID       string    `json:"id"`
-	Host     string    `json:"host"`
-	PID      int       `json:"pid"`
-	Started  time.Time `json:"started"`
-	Jobs     []string  `json:"jobs"`
-	Queues   map[string]int `json:"queues,omitempty"`
+	ID      string         `json:"id"`
+	Host    string         `json:"host"`
+	PID     int            `json:"pid"`
+	Started time.Time      `json:"started"`
+	Jobs    []string       `json:"jobs"`
+	Queues  map[string]int `json:"queues,omitempty"`
 	// Semaphores are the fleet-wide semaphores the worker's jobs use.
 	Semaphores []string `json:"semaphores,omitempty"`
 	// Version is free text: the user's build, for telling deploys apart.

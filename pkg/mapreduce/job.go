@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"iter"
+	"reflect"
 	"regexp"
 	"time"
 )
