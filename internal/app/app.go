@@ -16,6 +16,7 @@ import (
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -115,6 +116,11 @@ func Redis(ctx context.Context, url string) (*redis.Client, error) {
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		rdb.Close()
+		var reply redis.Error
+		if errors.As(err, &reply) {
+			// It answered: the URL's database, user or password is wrong.
+			return nil, fmt.Errorf("the Redis server at %s refused the connection: %w (check the URL's database number, user and password)", opt.Addr, err)
+		}
 		return nil, fmt.Errorf("the Redis server at %s does not answer: %w", opt.Addr, err)
 	}
 	return rdb, nil
@@ -142,6 +148,12 @@ func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
+		var reply *pgconn.PgError
+		if errors.As(err, &reply) {
+			// It answered: a database, user or password that it refuses.
+			return nil, fmt.Errorf("the Postgres server at %s:%d refused the connection: %s (SQLSTATE %s; check the URL's database, user and password)",
+				cfg.ConnConfig.Host, cfg.ConnConfig.Port, reply.Message, reply.Code)
+		}
 		return nil, fmt.Errorf("the Postgres server at %s:%d does not answer: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}
 	return pool, nil
