@@ -259,3 +259,19 @@ func (e *env) taskOf(typ, run string) *asynq.TaskInfo {
 	}
 	return found[0]
 }
+
+// archivedTask returns the archived task of a type that belongs to a run.
+func (e *env) archivedTask(typ, run string) *asynq.TaskInfo {
+	e.t.Helper()
+	infos, err := asynq.NewInspectorFromRedisClient(e.rdb).ListArchivedTasks(e.queue)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, ti := range infos {
+		if ti.Type == typ && strings.HasPrefix(ti.ID, run+":") {
+			return ti
+		}
+	}
+	e.t.Fatalf("no archived %s task of run %s", typ, run)
+	return nil
+}
