@@ -272,7 +272,7 @@ func TestATaskOfAJobTheWorkerDoesNotRunIsHandedBackWithoutSpendingRetries(t *tes
 	}
 	// Through a real server: handed back without a retry spent, the run
 	// still splitting.
-	e.worker(stranger, 1)
+	strangerSrv := e.worker(stranger, 1)
 	waitFor(t, 10*time.Second, "the split handed back", func() bool {
 		ti, err := asynq.NewInspectorFromRedisClient(e.rdb).GetTaskInfo(e.queue, task.ID)
 		return err == nil && ti.State == asynq.TaskStateRetry
@@ -284,7 +284,10 @@ func TestATaskOfAJobTheWorkerDoesNotRunIsHandedBackWithoutSpendingRetries(t *tes
 	if st, _ := host.Status(ctx, id); st.State != mapreduce.StateSplitting {
 		t.Fatalf("the run after a hand-back: %s %q, want still splitting", st.State, st.Error)
 	}
-	// The retry is due within seconds; the job's own worker takes it.
+	// The retry is due within seconds; the job's own worker takes it
+	// (with the stranger gone, so that the test's time does not depend on
+	// which of the two draws each task).
+	strangerSrv.Shutdown()
 	e.worker(host, 2)
 	if st := wait(t, host, id, 30*time.Second); st.State != mapreduce.StateSucceeded || resultOf(t, host, st) != 45 {
 		t.Errorf("run after its tasks were handed back: %s %q", st.State, st.Error)
