@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -104,5 +105,47 @@ func TestSIGTERMFinishesInFlightPagesReleasesPermitsAndExitsZero(t *testing.T) {
 	}
 	if !rep.Totals.Equal(want) || rep.Pages != 20 {
 		t.Errorf("report %+v over %d pages, want %+v over 20", rep.Totals, rep.Pages, want)
+	}
+}
+
+// Bad flags and environment values: one line naming the flag (not a
+// library field) and what to use, exit 2, before connecting to anything.
+func TestBadFlagsAreOneLineNamingTheFlagAndExitTwo(t *testing.T) {
+	t.Parallel()
+	bin := testenv.Build(t, ".")
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"--db-permits", "0"}, "", "--db-permits 0: a semaphore needs at least 1 permit"},
+		{[]string{"--permits", "cpu=-1"}, "", "--permits cpu=-1"},
+		{[]string{"--permits", "cpu"}, "", "use NAME=N"},
+		{[]string{"--reconcile-every", "-5s"}, "", "--reconcile-every -5s is negative"},
+		{nil, "WORKER_RECONCILE_EVERY=-5s", "--reconcile-every -5s is negative"},
+		{[]string{"--poll-interval", "-1s"}, "", "--poll-interval -1s is negative"},
+		{[]string{"--shutdown-timeout", "-1s"}, "", "--shutdown-timeout -1s is negative"},
+		{[]string{"--concurrency", "0"}, "", "--concurrency 0: use at least 1"},
+		{[]string{"--weight", "orders-report=x"}, "", "use NAME=N"},
+		{[]string{"--log-level", "loud"}, "", "--log-level"},
+		{[]string{"stray"}, "", `unexpected argument "stray"`},
+	} {
+		cmd := exec.Command(bin, tc.args...)
+		cmd.Env = append(os.Environ(), "REDIS_URL=redis://127.0.0.1:1/0", "DATABASE_URL=postgres://x@127.0.0.1:1/x")
+		if tc.env != "" {
+			cmd.Env = append(cmd.Env, tc.env)
+		}
+		out, err := cmd.CombinedOutput()
+		code := -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		if code != 2 || !strings.Contains(string(out), tc.want) || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
+			t.Errorf("worker %v %s: exit %d, %q; want exit 2 and one line saying %q", tc.args, tc.env, code, out, tc.want)
+		}
+	}
+	out, err := exec.Command(bin, "--help").Output()
+	if err != nil || !strings.Contains(string(out), "Example") || !strings.Contains(string(out), "WORKER_RECONCILE_EVERY") || !strings.Contains(string(out), "orders-report") {
+		t.Errorf("worker --help: %v\n%s", err, out)
 	}
 }

@@ -54,7 +54,7 @@ type running struct {
 	closes []func()
 }
 
-func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (w *running, err error) {
+func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running, err error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -69,7 +69,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (w *running
 	if len(registry.Names()) == 0 {
 		return nil, errors.New("worker: no jobs: pass your jobs to worker.Main or worker.Run")
 	}
-	w = &running{cfg: cfg}
+	w := &running{cfg: cfg}
 	defer func() {
 		if err != nil {
 			w.close()

@@ -1,0 +1,68 @@
+// Command squares is a worker of a job other than the bundled one, for the
+// worker package's tests: two worker binaries with different jobs on one
+// Redis. Its job sums squares under a semaphore of its own ("cpu").
+package main
+
+import (
+	"context"
+	"errors"
+	"iter"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/worker"
+)
+
+// Args asks for the sum of i² for i in [0, N), in pages of PageSize.
+type Args struct {
+	N        int `json:"n"`
+	PageSize int `json:"page_size"`
+}
+
+// Span is a page: [Lo, Hi).
+type Span struct{ Lo, Hi int }
+
+// Job is the sum of squares.
+var Job = mapreduce.Job[Args, Span, int, int]{
+	Name: "squares",
+	Validate: func(a Args) error {
+		if a.PageSize < 1 {
+			return errors.New("page_size: use at least 1")
+		}
+		return nil
+	},
+	Split: func(ctx context.Context, a Args, emit func(Span) error) error {
+		for lo := 0; lo < a.N; lo += a.PageSize {
+			if err := emit(Span{lo, min(lo+a.PageSize, a.N)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	},
+	Map: func(ctx context.Context, s Span) (int, error) {
+		sem, err := worker.Semaphore(ctx, "cpu")
+		if err != nil {
+			return 0, err
+		}
+		sum := 0
+		err = sem.Do(ctx, func(context.Context) error {
+			for i := s.Lo; i < s.Hi; i++ {
+				sum += i * i
+			}
+			return nil
+		})
+		return sum, err
+	},
+	Reduce: func(ctx context.Context, a Args, pages iter.Seq2[mapreduce.PageResult[Span, int], error]) (int, error) {
+		total := 0
+		for p, err := range pages {
+			if err != nil {
+				return 0, err
+			}
+			total += p.Result
+		}
+		worker.Logger(ctx).Info("squares: reduced", "total", total)
+		return total, nil
+	},
+}
+
+func main() { worker.Main(Job) }
