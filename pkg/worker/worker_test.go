@@ -20,12 +20,6 @@ import (
 	"github.com/batchmr/batchmr/pkg/worker"
 )
 
-// squaresArgs are the arguments of the job of testdata/squares.
-type squaresArgs struct {
-	N        int `json:"n"`
-	PageSize int `json:"page_size"`
-}
-
 // proc is a worker process whose stderr the test reads.
 type proc struct {
 	cmd *exec.Cmd
