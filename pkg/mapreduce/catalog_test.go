@@ -11,6 +11,20 @@ import (
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
+// validatedSum registers a sum job with positiveArgs as its Validate, and
+// returns a worker's client that runs it and a starter's that runs nothing.
+func (e *env) validatedSum(o mapreduce.JobOptions) (host, starter *mapreduce.Client) {
+	e.t.Helper()
+	job := sumJob("sum", newCounts(), o)
+	job.Validate = positiveArgs
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	starter, err := mapreduce.New(e.rdb, mapreduce.Config{Prefix: e.prefix})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return e.client(), starter
+}
+
 // announce runs c's announcer until the test ends, and waits until its
 // first heartbeat is in the catalogue.
 func announce(t *testing.T, starter, c *mapreduce.Client) (mapreduce.WorkerInfo, context.CancelFunc) {
@@ -45,14 +59,7 @@ func TestWorkersAnnounceTheirJobsAndWithdrawWhenTheyStop(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	job := sumJob("sum", newCounts(), mapreduce.JobOptions{MapRetries: 7})
-	job.Validate = positiveArgs
-	e.addJob(mapreduce.AddJob(e.jobs, job))
-	host := e.client()
-	starter, err := mapreduce.New(e.rdb, mapreduce.Config{Prefix: e.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	host, starter := e.validatedSum(mapreduce.JobOptions{MapRetries: 7})
 	if jobs, err := starter.Jobs(ctx); err != nil || len(jobs) != 0 {
 		t.Fatalf("an empty catalogue: %v, %v", jobs, err)
 	}
@@ -95,14 +102,7 @@ func TestStartJSONHasALiveHostCheckTheArgumentsBeforeCreatingTheRun(t *testing.T
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	job := sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{AllowOverlap: true}))
-	job.Validate = positiveArgs
-	e.addJob(mapreduce.AddJob(e.jobs, job))
-	host := e.client()
-	starter, err := mapreduce.New(e.rdb, mapreduce.Config{Prefix: e.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	host, starter := e.validatedSum(e.opts(mapreduce.JobOptions{AllowOverlap: true}))
 	if _, err := starter.StartJSON(ctx, "sum", json.RawMessage(`{"N": 10, "PageSize": 5}`), mapreduce.StartOptions{}); !errors.Is(err, mapreduce.ErrUnknownJob) {
 		t.Errorf("a job nobody announced: %v", err)
 	}
@@ -142,14 +142,7 @@ func TestArgumentsNobodyCheckedFailTheRunAtItsSplitWithoutRetries(t *testing.T) 
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	job := sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{StepRetries: 5}))
-	job.Validate = positiveArgs
-	e.addJob(mapreduce.AddJob(e.jobs, job))
-	host := e.client()
-	starter, err := mapreduce.New(e.rdb, mapreduce.Config{Prefix: e.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
+	host, starter := e.validatedSum(e.opts(mapreduce.JobOptions{StepRetries: 5}))
 	_, stop := announce(t, starter, host)
 	stop() // listed, but nobody live to check
 	id, err := starter.StartJSON(ctx, "sum", json.RawMessage(`{"N": 10, "PageSize": 0}`), mapreduce.StartOptions{})
