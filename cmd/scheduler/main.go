@@ -1,6 +1,8 @@
-// Command scheduler starts and follows batchmr runs: on a schedule (serve),
-// by hand (run), and inspects, lists and cancels them; it also shows and
-// sets the fleet's database permits.
+// Command scheduler starts and follows runs of any batchmr job: on a
+// schedule (serve), by hand (run); it lists the jobs workers announce
+// (jobs), inspects, lists and cancels runs, and shows and sets the fleet's
+// semaphores (permits). It is built with no job: every job it knows comes
+// from the catalogue in Redis, which workers fill as they start.
 package main
 
 import (
@@ -13,25 +15,29 @@ import (
 	"github.com/batchmr/batchmr/internal/app"
 )
 
-const usage = `scheduler starts, follows and cancels batchmr runs, and tunes the fleet's
-database permits.
+const usage = `scheduler starts, follows and cancels runs of any batchmr job, and tunes the
+fleet's semaphores. It knows the jobs that workers announce in Redis (the
+catalogue): a new job needs a worker that runs it, never a new scheduler.
 
 Usage:
-  scheduler serve --schedule JOB=SPEC [--schedule ...] [--args JOB=JSON ...]
+  scheduler jobs [--json]
   scheduler run JOB [--args JSON] [--key KEY] [--wait]
+  scheduler serve --schedule JOB=SPEC [--schedule ...] [--args JOB=JSON ...]
   scheduler status RUN [--json]
-  scheduler runs [JOB]
+  scheduler runs [JOB] [--state STATE]
   scheduler cancel RUN
-  scheduler permits get NAME
+  scheduler permits get [NAME] [--verbose]
   scheduler permits set NAME N
 
 Examples:
-  scheduler serve --schedule 'orders-report=@every 10m'
+  scheduler jobs
   scheduler run orders-report --args '{"slow_ms": 50}' --wait
+  scheduler serve --schedule 'orders-report=@every 10m'
   scheduler permits set db 12
 
 Every command reads --redis-url (env REDIS_URL); 'scheduler COMMAND --help'
-says more.
+says more. Exit status: 0 done, 1 failed (the message says why and what to
+do), 2 bad command line, 130 stopped following a run on Ctrl-C.
 ` + app.EnvHelp
 
 func main() {
@@ -45,6 +51,8 @@ func main() {
 	switch cmd {
 	case "serve":
 		code = serve(ctx, args)
+	case "jobs":
+		code = jobs(ctx, args)
 	case "run":
 		code = run(ctx, args)
 	case "status":

@@ -3,124 +3,408 @@ package main_test
 import (
 	"context"
 	"encoding/json"
+	"net/url"
 	"os"
-	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/batchmr/batchmr/examples/pagination/ordersreport"
 	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
-// scheduler builds the command once per test and runs it against the test
-// Redis, under the test's own key prefix and queue.
-type scheduler struct {
-	t   *testing.T
-	bin string
-	env []string
-}
+// The scheduler is built with no job: every test's job lives in the test
+// process, which announces it as a worker would, and the scheduler learns
+// it from the catalogue.
 
-func newScheduler(t *testing.T) *scheduler {
-	t.Helper()
-	rdb, prefix := testenv.Redis(t)
-	queue := testenv.Queue(t, rdb, prefix)
-	return &scheduler{t: t, bin: testenv.Build(t, "."), env: append(os.Environ(), "REDIS_URL="+testenv.RedisURL(t),
-		"BATCHMR_PREFIX="+prefix, "BATCHMR_QUEUE="+queue)}
-}
-
-// run runs the command and returns stdout, stderr and the exit code.
-func (s *scheduler) run(args ...string) (string, string, int) {
-	s.t.Helper()
-	cmd := exec.Command(s.bin, args...)
-	cmd.Env = s.env
-	var out, errb strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		s.t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
-}
-
-func TestRunStatusRunsCancelAndPermits(t *testing.T) {
+func TestRunStartsAnAnnouncedJobAndWaitPrintsItsResult(t *testing.T) {
 	t.Parallel()
-	s := newScheduler(t)
-	// No worker: the run stays at its split.
-	out, errs, code := s.run("run", "orders-report", "--args", `{"page_size": 100}`)
-	if code != 0 || !strings.HasPrefix(out, "orders-report:") {
-		t.Fatalf("run: %d %q %q", code, out, errs)
-	}
-	id := strings.TrimSpace(out)
+	f := newFleet(t)
+	f.host(nil, sumJob("sum", nil))
+	s := newScheduler(t, f)
 
-	out, _, code = s.run("status", id, "--json")
+	out, errs, code := s.run("run", "sum", "--args", `{"n": 100, "page_size": 10}`, "--wait")
+	got := lines(out)
+	if code != 0 || len(got) != 2 || !strings.HasPrefix(got[0], "sum:") || got[1] != "5050" {
+		t.Fatalf("run --wait: exit %d, stdout %q, stderr %q; want exit 0, the run ID then its result 5050", code, out, errs)
+	}
+	if !strings.Contains(errs, got[0]+" succeeded") {
+		t.Errorf("run --wait: stderr %q does not say the run succeeded", errs)
+	}
+	st, err := f.mr.Status(context.Background(), got[0])
+	if err != nil || st.State != mapreduce.StateSucceeded || st.Done != 10 {
+		t.Errorf("the run in Redis: %+v, %v; want succeeded with 10 pages", st, err)
+	}
+}
+
+func TestRunRefusesInvalidArgsAtOnceWithTheJobsOwnMessage(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.host(nil, sumJob("sum", nil))
+	s := newScheduler(t, f)
+
+	// The live worker decodes the arguments strictly and runs Validate.
+	for _, tc := range []struct{ args, want string }{
+		{`{"n": 5, "page_size": -5}`, `invalid arguments for job "sum": page_size -5: use at least 1`},
+		{`{"n": 5, "pagesize": 5}`, `json: unknown field "pagesize"`},
+		{`{"n": "five", "page_size": 5}`, `cannot unmarshal string into Go struct field sumArgs.n of type int`},
+	} {
+		began := time.Now()
+		out, errs, code := s.run("run", "sum", "--args", tc.args)
+		if code != 1 || !strings.Contains(errs, tc.want) || !oneLine(errs) || out != "" {
+			t.Errorf("run sum --args %s: exit %d, stdout %q, stderr %q; want exit 1 and one line saying %q", tc.args, code, out, errs, tc.want)
+		}
+		// A worker that did not answer would let the run be created after 5s.
+		if took := time.Since(began); took > 4*time.Second {
+			t.Errorf("run sum --args %s took %v: not refused at once", tc.args, took)
+		}
+	}
+	if runs, err := f.mr.Runs(context.Background(), "sum"); err != nil || len(runs) != 0 {
+		t.Errorf("refused arguments created runs: %v, %v", runs, err)
+	}
+}
+
+func TestRunOfAnUnknownJobNamesTheKnownJobs(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.host(nil, sumJob("sum", nil), sumJob("other", nil))
+	s := newScheduler(t, f)
+
+	_, errs, code := s.run("run", "nosuchjob")
+	if code != 1 || !oneLine(errs) || !strings.Contains(errs, `no job "nosuchjob"`) || !strings.Contains(errs, "known jobs: other, sum") {
+		t.Errorf("run nosuchjob: exit %d, stderr %q; want exit 1 and one line naming it and the known jobs", code, errs)
+	}
+}
+
+func TestRunOfAJobNoLiveWorkerRunsWarnsAndStartsItAnyway(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	_, stop := f.host(nil, sumJob("lost", nil))
+	stop()
+	s := newScheduler(t, f)
+
+	out, errs, code := s.run("run", "lost", "--args", `{"n": 5, "page_size": 1}`)
+	id := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(id, "lost:") || !strings.Contains(errs, "warning: no live worker runs lost, so the run will wait until one starts") {
+		t.Fatalf("run lost: exit %d, stdout %q, stderr %q; want exit 0, the run ID and a warning that no live worker runs the job", code, out, errs)
+	}
+	if st := f.state(id); st != mapreduce.StateSplitting {
+		t.Errorf("the run is %s, want splitting: waiting for a worker", st)
+	}
+	// With nobody to check them, the arguments are checked against the
+	// fields the job's workers announced.
+	for _, tc := range []struct{ args, want string }{
+		{`{"n": 5, "pagesize": 5}`, `run lost: --args: unknown field "pagesize" (its fields: n, page_size)`},
+		{`{"n": "five"}`, `run lost: --args: field "n" is a string ("five"), not an integer`},
+	} {
+		out, errs, code := s.run("run", "lost", "--args", tc.args)
+		if code != 1 || out != "" || !oneLine(errs) || !strings.Contains(errs, tc.want) {
+			t.Errorf("run lost --args %s: exit %d, stdout %q, stderr %q; want exit 1 and one line saying %q", tc.args, code, out, errs, tc.want)
+		}
+	}
+	if runs, _ := f.mr.Runs(context.Background(), "lost"); len(runs) != 1 {
+		t.Errorf("lost has %d runs, want only the first: refused arguments create none", len(runs))
+	}
+}
+
+func TestRunWithAKeyStartsOneRunPerKey(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.host(nil, sumJob("sum", nil))
+	s := newScheduler(t, f)
+
+	args := []string{"run", "sum", "--key", "tick-1", "--args", `{"n": 3, "page_size": 1}`}
+	if out, errs, code := s.run(args...); code != 0 || strings.TrimSpace(out) != "sum:tick-1" {
+		t.Fatalf("run --key: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if out, errs, code := s.run(args...); code != 0 || strings.TrimSpace(out) != "sum:tick-1" || !strings.Contains(errs, "run sum:tick-1 already exists") {
+		t.Errorf("second run --key: exit %d, stdout %q, stderr %q; want the same ID and 'already exists'", code, out, errs)
+	}
+	if runs, _ := f.mr.Runs(context.Background(), "sum"); len(runs) != 1 {
+		t.Errorf("two starts with one key made %d runs", len(runs))
+	}
+}
+
+func TestStatusShowsARunAndCancelStopsIt(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	held, _ := gate(t)
+	f.host(nil, sumJob("held", held), sumJob("sum", nil))
+	s := newScheduler(t, f)
+	ctx := context.Background()
+
+	id, err := f.mr.StartJSON(ctx, "held", []byte(`{"n": 4, "page_size": 2}`), mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the split", func() bool { return f.state(id) == mapreduce.StateMapping })
+	out, errs, code := s.run("status", id, "--json")
 	var st struct {
-		ID, State string
-		Total     int
+		ID, Job, State      string
+		Total, Done, Failed int
+		Created             time.Time
 	}
-	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || st.ID != id || st.State != "splitting" || st.Total != -1 {
-		t.Fatalf("status --json: %d %q (%v)", code, out, err)
+	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || st.ID != id || st.Job != "held" ||
+		st.State != "mapping" || st.Total != 2 || st.Done != 0 || st.Created.IsZero() {
+		t.Fatalf("status --json: exit %d, %q, stderr %q (%v); want the run mapping 0/2 pages", code, out, errs, err)
 	}
-	if out, _, code = s.run("runs", "orders-report"); code != 0 || !strings.Contains(out, id) {
-		t.Errorf("runs: %d %q", code, out)
+
+	// The job forbids overlapping runs: a second start is refused, naming the fix.
+	if _, errs, code := s.run("run", "held", "--args", `{"n": 1, "page_size": 1}`); code != 1 || !oneLine(errs) ||
+		!strings.Contains(errs, "still active") || !strings.Contains(errs, id) || !strings.Contains(errs, "scheduler cancel") {
+		t.Errorf("run while a run is active: exit %d, stderr %q; want exit 1 naming the active run and how to stop it", code, errs)
 	}
-	if out, _, code = s.run("cancel", id); code != 0 || !strings.Contains(out, "cancelled") {
-		t.Errorf("cancel: %d %q", code, out)
+
+	if out, errs, code := s.run("cancel", id); code != 0 || strings.TrimSpace(out) != "cancelled "+id {
+		t.Errorf("cancel: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
-	if out, _, _ = s.run("status", id); !strings.Contains(out, "cancelled") {
+	if got := f.state(id); got != mapreduce.StateCancelled {
+		t.Errorf("after cancel the run is %s", got)
+	}
+	if out, _, _ := s.run("status", id); !strings.Contains(out, "state    cancelled") {
 		t.Errorf("status after cancel: %q", out)
 	}
-	// The same key is one run.
-	if _, errs, code := s.run("run", "orders-report", "--key", "tick-1"); code != 0 {
-		t.Fatalf("run --key: %d %q", code, errs)
-	}
-	if out, errs, code := s.run("run", "orders-report", "--key", "tick-1"); code != 0 || !strings.Contains(errs, "already exists") || strings.TrimSpace(out) != "orders-report:tick-1" {
-		t.Errorf("second run --key: %d %q %q", code, out, errs)
-	}
 
-	if out, _, code = s.run("permits", "set", "db", "5"); code != 0 || !strings.Contains(out, "limit 5") {
-		t.Errorf("permits set: %d %q", code, out)
+	done, err := f.mr.StartJSON(ctx, "sum", []byte(`{"n": 2, "page_size": 1}`), mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if out, _, code = s.run("permits", "get", "db"); code != 0 || !strings.Contains(out, "limit 5, held 0") {
-		t.Errorf("permits get: %d %q", code, out)
+	if _, err := f.mr.Wait(ctx, done); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := s.run("cancel", done); code != 1 || !oneLine(errs) || !strings.Contains(errs, "already ended (succeeded)") {
+		t.Errorf("cancel of a succeeded run: exit %d, stderr %q; want exit 1 saying it already ended", code, errs)
+	}
+	if _, errs, code := s.run("status", "sum:nosuchkey"); code != 1 || !oneLine(errs) || !strings.Contains(errs, "run not found") {
+		t.Errorf("status of an unknown run: exit %d, stderr %q", code, errs)
 	}
 }
 
-// Bad command lines and unreachable servers: one clear line, non-zero.
-func TestBadInputGetsOneLineAndANonZeroExit(t *testing.T) {
+func TestRunsListsEveryJobOrOneAndRefusesAnUnknownJob(t *testing.T) {
 	t.Parallel()
-	s := newScheduler(t)
-	for _, tc := range []struct {
-		args []string
-		code int
-		want string
-	}{
-		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
-		{[]string{"run"}, 2, "missing JOB"},
-		{[]string{"run", "orders-report", "--bogus"}, 2, "-bogus"},
-		{[]string{"run", "no-such-job"}, 1, `"no-such-job"`},
-		{[]string{"run", "orders-report", "--args", `{"slowms": 1}`}, 1, `unknown field "slowms"`},
-		{[]string{"status", "not-a-run"}, 1, "<job>:<key>"},
-		{[]string{"permits", "set", "db", "zero"}, 2, "whole number"},
-		{[]string{"serve", "--schedule", "orders-report=@every 1ms"}, 2, "at least 1s"},
-		{[]string{"serve", "--schedule", "nope=@daily"}, 2, `no job "nope"`},
-		{[]string{"serve", "--schedule", "orders-report=@daily", "--args", `orders-report={"pagesize": 1}`}, 2, `unknown field "pagesize"`},
-		{[]string{"status", "x:y", "--redis-url", "redis://127.0.0.1:1/0"}, 1, "does not answer"},
-	} {
-		_, errs, code := s.run(tc.args...)
-		if code != tc.code || !strings.Contains(errs, tc.want) || strings.Count(strings.TrimSpace(errs), "\n") != 0 {
-			t.Errorf("scheduler %v: exit %d, stderr %q; want exit %d and one line saying %q", tc.args, code, errs, tc.code, tc.want)
+	f := newFleet(t)
+	f.host(nil, sumJob("sum", nil), sumJob("other", nil))
+	_, stop := f.host(nil, sumJob("lost", nil))
+	stop()
+	s := newScheduler(t, f)
+	ctx := context.Background()
+	start := func(job string) string {
+		id, err := f.mr.StartJSON(ctx, job, []byte(`{"n": 2, "page_size": 1}`), mapreduce.StartOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	sum := start("sum")
+	if _, err := f.mr.Wait(ctx, sum); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // distinct creation times
+	other := start("other")
+	if _, err := f.mr.Wait(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	waiting := start("lost") // no worker: stays splitting
+
+	// rows returns the run IDs a listing shows, in order.
+	rows := func(args ...string) []string {
+		t.Helper()
+		out, errs, code := s.run(append([]string{"runs"}, args...)...)
+		ls := lines(out)
+		if code != 0 || len(ls) == 0 || !strings.HasPrefix(ls[0], "RUN") {
+			t.Fatalf("runs %v: exit %d, stdout %q, stderr %q", args, code, out, errs)
+		}
+		var ids []string
+		for _, l := range ls[1:] {
+			ids = append(ids, strings.Fields(l)[0])
+		}
+		return ids
+	}
+	if got, want := rows(), []string{waiting, other, sum}; !slices.Equal(got, want) {
+		t.Errorf("runs: %v, want every job's runs newest first: %v", got, want)
+	}
+	if got := rows("sum"); !slices.Equal(got, []string{sum}) {
+		t.Errorf("runs sum: %v, want only %s", got, sum)
+	}
+	if got := rows("--state", "active"); !slices.Equal(got, []string{waiting}) {
+		t.Errorf("runs --state active: %v, want only %s", got, waiting)
+	}
+	if got := rows("--state", "succeeded"); !slices.Equal(got, []string{other, sum}) {
+		t.Errorf("runs --state succeeded: %v, want %s and %s", got, other, sum)
+	}
+	out, errs, code := s.run("runs", "nosuchjob")
+	if code != 1 || out != "" || !oneLine(errs) || !strings.Contains(errs, `no job "nosuchjob"`) || !strings.Contains(errs, "known jobs: lost, other, sum") {
+		t.Errorf("runs nosuchjob: exit %d, stdout %q, stderr %q; want exit 1 and one line saying there is no such job", code, out, errs)
+	}
+}
+
+func TestJobsShowsWhoRunsEachJobAndWarnsOfJobsNobodyRuns(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	live, _ := f.host([]string{"db"}, sumJob("sum", nil))
+	gone, stop := f.host(nil, sumJob("lost", nil))
+	stop()
+	s := newScheduler(t, f)
+
+	out, errs, code := s.run("jobs")
+	if code != 0 {
+		t.Fatalf("jobs: exit %d, stderr %q", code, errs)
+	}
+	row := func(job string) []string {
+		for _, l := range lines(out) {
+			if fs := strings.Fields(l); len(fs) > 0 && fs[0] == job {
+				return fs
+			}
+		}
+		t.Fatalf("jobs: no row for %s in\n%s", job, out)
+		return nil
+	}
+	if r := row("sum"); r[1] != f.prefix+":sum" || r[2] != "1" {
+		t.Errorf("jobs: sum's row %q, want its queue %s and 1 live worker", r, f.prefix+":sum")
+	}
+	if r := row("lost"); r[1] != f.prefix+":lost" || r[2] != "0" {
+		t.Errorf("jobs: lost's row %q, want its queue and 0 live workers", r)
+	}
+	if !strings.Contains(out, "main_test.sumArgs {n integer, page_size integer}") {
+		t.Errorf("jobs: no description of the arguments in\n%s", out)
+	}
+	if !strings.Contains(out, live.ID) || strings.Contains(out, gone.ID) {
+		t.Errorf("jobs: want the live worker %s listed and the stopped one %s not, in\n%s", live.ID, gone.ID, out)
+	}
+	warning := "WARNING: no live worker runs lost: its runs will not start until one does"
+	if strings.Count(out, warning) != 1 || strings.Count(out, "WARNING") != 1 {
+		t.Errorf("jobs: want one warning, for lost (%q), in\n%s", warning, out)
+	}
+
+	out, errs, code = s.run("jobs", "--json")
+	var got []struct {
+		Name       string                  `json:"name"`
+		Queue      string                  `json:"queue"`
+		JSON       bool                    `json:"json"`
+		ArgsSchema json.RawMessage         `json:"args_schema"`
+		Workers    *[]mapreduce.WorkerInfo `json:"workers"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil || len(got) != 2 {
+		t.Fatalf("jobs --json: exit %d, %q, stderr %q (%v)", code, out, errs, err)
+	}
+	lost, sum := got[0], got[1]
+	if lost.Name != "lost" || lost.Workers == nil || len(*lost.Workers) != 0 {
+		t.Errorf("jobs --json: lost %+v, want an empty list of workers", lost)
+	}
+	if sum.Name != "sum" || sum.Queue != f.prefix+":sum" || !sum.JSON || len(sum.ArgsSchema) == 0 || sum.Workers == nil ||
+		len(*sum.Workers) != 1 || (*sum.Workers)[0].ID != live.ID || !slices.Equal((*sum.Workers)[0].Semaphores, []string{"db"}) {
+		t.Errorf("jobs --json: sum %+v, want its queue, schema and its one live worker", sum)
+	}
+}
+
+func TestPermitsGetAndSetAnySemaphoreAndRefuseUnknownOnes(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.host([]string{"db", "cache"}, sumJob("sum", nil))
+	s := newScheduler(t, f)
+
+	if out, errs, code := s.run("permits", "set", "db", "5"); code != 0 || strings.TrimSpace(out) != "semaphore db: limit 5" || errs != "" {
+		t.Errorf("permits set db 5: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if out, _, code := s.run("permits", "get", "db"); code != 0 || !strings.HasPrefix(out, "semaphore db: limit 5, held 0, 0 waiting") {
+		t.Errorf("permits get db: exit %d, %q", code, out)
+	}
+	// Without NAME: every semaphore a live worker announces, limit or not.
+	out, _, code := s.run("permits", "get")
+	if got := lines(out); code != 0 || len(got) != 2 || !strings.HasPrefix(got[0], "semaphore cache: no limit set yet") ||
+		!strings.HasPrefix(got[1], "semaphore db: limit 5") {
+		t.Errorf("permits get: exit %d, %q; want cache (no limit yet) then db", code, out)
+	}
+	for _, n := range []string{"-1", "0", "zero", "1.5"} {
+		_, errs, code := s.run("permits", "set", "db", n)
+		if code != 2 || !oneLine(errs) || !strings.Contains(errs, "permits set db "+n+": N must be a whole number of at least 1") {
+			t.Errorf("permits set db %s: exit %d, stderr %q; want exit 2 saying N must be a whole number of at least 1", n, code, errs)
 		}
 	}
-	for _, args := range [][]string{{"--help"}, {"run", "--help"}, {"serve", "--help"}, {"permits", "--help"}} {
-		out, _, code := s.run(args...)
-		if code != 0 || !strings.Contains(out, "Example") {
-			t.Errorf("scheduler %v: exit %d, no example in %q", args, code, out)
+	out, errs, code := s.run("permits", "get", "nosuchsem")
+	if code != 1 || out != "" || !oneLine(errs) || !strings.Contains(errs, `no semaphore "nosuchsem"`) || !strings.Contains(errs, "in use: cache, db") {
+		t.Errorf("permits get nosuchsem: exit %d, stdout %q, stderr %q; want exit 1 saying there is no such semaphore", code, out, errs)
+	}
+	// A limit set by hand makes a semaphore exist before any worker uses it.
+	if _, errs, code := s.run("permits", "set", "later", "3"); code != 0 || !strings.Contains(errs, `no live worker uses semaphore "later" yet`) {
+		t.Errorf("permits set later 3: exit %d, stderr %q; want a warning that no worker uses it yet", code, errs)
+	}
+	if out, errs, code := s.run("permits", "get", "later"); code != 0 || !strings.HasPrefix(out, "semaphore later: limit 3") {
+		t.Errorf("permits get later: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+func TestPermitsGetSummarisesEachProcessUnlessVerbose(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := newScheduler(t, f)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	// Two processes' handles: a holds two permits and queues a request of
+	// weight 2; b holds one and queues two of weight 1.
+	open := func() *semaphore.Semaphore {
+		sem, err := semaphore.New(f.rdb, "db", semaphore.Options{Limit: 3, Prefix: f.prefix + ":sem", Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = sem.Close() })
+		return sem
+	}
+	a, b := open(), open()
+	for _, sem := range []*semaphore.Semaphore{a, a, b} {
+		if _, err := sem.Acquire(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, q := range []struct {
+		sem *semaphore.Semaphore
+		n   int
+	}{{a, 2}, {b, 1}, {b, 1}} {
+		go func() { _, _ = q.sem.AcquireN(ctx, q.n) }()
+	}
+	var st semaphore.Stats
+	waitFor(t, 5*time.Second, "three queued requests", func() bool {
+		st, _ = a.Stats(ctx)
+		return len(st.Waiters) == 3
+	})
+	procA, procB := st.Holders[0].Process, st.Holders[2].Process
+
+	out, errs, code := s.run("permits", "get", "db")
+	got := lines(out)
+	if code != 0 || len(got) != 4 || got[0] != "semaphore db: limit 3, held 3, 3 waiting (weight 4), 2 processes" {
+		t.Fatalf("permits get db: exit %d, stdout %q, stderr %q; want a summary and one line per process", code, out, errs)
+	}
+	// PROCESS HOLDS WEIGHT LONGEST-HOLD WAITS WEIGHT OLDEST-WAIT
+	for _, want := range []struct {
+		proc                        string
+		holds, held, waits, waiting string
+	}{{procA, "2", "2", "1", "2"}, {procB, "1", "1", "2", "2"}} {
+		i := slices.IndexFunc(got, func(l string) bool { return strings.HasPrefix(l, want.proc+" ") })
+		if i < 0 {
+			t.Fatalf("permits get db: no line for process %s in\n%s", want.proc, out)
+		}
+		fs := strings.Fields(got[i])
+		if len(fs) != 7 || fs[1] != want.holds || fs[2] != want.held || fs[4] != want.waits || fs[5] != want.waiting {
+			t.Errorf("permits get db: %s's line %q, want holds %s (weight %s), waits %s (weight %s)", want.proc, got[i], want.holds, want.held, want.waits, want.waiting)
+		}
+	}
+
+	out, _, code = s.run("permits", "get", "db", "--verbose")
+	var holds, waits int
+	for _, l := range lines(out) {
+		switch {
+		case strings.HasPrefix(l, "holds "):
+			holds++
+		case strings.HasPrefix(l, "waits "):
+			waits++
+		}
+	}
+	if code != 0 || holds != 3 || waits != 3 || !strings.Contains(out, "LONGEST HOLD") {
+		t.Errorf("permits get db --verbose: exit %d, %d holders and %d waiters listed, want the summary and 3 of each:\n%s", code, holds, waits, out)
 	}
 }
 
@@ -129,45 +413,183 @@ func TestBadInputGetsOneLineAndANonZeroExit(t *testing.T) {
 // runs, not six.
 func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 	t.Parallel()
-	s := newScheduler(t)
-	pool, schema := testenv.Postgres(t)
-	if err := ordersreport.Seed(context.Background(), pool, 1000); err != nil {
-		t.Fatal(err)
-	}
-	worker := testenv.Build(t, "../worker")
-	dbURL := testenv.DatabaseURLIn(t, schema)
-	w := exec.Command(worker, "--log-level", "error", "--poll-interval", "20ms")
-	w.Env = append(s.env, "DATABASE_URL="+dbURL)
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Process.Signal(os.Interrupt); _ = w.Wait() })
+	f := newFleet(t)
+	f.host(nil, sumJob("sum", nil))
+	s := newScheduler(t, f)
 
-	var procs []*exec.Cmd
+	var replicas []*proc
 	for range 2 {
-		cmd := exec.Command(s.bin, "serve", "--schedule", "orders-report=@every 1s")
-		cmd.Env = s.env
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		procs = append(procs, cmd)
+		replicas = append(replicas, s.start("serve", "--schedule", "sum=@every 1s", "--args", `sum={"n": 10, "page_size": 5}`))
 	}
+	waitFor(t, 10*time.Second, "both replicas to serve", func() bool {
+		return strings.Contains(replicas[0].stderr.String(), "serving") && strings.Contains(replicas[1].stderr.String(), "serving")
+	})
 	time.Sleep(3500 * time.Millisecond)
-	for _, p := range procs {
-		_ = p.Process.Signal(os.Interrupt)
-		if err := p.Wait(); err != nil {
-			t.Errorf("serve after SIGINT: %v", err)
+	for _, p := range replicas {
+		_ = p.cmd.Process.Signal(os.Interrupt)
+		if code := p.wait(5 * time.Second); code != 0 {
+			t.Errorf("serve after SIGINT: exit %d, stderr %q", code, p.stderr)
 		}
 	}
-	out, _, _ := s.run("runs", "orders-report")
-	runs := strings.Split(strings.TrimSpace(out), "\n")[1:]
+	// The last tick's run may still be going.
+	waitFor(t, 5*time.Second, "every run to end", func() bool {
+		runs, err := f.mr.Runs(context.Background(), "sum")
+		return err == nil && !slices.ContainsFunc(runs, func(st *mapreduce.Status) bool { return !st.State.Ended() })
+	})
+	out, _, _ := s.run("runs", "sum")
+	runs := lines(out)[1:]
 	if len(runs) < 3 || len(runs) > 4 {
 		t.Fatalf("two replicas over ~3.5 ticks made %d runs, want 3 or 4 (one per tick):\n%s", len(runs), out)
 	}
-	tick := regexp.MustCompile(`^orders-report:\d{8}T\d{6}Z\s+succeeded`)
+	tick := regexp.MustCompile(`^sum:\d{8}T\d{6}Z\s+succeeded\s+2/2 done`)
 	for _, r := range runs {
 		if !tick.MatchString(r) {
-			t.Errorf("not a succeeded run named after its tick: %s", r)
+			t.Errorf("not a succeeded run of both pages named after its tick: %s", r)
 		}
+	}
+}
+
+// A Redis outage does not end 'run --wait': the run goes on without the
+// scheduler, which says so once and follows it again when Redis is back.
+func TestRunWaitKeepsFollowingThroughARedisOutage(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	held, release := gate(t)
+	f.host(nil, sumJob("sum", held))
+	p := newProxy(t)
+	s := newScheduler(t, f).with("REDIS_URL=" + p.url)
+
+	cmd := s.start("run", "sum", "--args", `{"n": 10, "page_size": 10}`, "--wait")
+	var id string
+	waitFor(t, 10*time.Second, "the run's ID", func() bool {
+		id, _, _ = strings.Cut(cmd.stdout.String(), "\n")
+		return strings.HasPrefix(id, "sum:")
+	})
+	p.cut()
+	unreachable := "cannot reach the Redis server at " + p.addr
+	waitFor(t, 5*time.Second, "the scheduler to say Redis is unreachable", func() bool { return strings.Contains(cmd.stderr.String(), unreachable) })
+	said := time.Now()
+	// The run ends while the scheduler cannot see it.
+	release()
+	waitFor(t, 5*time.Second, "the run to succeed", func() bool { return f.state(id) == mapreduce.StateSucceeded })
+	// Several more failed polls: go-redis spends up to 1.7s failing each
+	// of the first few.
+	time.Sleep(time.Until(said.Add(4 * time.Second)))
+	p.restore()
+
+	code := cmd.wait(10 * time.Second)
+	out, errs := cmd.stdout.String(), cmd.stderr.String()
+	if code != 0 || !slices.Equal(lines(out), []string{id, "55"}) {
+		t.Errorf("run --wait across an outage: exit %d, stdout %q, stderr %q; want exit 0, the ID and the result 55", code, out, errs)
+	}
+	if n := strings.Count(errs, unreachable); n != 1 || !strings.Contains(errs, "the run goes on: still following "+id+" until Redis is back") {
+		t.Errorf("run --wait said Redis was unreachable %d times, want once, saying the run goes on:\n%s", n, errs)
+	}
+	if !strings.Contains(errs, "is back; following "+id) || !strings.Contains(errs, id+" succeeded") {
+		t.Errorf("run --wait: stderr does not say Redis came back and the run succeeded:\n%s", errs)
+	}
+}
+
+// Ctrl-C while Redis is unreachable stops the following at once, not the run.
+func TestInterruptingRunWaitDuringAnOutageLeavesTheRunGoing(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	held, _ := gate(t)
+	f.host(nil, sumJob("sum", held))
+	p := newProxy(t)
+	s := newScheduler(t, f).with("REDIS_URL=" + p.url)
+
+	cmd := s.start("run", "sum", "--args", `{"n": 10, "page_size": 10}`, "--wait")
+	var id string
+	waitFor(t, 10*time.Second, "the run's ID", func() bool {
+		id, _, _ = strings.Cut(cmd.stdout.String(), "\n")
+		return strings.HasPrefix(id, "sum:")
+	})
+	p.cut()
+	waitFor(t, 5*time.Second, "the scheduler to say Redis is unreachable", func() bool {
+		return strings.Contains(cmd.stderr.String(), "cannot reach the Redis server")
+	})
+	_ = cmd.cmd.Process.Signal(os.Interrupt)
+	if code := cmd.wait(2 * time.Second); code != 130 || !strings.Contains(cmd.stderr.String(), "stopped following "+id+" (the run goes on)") {
+		t.Errorf("SIGINT during an outage: exit %d, stderr %q; want exit 130 saying the run goes on", code, cmd.stderr)
+	}
+	if st := f.state(id); st.Ended() {
+		t.Errorf("the run is %s after the scheduler stopped following it; want it still going", st)
+	}
+}
+
+func TestRedisErrorsSayWhetherTheServerAnswered(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := newScheduler(t, f)
+	u, err := url.Parse(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/99"
+	_, errs, code := s.run("status", "x:y", "--redis-url", u.String())
+	if code != 1 || !oneLine(errs) || !strings.Contains(errs, "the Redis server at "+u.Host+" refused: ERR DB index is out of range") ||
+		strings.Contains(errs, "does not answer") || strings.Contains(errs, "cannot reach") {
+		t.Errorf("a server that refused: exit %d, stderr %q; want exit 1 saying it refused, with its answer", code, errs)
+	}
+	_, errs, code = s.run("status", "x:y", "--redis-url", "redis://127.0.0.1:1/0")
+	if code != 1 || !oneLine(errs) || !strings.Contains(errs, "cannot reach the Redis server at 127.0.0.1:1") || strings.Contains(errs, "refused:") {
+		t.Errorf("a server that is not there: exit %d, stderr %q; want exit 1 saying it cannot be reached", code, errs)
+	}
+}
+
+// Bad command lines: one clear line, exit 2; a world the command cannot
+// work with (a job nobody announced): one clear line, exit 1.
+func TestBadInputGetsOneLineAndANonZeroExit(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.host(nil, sumJob("sum", nil))
+	s := newScheduler(t, f)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{[]string{"run"}, 2, "missing JOB"},
+		{[]string{"run", "sum", "--bogus"}, 2, "-bogus"},
+		{[]string{"run", "sum", "--args", `{"n": 1`}, 2, "is not JSON"},
+		{[]string{"status", "not-a-run"}, 1, "<job>:<key>"},
+		{[]string{"runs", "--state", "done"}, 2, `--state "done": use one of splitting, mapping`},
+		{[]string{"permits", "get", "db", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"permits", "frob"}, 2, "use get or set"},
+		{[]string{"serve", "--schedule", "sum=@every 1ms"}, 2, "at least 1s"},
+		{[]string{"serve", "--schedule", "sum=61 * * * *"}, 2, "not a cron spec"},
+		{[]string{"serve", "--schedule", "nope=@daily"}, 1, `no job "nope": no worker has announced one by that name (known jobs: sum): check the name, or start a worker that runs it`},
+		{[]string{"serve", "--schedule", "sum=@daily", "--args", `sum={"pagesize": 1}`}, 2, `unknown field "pagesize"`},
+		{[]string{"serve", "--schedule", "sum=@daily", "--args", `sum={"n": `}, 2, "is not JSON"},
+		// The live worker runs the job's own Validate at start-up.
+		{[]string{"serve", "--schedule", "sum=@daily", "--args", `sum={"n": 5, "page_size": -5}`}, 2, `invalid arguments for job "sum": page_size -5: use at least 1`},
+		{[]string{"serve", "--schedule", "sum=@daily", "--args", `other={}`}, 2, "other has no --schedule"},
+	} {
+		_, errs, code := s.run(tc.args...)
+		if code != tc.code || !strings.Contains(errs, tc.want) || !oneLine(errs) {
+			t.Errorf("scheduler %q: exit %d, stderr %q; want exit %d and one line saying %q", tc.args, code, errs, tc.code, tc.want)
+		}
+	}
+}
+
+func TestEveryCommandsHelpHasAnExample(t *testing.T) {
+	t.Parallel()
+	s := newScheduler(t, newFleet(t))
+	for _, args := range [][]string{{"--help"}, {"jobs", "--help"}, {"run", "--help"}, {"serve", "--help"},
+		{"status", "--help"}, {"runs", "--help"}, {"cancel", "--help"}, {"permits", "--help"}} {
+		out, _, code := s.run(args...)
+		if code != 0 || !strings.Contains(out, "Example") {
+			t.Errorf("scheduler %v: exit %d, no example in %q", args, code, out)
+		}
+		for _, stale := range []string{"bundled", "BATCHMR_QUEUE"} {
+			if strings.Contains(out, stale) {
+				t.Errorf("scheduler %v mentions %s:\n%s", args, stale, out)
+			}
+		}
+	}
+	if out, _, _ := s.run("--help"); !strings.Contains(out, "scheduler jobs [--json]") {
+		t.Errorf("scheduler --help does not list the jobs command:\n%s", out)
 	}
 }

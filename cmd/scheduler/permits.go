@@ -4,8 +4,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -13,14 +16,23 @@ import (
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
-const permitsUsage = `scheduler permits get NAME | permits set NAME N: show or change a
-fleet-wide semaphore. 'get' shows the limit, the permits held and by whom,
-and who waits; 'set' changes the limit for every worker at once (raising it
-wakes waiters now; lowering it lets holders finish and grants nobody until
-the permits held fit).
+const permitsUsage = `scheduler permits get [NAME] [--verbose] | permits set NAME N: show or change
+a fleet-wide semaphore, such as the workers' database permits ("db").
+
+'get' shows the limit and the permits held, then one line per process:
+how many permits it holds and how many requests it has queued, their
+weights, its longest hold and its oldest wait; --verbose lists every
+permit and every queued request too. Without NAME, every semaphore a
+live worker announces. A NAME that Redis has no limit for and no live
+worker uses exits 1.
+
+'set' changes the limit for every worker at once: raising it wakes waiters
+now; lowering it lets holders finish and grants nobody until the permits
+held fit. N is a whole number of at least 1.
 
 Examples:
-  scheduler permits get db
+  scheduler permits get
+  scheduler permits get db --verbose
   scheduler permits set db 12
 
 Flags:
@@ -29,47 +41,37 @@ Flags:
 func permits(ctx context.Context, args []string) int {
 	fs := flag.NewFlagSet("permits", flag.ContinueOnError)
 	url := redisFlag(fs)
+	verbose := fs.Bool("verbose", false, "get: list every permit held and every request queued too")
 	pos := parse(fs, permitsUsage, args)
 	if len(pos) == 0 {
 		app.Usage("missing get or set")
 	}
-	rdb, err := app.Redis(ctx, *url)
-	if err != nil {
-		app.Fail("%v", err)
-	}
-	defer rdb.Close()
-	open := func(name string) *semaphore.Semaphore {
-		// Limit 1 is never written: Redis keeps the fleet's own.
-		s, err := app.Semaphore(rdb, name, semaphore.Options{Limit: 1})
-		if err != nil {
-			app.Usage("%v", err)
-		}
-		return s
-	}
 	switch pos[0] {
 	case "get":
-		want(pos, 2, 2, "NAME (the workers' database semaphore is \"db\")")
-		s := open(pos[1])
-		defer s.Close()
-		st, err := s.Stats(ctx)
-		if err != nil {
-			app.Fail("%v", err)
+		want(pos, 1, 2, "")
+		c := connect(ctx, *url)
+		defer c.close()
+		inUse := announcedSemaphores(ctx, c)
+		names := inUse
+		if len(pos) == 2 {
+			names = pos[1:]
+		} else if len(names) == 0 {
+			fmt.Fprintln(os.Stderr, "scheduler: no live worker announces a semaphore: name one, e.g. scheduler permits get "+app.SemaphoreName)
+			return 0
 		}
-		if st.Limit == 0 {
-			fmt.Printf("semaphore %s: no limit set yet (the first worker sets its --db-permits), held %d, %d waiting\n", pos[1], st.Held, len(st.Waiters))
-		} else {
-			fmt.Printf("semaphore %s: limit %d, held %d, %d waiting\n", pos[1], st.Limit, st.Held, len(st.Waiters))
-		}
-		if len(st.Holders)+len(st.Waiters) > 0 {
-			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "\tPROCESS\tWEIGHT\tFENCE\tFOR\tLEASE LEFT")
-			for _, h := range st.Holders {
-				fmt.Fprintf(w, "holds\t%s\t%d\t%d\t%s\t%s\n", h.Process, h.Weight, h.Fence, h.HeldFor.Round(time.Millisecond), h.LeaseLeft.Round(time.Millisecond))
+		for i, name := range names {
+			st := stats(ctx, c, name)
+			if st.Limit == 0 && !slices.Contains(inUse, name) {
+				known := "none is in use"
+				if len(inUse) > 0 {
+					known = "in use: " + strings.Join(inUse, ", ")
+				}
+				app.Fail("permits get %s: no semaphore %q: Redis has no limit for it and no live worker uses it (%s)", name, name, known)
 			}
-			for _, q := range st.Waiters {
-				fmt.Fprintf(w, "waits\t%s\t%d\t\t%s\t\n", q.Process, q.Weight, q.Age.Round(time.Millisecond))
+			if i > 0 {
+				fmt.Println()
 			}
-			_ = w.Flush()
+			printStats(os.Stdout, st, *verbose)
 		}
 	case "set":
 		want(pos, 3, 3, "NAME and N")
@@ -77,14 +79,138 @@ func permits(ctx context.Context, args []string) int {
 		if err != nil || n < 1 {
 			app.Usage("permits set %s %s: N must be a whole number of at least 1", pos[1], pos[2])
 		}
-		s := open(pos[1])
+		c := connect(ctx, *url)
+		defer c.close()
+		s := open(c, pos[1])
 		defer s.Close()
+		if st := stats(ctx, c, pos[1]); st.Limit == 0 && !slices.Contains(announcedSemaphores(ctx, c), pos[1]) {
+			fmt.Fprintf(os.Stderr, "scheduler: warning: no live worker uses semaphore %q yet: the limit applies once one does\n", pos[1])
+		}
 		if err := s.SetLimit(ctx, n); err != nil {
-			app.Fail("%v", err)
+			app.Fail("permits set %s: %v", pos[1], err)
 		}
 		fmt.Printf("semaphore %s: limit %d\n", pos[1], n)
 	default:
 		app.Usage("permits %q: use get or set", pos[0])
 	}
 	return 0
+}
+
+// announcedSemaphores returns the semaphores live workers announce, sorted.
+func announcedSemaphores(ctx context.Context, c *conn) []string {
+	workers, err := c.mr.Workers(ctx)
+	if err != nil {
+		app.Fail("permits: %s", trim(err))
+	}
+	var names []string
+	for _, w := range workers {
+		names = append(names, w.Semaphores...)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// open returns a handle on the named semaphore; the limit it is given is
+// never written (Stats and SetLimit do not use it).
+func open(c *conn, name string) *semaphore.Semaphore {
+	s, err := app.Semaphore(c.rdb, name, semaphore.Options{Limit: 1})
+	if err != nil {
+		app.Usage("%v", err)
+	}
+	return s
+}
+
+func stats(ctx context.Context, c *conn, name string) semaphore.Stats {
+	s := open(c, name)
+	defer s.Close()
+	st, err := s.Stats(ctx)
+	if err != nil {
+		app.Fail("permits get %s: %v", name, err)
+	}
+	return st
+}
+
+// process sums up what one process holds and waits for.
+type process struct {
+	name           string
+	holds, held    int // permits, and their weight
+	longestHold    time.Duration
+	waits, waiting int // queued requests, and their weight
+	oldestWait     time.Duration
+}
+
+// byProcess sums up the holders and waiters of st per process, in the
+// order of their first grant, then of their first queued request.
+func byProcess(st semaphore.Stats) []*process {
+	var out []*process
+	get := func(name string) *process {
+		for _, p := range out {
+			if p.name == name {
+				return p
+			}
+		}
+		p := &process{name: name}
+		out = append(out, p)
+		return p
+	}
+	for _, h := range st.Holders {
+		p := get(h.Process)
+		p.holds++
+		p.held += h.Weight
+		p.longestHold = max(p.longestHold, h.HeldFor)
+	}
+	for _, q := range st.Waiters {
+		p := get(q.Process)
+		p.waits++
+		p.waiting += q.Weight
+		p.oldestWait = max(p.oldestWait, q.Age)
+	}
+	return out
+}
+
+func printStats(out io.Writer, st semaphore.Stats, verbose bool) {
+	waiting := 0
+	for _, q := range st.Waiters {
+		waiting += q.Weight
+	}
+	procs := byProcess(st)
+	limit := fmt.Sprintf("limit %d", st.Limit)
+	if st.Limit == 0 {
+		limit = "no limit set yet (the first worker to take a permit sets it)"
+	}
+	plural := "es"
+	if len(procs) == 1 {
+		plural = ""
+	}
+	fmt.Fprintf(out, "semaphore %s: %s, held %d, %d waiting (weight %d), %d process%s\n", st.Name, limit, st.Held, len(st.Waiters), waiting, len(procs), plural)
+	if len(procs) == 0 {
+		return
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "PROCESS\tHOLDS\tWEIGHT\tLONGEST HOLD\tWAITS\tWEIGHT\tOLDEST WAIT")
+	for _, p := range procs {
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.name, p.holds, p.held, dur(p.holds, p.longestHold), p.waits, p.waiting, dur(p.waits, p.oldestWait))
+	}
+	_ = w.Flush()
+	if !verbose {
+		return
+	}
+	fmt.Fprintln(out)
+	w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "\tPROCESS\tWEIGHT\tFENCE\tFOR\tLEASE LEFT")
+	for _, h := range st.Holders {
+		fmt.Fprintf(w, "holds\t%s\t%d\t%d\t%s\t%s\n", h.Process, h.Weight, h.Fence, h.HeldFor.Round(time.Millisecond), h.LeaseLeft.Round(time.Millisecond))
+	}
+	for _, q := range st.Waiters {
+		fmt.Fprintf(w, "waits\t%s\t%d\t\t%s\t\n", q.Process, q.Weight, q.Age.Round(time.Millisecond))
+	}
+	_ = w.Flush()
+}
+
+// dur is the longest hold or the oldest wait of n permits or requests.
+func dur(n int, d time.Duration) string {
+	if n == 0 {
+		return "-"
+	}
+	return d.Round(time.Millisecond).String()
 }

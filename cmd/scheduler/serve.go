@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,17 +17,25 @@ import (
 )
 
 const serveUsage = `scheduler serve --schedule JOB=SPEC [--schedule ...] [--args JOB=JSON ...]:
-start runs on a schedule until SIGTERM.
+start runs of any job of the catalogue on a schedule, until SIGTERM.
 
 SPEC is a cron expression (5 fields, UTC), a descriptor (@hourly, @daily,
 ...) or '@every DURATION', which fires at multiples of the duration since
 the Unix epoch. Each tick's run is named after the tick, so any number of
 replicas can serve the same schedules: they start one run per tick. A tick
 whose previous run of the job is still going is skipped (unless the job
-allows overlap).
+allows overlap); ticks missed while the process was paused are logged.
+
+At start-up every scheduled job must be in the catalogue — a worker that
+runs it must have announced it at least once ('scheduler jobs' lists
+them) — or serve exits 1: start a worker that runs the job first. This
+catches a misspelt job at once rather than at every tick. A job listed
+with no live worker only gets a warning: its runs wait for a worker. Each
+--args must be JSON that fits the job's announced arguments.
 
 Example:
   scheduler serve --schedule 'orders-report=@every 10m' --args 'orders-report={"slow_ms": 0}'
+  scheduler serve --schedule 'orders-report=0 6 * * 1-5' --schedule 'cleanup=@hourly'
 
 Flags:
 `
@@ -36,7 +45,7 @@ type schedule struct {
 	job  string
 	spec string
 	next func(time.Time) time.Time
-	args mapreduce.RawArgs
+	args json.RawMessage
 }
 
 func serve(ctx context.Context, args []string) int {
@@ -55,41 +64,59 @@ func serve(ctx context.Context, args []string) int {
 	if len(specs) == 0 {
 		app.Usage("no --schedule: give at least one, e.g. --schedule 'orders-report=@every 10m'")
 	}
-	argsOf := map[string]mapreduce.RawArgs{}
-	for _, a := range jobArgs {
-		job, js, ok := strings.Cut(a, "=")
-		if !ok {
-			app.Usage("--args %q: use JOB=JSON", a)
-		}
-		argsOf[job] = mapreduce.RawArgs(js)
-	}
-	jobs, err := app.Jobs(ctx, nil, nil)
-	if err != nil {
-		app.Fail("%v", err)
-	}
-	names := jobs.Names()
-	for job, a := range argsOf {
-		if err := jobs.CheckArgs(job, a); err != nil {
-			app.Usage("--args %s=%s: %v", job, a, err)
-		}
-	}
 	var scheds []*schedule
 	for _, s := range specs {
 		job, spec, ok := strings.Cut(s, "=")
-		if !ok {
+		if !ok || job == "" {
 			app.Usage("--schedule %q: use JOB=SPEC, e.g. orders-report=@every 10m", s)
-		}
-		if !slices.Contains(names, job) {
-			app.Usage("--schedule %q: no job %q (bundled: %s)", s, job, strings.Join(names, ", "))
 		}
 		next, err := parseSpec(spec)
 		if err != nil {
 			app.Usage("--schedule %q: %v", s, err)
 		}
-		scheds = append(scheds, &schedule{job: job, spec: spec, next: next, args: argsOf[job]})
+		scheds = append(scheds, &schedule{job: job, spec: spec, next: next})
+	}
+	argsOf := map[string]json.RawMessage{}
+	for _, a := range jobArgs {
+		job, js, ok := strings.Cut(a, "=")
+		switch {
+		case !ok:
+			app.Usage("--args %q: use JOB=JSON, e.g. --args 'orders-report={\"page_size\": 100}'", a)
+		case !slices.ContainsFunc(scheds, func(s *schedule) bool { return s.job == job }):
+			app.Usage("--args %q: %s has no --schedule", a, job)
+		case argsOf[job] != nil:
+			app.Usage("--args %q: %s has --args already: give each job one", a, job)
+		case !json.Valid([]byte(js)):
+			app.Usage("--args %q: %.100q is not JSON: quote it for the shell, e.g. --args '%s={\"page_size\": 100}'", a, js, job)
+		}
+		argsOf[job] = json.RawMessage(js)
 	}
 	c := connect(ctx, *url)
 	defer c.close()
+	catalogue, err := c.mr.Jobs(ctx)
+	if err != nil {
+		app.Fail("serve: %s", trim(err))
+	}
+	for _, s := range scheds {
+		s.args = argsOf[s.job]
+		i := slices.IndexFunc(catalogue, func(j mapreduce.JobInfo) bool { return j.Name == s.job })
+		if i < 0 {
+			app.Fail("--schedule %s=%s: %s, then serve (it checks its jobs at start-up)", s.job, s.spec, unknownJob(s.job, catalogue))
+		}
+		info := catalogue[i]
+		if !info.JSON {
+			app.Fail("--schedule %s=%s: the job's arguments are not JSON (its codec is its own), so the scheduler cannot start it: start it from Go with Job.Start", s.job, s.spec)
+		}
+		if err := checkArgs(info.ArgsSchema, s.args); err != nil {
+			app.Usage("--args %s=%s: %v", s.job, s.args, err)
+		}
+		if len(info.Workers) == 0 {
+			log.Warn("scheduler: no live worker runs the job: its runs will wait until one starts", "job", s.job)
+		} else if err := c.mr.CheckJSON(ctx, s.job, s.args); err != nil {
+			// A live worker ran the job's own Validate.
+			app.Usage("--args %s=%s: %s", s.job, s.args, trim(err))
+		}
+	}
 	log.Info("scheduler: serving", "schedules", []string(specs))
 	for {
 		// The earliest next tick of any schedule.
@@ -121,21 +148,20 @@ func serve(ctx context.Context, args []string) int {
 
 // fire starts the run of one tick; another replica may have started it.
 func fire(ctx context.Context, mr *mapreduce.Client, log *slog.Logger, s *schedule, tick time.Time) {
-	var a any
-	if s.args != nil {
-		a = s.args
-	}
 	key := tick.UTC().Format("20060102T150405Z")
-	id, err := mr.Start(ctx, s.job, a, mapreduce.StartOptions{Key: key})
+	id, err := mr.StartJSON(ctx, s.job, s.args, mapreduce.StartOptions{Key: key})
 	switch {
 	case err == nil:
 		log.Info("scheduler: started a run", "run", id, "tick", tick)
 	case errors.Is(err, mapreduce.ErrRunExists):
 		log.Info("scheduler: the tick's run was started by another replica", "run", id)
 	case errors.Is(err, mapreduce.ErrRunActive):
-		log.Warn("scheduler: tick skipped: the job's previous run is still going", "job", s.job, "tick", tick, "error", err)
+		log.Warn("scheduler: tick skipped: the job's previous run is still going", "job", s.job, "tick", tick, "error", trim(err))
+	case errors.Is(err, mapreduce.ErrInvalidArgs):
+		log.Error("scheduler: tick skipped: the job refused its arguments; fix --args and restart", "job", s.job, "tick", tick, "error", trim(err))
+	case ctx.Err() != nil:
 	default:
-		log.Error("scheduler: could not start the tick's run", "job", s.job, "tick", tick, "error", err)
+		log.Error("scheduler: could not start the tick's run", "job", s.job, "tick", tick, "error", trim(err))
 	}
 }
 

@@ -21,8 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// SemaphoreName is the semaphore every bundled job's queries take a permit
-// of: the fleet's database permits.
+// SemaphoreName is the semaphore of the fleet's database permits.
 const SemaphoreName = "db"
 
 // Env returns the environment variable name's value, or def.
@@ -116,12 +115,15 @@ func Redis(ctx context.Context, url string) (*redis.Client, error) {
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		rdb.Close()
-		var reply redis.Error
-		if errors.As(err, &reply) {
+		var answered redis.Error
+		switch {
+		case errors.As(err, &answered):
 			// It answered: the URL's database, user or password is wrong.
-			return nil, fmt.Errorf("the Redis server at %s refused the connection: %w (check the URL's database number, user and password)", opt.Addr, err)
+			return nil, fmt.Errorf("the Redis server at %s refused: %w: check the user, password and database number of --redis-url (env REDIS_URL)", opt.Addr, err)
+		case errors.Is(err, context.DeadlineExceeded):
+			return nil, fmt.Errorf("cannot reach the Redis server at %s: no answer within 5s: check --redis-url (env REDIS_URL) and that the server is up", opt.Addr)
 		}
-		return nil, fmt.Errorf("the Redis server at %s does not answer: %w", opt.Addr, err)
+		return nil, fmt.Errorf("cannot reach the Redis server at %s (%w): check --redis-url (env REDIS_URL) and that the server is up", opt.Addr, err)
 	}
 	return rdb, nil
 }
@@ -151,10 +153,10 @@ func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.
 		var reply *pgconn.PgError
 		if errors.As(err, &reply) {
 			// It answered: a database, user or password that it refuses.
-			return nil, fmt.Errorf("the Postgres server at %s:%d refused the connection: %s (SQLSTATE %s; check the URL's database, user and password)",
+			return nil, fmt.Errorf("the Postgres server at %s:%d refused: %s (SQLSTATE %s): check the user, password and database of --database-url (env DATABASE_URL)",
 				cfg.ConnConfig.Host, cfg.ConnConfig.Port, reply.Message, reply.Code)
 		}
-		return nil, fmt.Errorf("the Postgres server at %s:%d does not answer: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+		return nil, fmt.Errorf("cannot reach the Postgres server at %s:%d (%w): check --database-url (env DATABASE_URL) and that the server is up", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}
 	return pool, nil
 }

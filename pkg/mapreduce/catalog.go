@@ -309,34 +309,56 @@ func (c *Client) Workers(ctx context.Context) ([]WorkerInfo, error) {
 // failing the run at once if they are invalid. Otherwise StartJSON returns
 // what Job.Start does.
 func (c *Client) StartJSON(ctx context.Context, job string, args json.RawMessage, opts StartOptions) (string, error) {
+	spec, args, err := c.checkJSON(ctx, job, args)
+	if err != nil {
+		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
+	}
+	return c.start(ctx, spec, args, opts)
+}
+
+// CheckJSON checks arguments encoded as JSON for the job named job as
+// StartJSON does, without starting a run: a scheduler checks the arguments
+// of its schedules with it at start-up. It returns nil when no live worker
+// could check them (they are then checked when a run starts).
+func (c *Client) CheckJSON(ctx context.Context, job string, args json.RawMessage) error {
+	if _, _, err := c.checkJSON(ctx, job, args); err != nil {
+		return fmt.Errorf("mapreduce: check %q: %w", job, err)
+	}
+	return nil
+}
+
+// checkJSON finds a job, here or in the catalogue, and checks args for it:
+// here if this process runs it, else by a live worker that does. It
+// returns the job's spec and the arguments compacted.
+func (c *Client) checkJSON(ctx context.Context, job string, args json.RawMessage) (jobSpec, []byte, error) {
 	if len(args) == 0 {
 		args = json.RawMessage("null")
 	}
 	if r, ok := c.jobs.lookup(job); ok {
-		if r.info().JSON {
-			if err := r.checkArgs(args); err != nil {
-				return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
-			}
-			return c.start(ctx, c.spec(job, r.options()), compactJSON(args), opts)
+		if !r.info().JSON {
+			return jobSpec{}, nil, errors.New("the job's codec is not JSON: start it from Go with Job.Start")
 		}
-		return "", fmt.Errorf("mapreduce: start %q: the job's codec is not JSON: start it from Go with Job.Start", job)
+		if err := r.checkArgs(args); err != nil {
+			return jobSpec{}, nil, err
+		}
+		return c.spec(job, r.options()), compactJSON(args), nil
 	}
 	info, err := c.Job(ctx, job)
 	if err != nil {
-		return "", fmt.Errorf("mapreduce: start: %w", err)
+		return jobSpec{}, nil, err
 	}
 	if !info.JSON {
-		return "", fmt.Errorf("mapreduce: start %q: the job's codec is not JSON: start it from Go with Job.Start", job)
+		return jobSpec{}, nil, errors.New("the job's codec is not JSON: start it from Go with Job.Start")
 	}
 	if !json.Valid(args) {
-		return "", fmt.Errorf("mapreduce: start %q: %w: %.200q is not JSON", job, ErrInvalidArgs, args)
+		return jobSpec{}, nil, fmt.Errorf("%w: %.200q is not JSON", ErrInvalidArgs, args)
 	}
 	if len(info.Workers) > 0 {
 		if err := c.checkArgs(ctx, job, args); err != nil {
-			return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
+			return jobSpec{}, nil, err
 		}
 	}
-	return c.start(ctx, info.spec(), compactJSON(args), opts)
+	return info.spec(), compactJSON(args), nil
 }
 
 // compactJSON drops the insignificant spaces of valid JSON: the arguments
@@ -393,10 +415,17 @@ func (c *Client) checkArgs(ctx context.Context, job string, args json.RawMessage
 		return fmt.Errorf("a malformed answer to the argument check: %w", err)
 	}
 	if ans.Err != "" {
-		return fmt.Errorf("%w: %s", ErrInvalidArgs, strings.TrimPrefix(ans.Err, ErrInvalidArgs.Error()+": "))
+		return &remoteInvalid{ans.Err}
 	}
 	return nil
 }
+
+// remoteInvalid is a host's refusal of arguments: its message as the host
+// wrote it (which names ErrInvalidArgs already), matching ErrInvalidArgs.
+type remoteInvalid struct{ msg string }
+
+func (e *remoteInvalid) Error() string        { return e.msg }
+func (e *remoteInvalid) Is(target error) bool { return target == ErrInvalidArgs }
 
 // answerChecks answers argument checks for the jobs c runs until ctx is
 // done, on one blocking connection.

@@ -115,8 +115,11 @@ func TestStartJSONHasALiveHostCheckTheArgumentsBeforeCreatingTheRun(t *testing.T
 	} {
 		start := time.Now()
 		_, err := starter.StartJSON(ctx, "sum", json.RawMessage(tc.args), mapreduce.StartOptions{})
-		if !errors.Is(err, mapreduce.ErrInvalidArgs) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("StartJSON(%s): %v; want ErrInvalidArgs saying %q", tc.args, err, tc.want)
+		if !errors.Is(err, mapreduce.ErrInvalidArgs) || !strings.Contains(err.Error(), tc.want) || strings.Count(err.Error(), "invalid arguments") != 1 {
+			t.Errorf("StartJSON(%s): %v; want ErrInvalidArgs saying %q once", tc.args, err, tc.want)
+		}
+		if err := starter.CheckJSON(ctx, "sum", json.RawMessage(tc.args)); !errors.Is(err, mapreduce.ErrInvalidArgs) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckJSON(%s): %v; want ErrInvalidArgs saying %q", tc.args, err, tc.want)
 		}
 		if took := time.Since(start); took > 3*time.Second {
 			t.Errorf("StartJSON(%s) took %v to be refused, want at once", tc.args, took)

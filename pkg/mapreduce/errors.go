@@ -5,7 +5,7 @@ import "errors"
 var (
 	// ErrUnknownJob is returned for a job name that neither this process
 	// registered nor any worker announced in the catalogue.
-	ErrUnknownJob = errors.New("no job registered under this name")
+	ErrUnknownJob = errors.New("unknown job")
 	// ErrRunExists is returned by Start when a run with the same ID (the
 	// same job and Key) already exists; the ID returned is that run's.
 	ErrRunExists = errors.New("run already exists")

@@ -19,8 +19,14 @@ func schemaOf(t reflect.Type, depth int) map[string]any {
 	if t == reflect.TypeFor[time.Time]() {
 		return map[string]any{"type": "string", "format": "date-time"}
 	}
-	if t.Implements(reflect.TypeFor[json.Marshaler]()) || t.Implements(reflect.TypeFor[encoding.TextMarshaler]()) {
-		return map[string]any{}
+	for _, custom := range []reflect.Type{reflect.TypeFor[json.Marshaler](), reflect.TypeFor[encoding.TextMarshaler](),
+		reflect.TypeFor[json.Unmarshaler](), reflect.TypeFor[encoding.TextUnmarshaler]()} {
+		if t.Implements(custom) || reflect.PointerTo(t).Implements(custom) {
+			return map[string]any{} // decodes itself: any value
+		}
+	}
+	if t == reflect.TypeFor[json.Number]() {
+		return map[string]any{"type": "number"}
 	}
 	switch t.Kind() {
 	case reflect.Pointer:
@@ -35,7 +41,7 @@ func schemaOf(t reflect.Type, depth int) map[string]any {
 	case reflect.String:
 		return map[string]any{"type": "string"}
 	case reflect.Slice, reflect.Array:
-		if t.Elem().Kind() == reflect.Uint8 {
+		if t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Uint8 {
 			return map[string]any{"type": "string", "contentEncoding": "base64"}
 		}
 		return map[string]any{"type": "array", "items": schemaOf(t.Elem(), depth+1)}
@@ -58,7 +64,7 @@ func addFields(t reflect.Type, props map[string]any, depth int) {
 		if tag == "-" {
 			continue
 		}
-		name, _, _ := strings.Cut(tag, ",")
+		name, opts, _ := strings.Cut(tag, ",")
 		ft := f.Type
 		if ft.Kind() == reflect.Pointer {
 			ft = ft.Elem()
@@ -72,6 +78,10 @@ func addFields(t reflect.Type, props map[string]any, depth int) {
 		}
 		if name == "" {
 			name = f.Name
+		}
+		if strings.Contains(","+opts+",", ",string,") {
+			props[name] = map[string]any{} // quoted: a string holding the value
+			continue
 		}
 		props[name] = schemaOf(f.Type, depth+1)
 	}

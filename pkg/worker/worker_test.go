@@ -218,7 +218,7 @@ func TestRunRefusesBadConfigsAndStopsCleanlyWithItsContext(t *testing.T) {
 		{func(c worker.Config) worker.Config { c.ReconcileEvery = -time.Second; return c }, []mapreduce.AnyJob{ordersreport.Job}, "--reconcile-every -1s is negative"},
 		{func(c worker.Config) worker.Config { c.Permits = map[string]int{"db": 0}; return c }, []mapreduce.AnyJob{ordersreport.Job}, "--db-permits 0"},
 		{func(c worker.Config) worker.Config { c.Weights = map[string]int{"nope": 2}; return c }, []mapreduce.AnyJob{ordersreport.Job}, `"nope"`},
-		{func(c worker.Config) worker.Config { c.RedisURL = "redis://127.0.0.1:1/0"; return c }, []mapreduce.AnyJob{ordersreport.Job}, "does not answer"},
+		{func(c worker.Config) worker.Config { c.RedisURL = "redis://127.0.0.1:1/0"; return c }, []mapreduce.AnyJob{ordersreport.Job}, "cannot reach the Redis server"},
 	} {
 		if err := worker.Run(ctx, tc.cfg(good), tc.jobs...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Run: %v; want an error saying %q", err, tc.want)

@@ -3,12 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
@@ -33,7 +30,7 @@ func status(ctx context.Context, args []string) int {
 	defer c.close()
 	st, err := c.mr.Status(ctx, pos[0])
 	if err != nil {
-		app.Fail("%v", err)
+		app.Fail("%s", trim(err))
 	}
 	if *asJSON {
 		printJSON(st)
@@ -51,18 +48,6 @@ func status(ctx context.Context, args []string) int {
 		fmt.Printf("result   %s\n", st.Result)
 	}
 	return 0
-}
-
-func progress(st *mapreduce.Status) string {
-	total := "?"
-	if st.Total >= 0 {
-		total = fmt.Sprint(st.Total)
-	}
-	s := fmt.Sprintf("%d/%s done", st.Done, total)
-	if st.Failed > 0 {
-		s += fmt.Sprintf(", %d failed", st.Failed)
-	}
-	return s
 }
 
 // jsonStatus is the --json form of a status.
@@ -95,78 +80,4 @@ func printJSON(st *mapreduce.Status) {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(js)
-}
-
-const runsUsage = `scheduler runs [JOB]: list the runs still within their retention, newest
-first: of JOB, or of every bundled job.
-
-Example:
-  scheduler runs orders-report
-
-Flags:
-`
-
-func runs(ctx context.Context, args []string) int {
-	fs := flag.NewFlagSet("runs", flag.ContinueOnError)
-	url := redisFlag(fs)
-	pos := parse(fs, runsUsage, args)
-	want(pos, 0, 1, "")
-	c := connect(ctx, *url)
-	defer c.close()
-	jobs := pos
-	if len(jobs) == 0 {
-		jobs, _ = app.JobNames(ctx)
-	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "RUN\tSTATE\tPAGES\tCREATED\tTOOK\tERROR")
-	for _, job := range jobs {
-		list, err := c.mr.Runs(ctx, job)
-		if err != nil {
-			app.Fail("%v", err)
-		}
-		for _, st := range list {
-			took := ""
-			if !st.Finished.IsZero() {
-				took = st.Finished.Sub(st.Created).Round(time.Millisecond).String()
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.State, progress(st), st.Created.Format(time.RFC3339), took, oneLine(st.Error, 60))
-		}
-	}
-	_ = w.Flush()
-	return 0
-}
-
-func oneLine(s string, max int) string {
-	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) > max {
-		s = s[:max-1] + "…"
-	}
-	return s
-}
-
-const cancelUsage = `scheduler cancel RUN: stop a run. Queued pages do not start, pages at work
-see their context cancelled, the reduce does not run.
-
-Example:
-  scheduler cancel orders-report:20261121T060000Z
-
-Flags:
-`
-
-func cancel(ctx context.Context, args []string) int {
-	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
-	url := redisFlag(fs)
-	pos := parse(fs, cancelUsage, args)
-	want(pos, 1, 1, "RUN")
-	c := connect(ctx, *url)
-	defer c.close()
-	if err := c.mr.Cancel(ctx, pos[0]); err != nil {
-		if errors.Is(err, mapreduce.ErrRunEnded) {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		app.Fail("%v", err)
-	}
-	fmt.Println("cancelled", pos[0])
-	return 0
 }

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"context"
+	"strings"
+
+	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/redis/go-redis/v9"
+)
+
+// conn is what every command connects to: Redis, and a mapreduce client
+// that runs no job of its own. It starts and inspects runs of any job the
+// catalogue lists.
+type conn struct {
+	rdb  *redis.Client
+	mr   *mapreduce.Client
+	addr string // the Redis server's address, for messages
+}
+
+// connect connects to Redis, exiting with one line when it cannot.
+func connect(ctx context.Context, url string) *conn {
+	rdb, err := app.Redis(ctx, url)
+	if err != nil {
+		app.Fail("%v", err)
+	}
+	log, _ := app.Logger("text", "warn")
+	mr, err := app.MapReduce(rdb, nil, log)
+	if err != nil {
+		app.Fail("%v", err)
+	}
+	return &conn{rdb: rdb, mr: mr, addr: rdb.Options().Addr}
+}
+
+func (c *conn) close() { c.rdb.Close() }
+
+// trim drops the package prefix of a mapreduce error: the command's own
+// name already starts the line.
+func trim(err error) string { return strings.TrimPrefix(err.Error(), "mapreduce: ") }

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"flag"
+	"strconv"
+	"strings"
+
+	"github.com/batchmr/batchmr/internal/app"
+)
+
+func redisFlag(fs *flag.FlagSet) *string {
+	return fs.String("redis-url", app.Env("REDIS_URL", ""), "Redis URL (env REDIS_URL)")
+}
+
+// parse parses flags wherever they stand among the positional arguments
+// ("run JOB --wait" and "run --wait JOB" alike) and returns the positional
+// ones, exiting on a bad command line. A negative number ("permits set db
+// -1") is a positional argument, not an unknown flag, unless it is the
+// value of the flag before it ("--key -1"); after "--" every argument is
+// positional.
+func parse(fs *flag.FlagSet, usage string, args []string) []string {
+	var pos []string
+	for len(args) > 0 {
+		if isNegative(args[0]) {
+			pos = append(pos, args[0])
+			args = args[1:]
+			continue
+		}
+		// The flag package would take a negative number for a flag: parse
+		// only up to the next one.
+		cut := len(args)
+		for i := 1; i < len(args); i++ {
+			if isNegative(args[i]) && !takesValue(fs, args[i-1]) {
+				cut = i
+				break
+			}
+		}
+		app.Parse(fs, usage, args[:cut])
+		rest := append(fs.Args(), args[cut:]...)
+		if end := cut - fs.NArg() - 1; end >= 0 && args[end] == "--" {
+			return append(pos, rest...)
+		}
+		if len(rest) == 0 {
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	return pos
+}
+
+func isNegative(s string) bool {
+	_, err := strconv.ParseFloat(s, 64)
+	return err == nil && strings.HasPrefix(s, "-")
+}
+
+// takesValue reports whether arg is a flag of fs that reads the next
+// argument as its value: a defined, non-boolean flag with no "=value".
+func takesValue(fs *flag.FlagSet, arg string) bool {
+	if !strings.HasPrefix(arg, "-") || strings.Contains(arg, "=") {
+		return false
+	}
+	f := fs.Lookup(strings.TrimLeft(arg, "-"))
+	if f == nil {
+		return false
+	}
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return !ok || !b.IsBoolFlag()
+}
+
+// want checks the number of positional arguments.
+func want(pos []string, min, max int, what string) {
+	if len(pos) < min {
+		app.Usage("missing %s", what)
+	}
+	if len(pos) > max {
+		app.Usage("unexpected argument %q", pos[max])
+	}
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/rediserr"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+)
+
+// pollEvery is how often follow reads the run's status.
+const pollEvery = 200 * time.Millisecond
+
+// follow polls the run until it ends, drawing progress on w: a bar
+// redrawn in place on a terminal, a line whenever it changes otherwise.
+// Redis being unreachable does not end it: the run goes on without the
+// scheduler, so follow says so once and keeps polling until Redis is back.
+// It returns the run's last status, or an error when the run is gone
+// (ErrRunNotFound), Redis answers with an error no retry will fix, or ctx
+// is done.
+func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*mapreduce.Status, error) {
+	start := time.Now()
+	var last string
+	var lastLine time.Time
+	unreachable := false
+	// A message interrupts the bar: it goes on a line of its own.
+	say := func(format string, args ...any) {
+		if tty && last != "" {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "scheduler: "+format+"\n", args...)
+		last = ""
+	}
+	for {
+		st, err := c.mr.Status(ctx, id)
+		switch {
+		case ctx.Err() != nil:
+			if tty && last != "" {
+				fmt.Fprintln(w)
+			}
+			return nil, ctx.Err()
+		case err == nil:
+			if unreachable {
+				unreachable = false
+				say("Redis at %s is back; following %s", c.addr, id)
+			}
+			line := progressLine(st, time.Since(start))
+			switch {
+			case tty:
+				fmt.Fprintf(w, "\r%s\x1b[K", line)
+			case line != last && (time.Since(lastLine) >= time.Second || st.State.Ended()):
+				fmt.Fprintln(w, line)
+				lastLine = time.Now()
+			}
+			last = line
+			if st.State.Ended() {
+				if tty {
+					fmt.Fprintln(w)
+				}
+				return st, nil
+			}
+		case errors.Is(err, mapreduce.ErrRunNotFound), !rediserr.Transient(err):
+			if tty && last != "" {
+				fmt.Fprintln(w)
+			}
+			return nil, err
+		case !unreachable:
+			unreachable = true
+			say("cannot reach the Redis server at %s (%v); the run goes on: still following %s until Redis is back (Ctrl-C stops following)", c.addr, rootCause(err), id)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+// rootCause is the innermost error of a chain: "connection refused"
+// rather than every layer that passed it on.
+func rootCause(err error) error {
+	for {
+		inner := errors.Unwrap(err)
+		if inner == nil {
+			return err
+		}
+		err = inner
+	}
+}
+
+func progress(st *mapreduce.Status) string {
+	total := "?"
+	if st.Total >= 0 {
+		total = fmt.Sprint(st.Total)
+	}
+	s := fmt.Sprintf("%d/%s done", st.Done, total)
+	if st.Failed > 0 {
+		s += fmt.Sprintf(", %d failed", st.Failed)
+	}
+	return s
+}
+
+// progressLine: "[#####.....] 5120/10000 pages  812/s  ETA 6s  0 failed  mapping".
+func progressLine(st *mapreduce.Status, elapsed time.Duration) string {
+	done := st.Done + st.Failed
+	if st.Total < 0 {
+		return fmt.Sprintf("[%s] %d/? pages  %s  (splitting)", strings.Repeat("·", 30), done, rate(done, elapsed))
+	}
+	frac := 1.0
+	if st.Total > 0 {
+		frac = float64(done) / float64(st.Total)
+	}
+	filled := int(frac * 30)
+	eta := "—"
+	if r := float64(done) / elapsed.Seconds(); r > 0 && done < st.Total {
+		eta = time.Duration(float64(st.Total-done) / r * float64(time.Second)).Round(time.Second).String()
+	}
+	return fmt.Sprintf("[%s%s] %d/%d pages  %s  ETA %s  %d failed  %s",
+		strings.Repeat("#", filled), strings.Repeat("·", 30-filled), done, st.Total, rate(done, elapsed), eta, st.Failed, st.State)
+}
+
+func rate(n int, elapsed time.Duration) string {
+	if elapsed <= 0 {
+		return "0/s"
+	}
+	return fmt.Sprintf("%.0f/s", float64(n)/elapsed.Seconds())
+}

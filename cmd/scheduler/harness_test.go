@@ -1,0 +1,338 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// The scheduler is built once per test binary, on first use, and removed
+// by TestMain: one link per test would cost more than the tests.
+var (
+	buildOnce sync.Once
+	binDir    string
+	bin       string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+func schedulerBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if binDir, buildErr = os.MkdirTemp("", "scheduler-test-"); buildErr != nil {
+			return
+		}
+		bin = filepath.Join(binDir, "scheduler")
+		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("%v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("building the scheduler: %v", buildErr)
+	}
+	return bin
+}
+
+// quiet is the logger of the test's own clients: errors only.
+var quiet = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+
+// fleet is one test's deployment: the test Redis under a key prefix no
+// other test uses, workers the test runs in its own process, and a client
+// that starts and inspects runs as any program would.
+type fleet struct {
+	t      *testing.T
+	rdb    *redis.Client
+	prefix string
+	mr     *mapreduce.Client // runs no job
+}
+
+func newFleet(t *testing.T) *fleet {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: prefix, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fleet{t: t, rdb: rdb, prefix: prefix, mr: mr}
+}
+
+// host runs jobs as a worker process does — an asynq server on the jobs'
+// queues, and an announcement in the catalogue naming sems as the
+// semaphores it uses — until stop is called or the test ends. It returns
+// once the catalogue lists the worker.
+func (f *fleet) host(sems []string, jobs ...mapreduce.AnyJob) (mapreduce.WorkerInfo, func()) {
+	t := f.t
+	t.Helper()
+	reg := mapreduce.NewJobs()
+	for _, j := range jobs {
+		if err := reg.Add(j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mr, err := mapreduce.New(f.rdb, mapreduce.Config{Jobs: reg, Prefix: f.prefix, Logger: quiet, CancelPoll: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	queues, err := mr.Queues(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q := range queues {
+		t.Cleanup(func() { deleteQueue(f.rdb, q) })
+	}
+	srv := asynq.NewServerFromRedisClient(f.rdb, asynq.Config{
+		Concurrency:              4,
+		Queues:                   queues,
+		TaskCheckInterval:        10 * time.Millisecond,
+		DelayedTaskCheckInterval: 50 * time.Millisecond,
+		RetryDelayFunc:           mr.RetryDelay,
+		IsFailure:                mr.IsFailure,
+		ShutdownTimeout:          2 * time.Second,
+		LogLevel:                 asynq.FatalLevel,
+	})
+	mux := asynq.NewServeMux()
+	mr.Register(mux)
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	info := mr.NewWorkerInfo()
+	info.Semaphores = sems
+	ctx, cancel := context.WithCancel(context.Background())
+	announced := make(chan struct{})
+	go func() {
+		defer close(announced)
+		if err := mr.Announce(ctx, info); err != nil {
+			t.Errorf("announce: %v", err)
+		}
+	}()
+	stop := sync.OnceFunc(func() {
+		cancel()
+		<-announced
+		srv.Shutdown()
+	})
+	t.Cleanup(stop)
+	waitFor(t, 5*time.Second, "the catalogue to list the worker", func() bool {
+		ws, _ := f.mr.Workers(context.Background())
+		return slices.ContainsFunc(ws, func(w mapreduce.WorkerInfo) bool { return w.ID == info.ID })
+	})
+	return info, stop
+}
+
+// deleteQueue removes an asynq queue's keys: asynq has no key prefix, but
+// every key of a queue carries the queue's name, which carries the test's
+// prefix.
+func deleteQueue(rdb *redis.Client, queue string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, "asynq:{"+queue+"}:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
+	rdb.SRem(ctx, "asynq:queues", queue)
+}
+
+// sumArgs are the arguments of the tests' job.
+type sumArgs struct {
+	N        int `json:"n"`
+	PageSize int `json:"page_size"`
+}
+
+// sumJob sums 1..N, PageSize numbers a page. When gate is not nil, every
+// page waits for it to close (or for its run to be cancelled).
+func sumJob(name string, gate <-chan struct{}) mapreduce.Job[sumArgs, [2]int, int, int] {
+	return mapreduce.Job[sumArgs, [2]int, int, int]{
+		Name: name,
+		Validate: func(a sumArgs) error {
+			if a.PageSize < 1 {
+				return fmt.Errorf("page_size %d: use at least 1", a.PageSize)
+			}
+			return nil
+		},
+		Split: func(ctx context.Context, a sumArgs, emit func([2]int) error) error {
+			for lo := 1; lo <= a.N; lo += a.PageSize {
+				if err := emit([2]int{lo, min(lo+a.PageSize-1, a.N)}); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: func(ctx context.Context, p [2]int) (int, error) {
+			if gate != nil {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+			}
+			sum := 0
+			for i := p[0]; i <= p[1]; i++ {
+				sum += i
+			}
+			return sum, nil
+		},
+		Reduce: func(ctx context.Context, a sumArgs, pages iter.Seq2[mapreduce.PageResult[[2]int, int], error]) (int, error) {
+			total := 0
+			for pr, err := range pages {
+				if err != nil {
+					return 0, err
+				}
+				total += pr.Result
+			}
+			return total, nil
+		},
+	}
+}
+
+// gate holds a gated job's pages until opened; it opens when the test
+// ends, before the workers stop, so that no page keeps a worker waiting.
+func gate(t *testing.T) (<-chan struct{}, func()) {
+	c := make(chan struct{})
+	open := sync.OnceFunc(func() { close(c) })
+	t.Cleanup(open)
+	return c, open
+}
+
+// scheduler runs the built command against the fleet's Redis, under the
+// fleet's prefix.
+type scheduler struct {
+	t   *testing.T
+	bin string
+	env []string
+}
+
+func newScheduler(t *testing.T, f *fleet) *scheduler {
+	t.Helper()
+	return &scheduler{t: t, bin: schedulerBinary(t), env: append(os.Environ(),
+		"REDIS_URL="+testenv.RedisURL(t), "BATCHMR_PREFIX="+f.prefix, "LOG_FORMAT=text")}
+}
+
+// with returns a scheduler whose environment also has env (later
+// settings win).
+func (s *scheduler) with(env ...string) *scheduler {
+	return &scheduler{t: s.t, bin: s.bin, env: append(slices.Clip(s.env), env...)}
+}
+
+// run runs the command to its end (at most 30s) and returns stdout,
+// stderr and the exit code.
+func (s *scheduler) run(args ...string) (string, string, int) {
+	s.t.Helper()
+	p := s.start(args...)
+	code := p.wait(30 * time.Second)
+	return p.stdout.String(), p.stderr.String(), code
+}
+
+// proc is the command running in the background.
+type proc struct {
+	t              *testing.T
+	cmd            *exec.Cmd
+	stdout, stderr *buffer
+	done           chan struct{}
+}
+
+func (s *scheduler) start(args ...string) *proc {
+	s.t.Helper()
+	p := &proc{t: s.t, cmd: exec.Command(s.bin, args...), stdout: &buffer{}, stderr: &buffer{}, done: make(chan struct{})}
+	p.cmd.Env = s.env
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	if err := p.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	s.t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// wait waits for the command to exit and returns its exit code; it fails
+// the test if the command runs past timeout.
+func (p *proc) wait(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		p.t.Fatalf("%v still running after %v; stdout %q, stderr %q", p.cmd.Args, timeout, p.stdout, p.stderr)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// buffer collects a process's output while the test reads it.
+type buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// lines splits output into its non-empty lines.
+func lines(s string) []string {
+	return slices.DeleteFunc(strings.Split(s, "\n"), func(l string) bool { return strings.TrimSpace(l) == "" })
+}
+
+// oneLine reports whether s is one line of text.
+func oneLine(s string) bool {
+	return strings.TrimSpace(s) != "" && !strings.Contains(strings.TrimSpace(s), "\n")
+}
+
+// state reads a run's state directly from Redis.
+func (f *fleet) state(id string) mapreduce.State {
+	st, err := f.mr.Status(context.Background(), id)
+	if err != nil {
+		if errors.Is(err, mapreduce.ErrRunNotFound) {
+			return "not found"
+		}
+		f.t.Fatal(err)
+	}
+	return st.State
+}

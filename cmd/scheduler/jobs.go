@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+)
+
+const jobsUsage = `scheduler jobs [--json]: list the jobs of the catalogue — every job a worker
+has announced — with its queue, its arguments, when a worker last announced
+it and the live workers that run it. A job nobody runs any more stays
+listed, with a warning: its runs would not start until a worker runs it
+again.
+
+Example:
+  scheduler jobs
+  scheduler jobs --json | jq '.[] | {name, workers: [.workers[].id]}'
+
+Flags:
+`
+
+func jobs(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("jobs", flag.ContinueOnError)
+	url := redisFlag(fs)
+	asJSON := fs.Bool("json", false, "print the catalogue as JSON: each job's announcement, with its live workers")
+	pos := parse(fs, jobsUsage, args)
+	want(pos, 0, 0, "")
+	c := connect(ctx, *url)
+	defer c.close()
+	all, err := c.mr.Jobs(ctx)
+	if err != nil {
+		app.Fail("%s", trim(err))
+	}
+	if *asJSON {
+		type jobJSON struct {
+			mapreduce.JobInfo
+			Workers []mapreduce.WorkerInfo `json:"workers"`
+		}
+		out := make([]jobJSON, len(all))
+		for i, j := range all {
+			out[i] = jobJSON{JobInfo: j, Workers: append([]mapreduce.WorkerInfo{}, j.Workers...)}
+		}
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(out)
+		return 0
+	}
+	if len(all) == 0 {
+		fmt.Fprintln(os.Stderr, "scheduler: the catalogue is empty: no worker has announced a job yet; start a worker that runs your jobs")
+		return 0
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "JOB\tQUEUE\tWORKERS\tANNOUNCED\tARGS")
+	var workers []mapreduce.WorkerInfo
+	for _, j := range all {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", j.Name, j.Queue, len(j.Workers), ago(j.Announced), argsOf(j))
+		for _, wi := range j.Workers {
+			if !slices.ContainsFunc(workers, func(o mapreduce.WorkerInfo) bool { return o.ID == wi.ID }) {
+				workers = append(workers, wi)
+			}
+		}
+	}
+	_ = w.Flush()
+	if len(workers) > 0 {
+		slices.SortFunc(workers, func(a, b mapreduce.WorkerInfo) int { return strings.Compare(a.ID, b.ID) })
+		fmt.Println()
+		w = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "WORKER\tHOST\tPID\tUP\tSEEN\tJOBS\tVERSION")
+		for _, wi := range workers {
+			fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", wi.ID, wi.Host, wi.PID, since(wi.Started), ago(wi.Seen), strings.Join(wi.Jobs, ","), wi.Version)
+		}
+		_ = w.Flush()
+	}
+	var warned bool
+	for _, j := range all {
+		if len(j.Workers) == 0 {
+			if !warned {
+				fmt.Println()
+				warned = true
+			}
+			fmt.Println(noWorker(j.Name))
+		}
+	}
+	return 0
+}
+
+// noWorker is the warning for a job no live worker runs.
+func noWorker(job string) string {
+	return fmt.Sprintf("WARNING: no live worker runs %s: its runs will not start until one does", job)
+}
+
+// argsOf describes a job's arguments for a person writing --args: the Go
+// type and, for JSON, the fields it takes.
+func argsOf(j mapreduce.JobInfo) string {
+	if !j.JSON {
+		return j.ArgsType + " (not JSON: start it from Go)"
+	}
+	var s struct {
+		Type       string                     `json:"type"`
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	if json.Unmarshal(j.ArgsSchema, &s) != nil || s.Type != "object" {
+		return j.ArgsType
+	}
+	fields := make([]string, 0, len(s.Properties))
+	for f, raw := range s.Properties {
+		var p struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(raw, &p)
+		fields = append(fields, strings.TrimSpace(f+" "+p.Type))
+	}
+	slices.Sort(fields)
+	return j.ArgsType + " {" + strings.Join(fields, ", ") + "}"
+}
+
+func since(t time.Time) string {
+	if t.IsZero() {
+		return "?"
+	}
+	return max(time.Since(t), 0).Round(time.Second).String()
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return since(t) + " ago"
+}
+
+// lookupJob returns the catalogue's entry of job, exiting with one line
+// naming the jobs there are when it has none. what starts the line.
+func lookupJob(ctx context.Context, c *conn, job, what string) mapreduce.JobInfo {
+	all, err := c.mr.Jobs(ctx)
+	if err != nil {
+		app.Fail("%s: %s", what, trim(err))
+	}
+	for _, j := range all {
+		if j.Name == job {
+			return j
+		}
+	}
+	app.Fail("%s: %s", what, unknownJob(job, all))
+	panic("unreachable")
+}
+
+// unknownJob says that no job of that name exists, and which do.
+func unknownJob(job string, all []mapreduce.JobInfo) string {
+	if len(all) == 0 {
+		return fmt.Sprintf("no job %q: the catalogue is empty (no worker has announced a job yet): start a worker that runs it", job)
+	}
+	names := make([]string, len(all))
+	for i, j := range all {
+		names[i] = j.Name
+	}
+	return fmt.Sprintf("no job %q: no worker has announced one by that name (known jobs: %s): check the name, or start a worker that runs it", job, strings.Join(names, ", "))
+}

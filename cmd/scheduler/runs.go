@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+)
+
+const runsUsage = `scheduler runs [JOB] [--state STATE]: list the runs still within their
+retention, newest first: of JOB, or of every job of the catalogue.
+
+STATE is one of splitting, mapping, reducing, succeeded, failed, cancelled,
+or active (any state but the last three).
+
+Example:
+  scheduler runs orders-report --state failed
+
+Flags:
+`
+
+var states = []mapreduce.State{mapreduce.StateSplitting, mapreduce.StateMapping, mapreduce.StateReducing,
+	mapreduce.StateSucceeded, mapreduce.StateFailed, mapreduce.StateCancelled}
+
+func runs(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("runs", flag.ContinueOnError)
+	url := redisFlag(fs)
+	state := fs.String("state", "", "list only the runs in this state (or active: not ended)")
+	pos := parse(fs, runsUsage, args)
+	want(pos, 0, 1, "")
+	if *state != "" && *state != "active" && !slices.Contains(states, mapreduce.State(*state)) {
+		app.Usage("--state %q: use one of %s or active", *state, joinStates())
+	}
+	c := connect(ctx, *url)
+	defer c.close()
+	catalogue, err := c.mr.Jobs(ctx)
+	if err != nil {
+		app.Fail("runs: %s", trim(err))
+	}
+	var jobs []string
+	for _, j := range catalogue {
+		jobs = append(jobs, j.Name)
+	}
+	var list []*mapreduce.Status
+	if len(pos) == 1 {
+		list, err = c.mr.Runs(ctx, pos[0])
+		// A job the catalogue lost may still have runs: show them.
+		if !slices.Contains(jobs, pos[0]) && (err != nil || len(list) == 0) {
+			app.Fail("runs: %s", unknownJob(pos[0], catalogue))
+		}
+		if err != nil {
+			app.Fail("runs: %s", trim(err))
+		}
+	} else {
+		if len(jobs) == 0 {
+			fmt.Fprintln(os.Stderr, "scheduler: the catalogue is empty: no worker has announced a job yet, so there are no runs to list")
+			return 0
+		}
+		for _, job := range jobs {
+			l, err := c.mr.Runs(ctx, job)
+			if err != nil {
+				app.Fail("runs: %s", trim(err))
+			}
+			list = append(list, l...)
+		}
+		slices.SortStableFunc(list, func(a, b *mapreduce.Status) int { return b.Created.Compare(a.Created) })
+	}
+	list = slices.DeleteFunc(list, func(st *mapreduce.Status) bool {
+		switch *state {
+		case "":
+			return false
+		case "active":
+			return st.State.Ended()
+		}
+		return string(st.State) != *state
+	})
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "RUN\tSTATE\tPAGES\tCREATED\tTOOK\tERROR")
+	for _, st := range list {
+		took := ""
+		if !st.Finished.IsZero() {
+			took = st.Finished.Sub(st.Created).Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.State, progress(st), st.Created.Format(time.RFC3339), took, oneLine(st.Error, 60))
+	}
+	_ = w.Flush()
+	return 0
+}
+
+func joinStates() string {
+	s := make([]string, len(states))
+	for i, st := range states {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
+}
+
+func oneLine(s string, max int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if r := []rune(s); len(r) > max {
+		s = string(r[:max-1]) + "…"
+	}
+	return s
+}

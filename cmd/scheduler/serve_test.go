@@ -1,0 +1,33 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+func TestEverySpecTicksAtMultiplesOfItsDurationSinceTheEpoch(t *testing.T) {
+	next, err := parseSpec("@every 10m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 21, 6, 7, 30, 0, time.UTC)
+	if got, want := next(now).UTC(), time.Date(2026, 11, 21, 6, 10, 0, 0, time.UTC); !got.Equal(want) {
+		t.Errorf("@every 10m after %v: %v, want %v", now, got, want)
+	}
+	if got, want := next(time.Date(2026, 11, 21, 6, 10, 0, 0, time.UTC)).UTC(), time.Date(2026, 11, 21, 6, 20, 0, 0, time.UTC); !got.Equal(want) {
+		t.Errorf("@every 10m on a tick: %v, want the next one %v", got, want)
+	}
+	cron, err := parseSpec("0 6 * * 1-5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2026-11-21 is a Saturday: the next weekday 06:00 UTC is Monday's.
+	if got, want := cron(now), time.Date(2026, 11, 23, 6, 0, 0, 0, time.UTC); !got.Equal(want) {
+		t.Errorf("cron 0 6 * * 1-5 after %v: %v, want %v", now, got, want)
+	}
+	for _, bad := range []string{"@every 1ms", "@every soon", "61 * * * *", ""} {
+		if _, err := parseSpec(bad); err == nil {
+			t.Errorf("parseSpec(%q) accepted a bad spec", bad)
+		}
+	}
+}
