@@ -17,11 +17,11 @@ workers=${DEMO_WORKERS:-3}
 say() { printf '\n== %s\n' "$*"; }
 : "${BATCHMR_TEST_REDIS_URL:?run me through make demo (scripts/with-servers.sh sets the servers)}"
 
-# Everything the demo writes is its own: a schema in Postgres, a key prefix
-# and a queue in Redis. Pointed at servers of your own (BATCHMR_TEST_*), it
+# Everything the demo writes is its own: a schema in Postgres, and a key
+# prefix in Redis, which also names the job's queue (batchmr-$demo_id:JOB). Pointed at servers of your own (BATCHMR_TEST_*), it
 # touches nothing else, and removes what it made.
 demo_id=demo_$(date +%s)_$$
-export REDIS_URL=$BATCHMR_TEST_REDIS_URL BATCHMR_PREFIX=batchmr-$demo_id BATCHMR_QUEUE=$demo_id
+export REDIS_URL=$BATCHMR_TEST_REDIS_URL BATCHMR_PREFIX=batchmr-$demo_id
 case $BATCHMR_TEST_DATABASE_URL in
 *\?*) export DATABASE_URL="$BATCHMR_TEST_DATABASE_URL&search_path=$demo_id" ;;
 *) export DATABASE_URL="$BATCHMR_TEST_DATABASE_URL?search_path=$demo_id" ;;
@@ -41,8 +41,8 @@ cleanup() {
 	fi
 	psql "$BATCHMR_TEST_DATABASE_URL" -qc "SET client_min_messages = warning; DROP SCHEMA IF EXISTS $demo_id CASCADE" || true
 	redis-cli -u "$REDIS_URL" --scan --pattern "batchmr-$demo_id*" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null || true
-	redis-cli -u "$REDIS_URL" --scan --pattern "asynq:{$demo_id}:*" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null || true
-	redis-cli -u "$REDIS_URL" srem asynq:queues "$demo_id" >/dev/null || true
+	redis-cli -u "$REDIS_URL" --scan --pattern "asynq:{$BATCHMR_PREFIX:*" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null || true
+	redis-cli -u "$REDIS_URL" srem asynq:queues "$BATCHMR_PREFIX:orders-report" >/dev/null || true
 	rm -rf "$dir"
 	exit $status
 }
@@ -61,9 +61,16 @@ say "setting the fleet's database permits to $permits"
 
 say "starting $workers workers (logs in $dir/worker-N.log)"
 for i in $(seq 1 "$workers"); do
-	"$dir/worker" --concurrency 8 --db-permits "$permits" --queues "$BATCHMR_QUEUE" --poll-interval 100ms >"$dir/worker-$i.log" 2>&1 &
+	"$dir/worker" --concurrency 8 --db-permits "$permits" --poll-interval 100ms >"$dir/worker-$i.log" 2>&1 &
 	pids+=($!)
 done
+
+# The workers announce their jobs; the scheduler starts only announced ones.
+for _ in $(seq 1 100); do
+	"$dir/scheduler" jobs --json 2>/dev/null | grep -q '"orders-report"' && break
+	sleep 0.1
+done
+"$dir/scheduler" jobs
 
 # Postgres's own view: how many of the workers' queries are running at once.
 sampler() {
