@@ -108,13 +108,13 @@ func serve(ctx context.Context, args []string) int {
 			app.Fail("--schedule %s=%s: the job's arguments are not JSON (its codec is its own), so the scheduler cannot start it: start it from Go with Job.Start", s.job, s.spec)
 		}
 		if err := checkArgs(info.ArgsSchema, s.args); err != nil {
-			app.Usage("--args %s=%s: %v", s.job, s.args, err)
+			app.Usage("%s: %v", argsFlag(s), err)
 		}
 		if len(info.Workers) == 0 {
 			log.Warn("scheduler: no live worker runs the job: its runs will wait until one starts", "job", s.job)
 		} else if err := c.mr.CheckJSON(ctx, s.job, s.args); err != nil {
 			// A live worker ran the job's own Validate.
-			app.Usage("--args %s=%s: %s", s.job, s.args, trim(err))
+			app.Usage("%s: %s", argsFlag(s), trim(err))
 		}
 	}
 	log.Info("scheduler: serving", "schedules", []string(specs))
@@ -184,4 +184,13 @@ func parseSpec(spec string) (func(time.Time) time.Time, error) {
 		return nil, fmt.Errorf("not a cron spec (%v): use 5 fields, a descriptor like @hourly, or @every DURATION", err)
 	}
 	return func(t time.Time) time.Time { return sched.Next(t.UTC()) }, nil
+}
+
+// argsFlag names a schedule's arguments in a message: its --args, or, when
+// none was given, the zero value its runs would get.
+func argsFlag(s *schedule) string {
+	if s.args == nil {
+		return fmt.Sprintf("--schedule %s=%s without --args (its runs get the job's zero arguments; give them with --args %s=JSON)", s.job, s.spec, s.job)
+	}
+	return fmt.Sprintf("--args %s=%s", s.job, s.args)
 }

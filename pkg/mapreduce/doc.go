@@ -3,32 +3,49 @@
 // of the fleet, and when the last page is recorded one reduce step combines
 // the results.
 //
-// A job is a name and three functions over plain Go values:
+// A job is a value: a name and three functions over plain Go values. What
+// the functions need at run time (a database pool, semaphores) comes from
+// the worker that runs them, through their context (package worker), so
+// the job can live in a package of its own:
 //
-//	jobs := mapreduce.NewJobs()
-//	err := mapreduce.AddJob(jobs, mapreduce.Job[Args, Page, Result, Total]{
-//		Name:   "nightly-totals",
-//		Split:  func(ctx context.Context, a Args, emit func(Page) error) error { ... },
-//		Map:    func(ctx context.Context, p Page) (Result, error) { ... },
-//		Reduce: func(ctx context.Context, a Args, pages iter.Seq2[mapreduce.PageResult[Page, Result], error]) (Total, error) { ... },
+//	var NightlyTotals = mapreduce.Job[Args, Page, Result, Total]{
+//		Name:     "nightly-totals",
+//		Validate: func(a Args) error { ... },  // optional: refuse bad arguments at Start
+//		Split:    func(ctx context.Context, a Args, emit func(Page) error) error { ... },
+//		Map:      func(ctx context.Context, p Page) (Result, error) { ... },
+//		Reduce:   func(ctx context.Context, a Args, pages iter.Seq2[mapreduce.PageResult[Page, Result], error]) (Total, error) { ... },
+//	}
+//
+// A worker runs it; worker.Main does all of it in one call:
+//
+//	func main() { worker.Main(NightlyTotals) }
+//
+// Any process starts runs and reads their results, typed, with a Client
+// that runs no job:
+//
+//	mr, err := mapreduce.New(rdb, mapreduce.Config{})
+//	id, err := NightlyTotals.Start(ctx, mr, Args{Day: day}, mapreduce.StartOptions{})
+//	st, err := mr.Wait(ctx, id)             // st.State, st.Done, st.Failed
+//	total, err := NightlyTotals.Result(st)  // a Total
+//
+// and a process without the job's Go code (cmd/scheduler) starts any job
+// that a worker announced, from JSON (StartJSON; Jobs lists them).
+//
+// To run jobs on an asynq server of your own instead of worker.Main,
+// register the client on its mux and serve the jobs' own queues:
+//
+//	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs}) // jobs: NewJobs, AddJob
+//	queues, err := mr.Queues(nil)
+//	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+//		Queues:         queues,
+//		RetryDelayFunc: mr.RetryDelay, // each job's JobOptions.Backoff
+//		IsFailure:      mr.IsFailure,  // a task handed back is not a failure
 //	})
-//
-// A worker is an ordinary asynq server with the client registered on its mux:
-//
-//	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs})
 //	mux := asynq.NewServeMux()
 //	mr.Register(mux)
 //	go mr.RunReconciler(ctx, 30*time.Second)
-//	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-//		Queues:         map[string]int{"default": 1},
-//		RetryDelayFunc: mr.RetryDelay, // each job's JobOptions.Backoff
-//	})
+//	go mr.Announce(ctx, mr.NewWorkerInfo())
 //	err = srv.Run(mux)
-//
-// and any process with the same registry starts and follows runs:
-//
-//	id, err := mr.Start(ctx, "nightly-totals", Args{Day: day}, mapreduce.StartOptions{})
-//	st, err := mr.Wait(ctx, id) // st.State, st.Done, st.Failed, st.Result
 //
 // What a run guarantees (docs/mapreduce.md has the state machine and the
 // keys):
