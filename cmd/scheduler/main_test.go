@@ -453,19 +453,7 @@ func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 // scheduler, which says so once and follows it again when Redis is back.
 func TestRunWaitKeepsFollowingThroughARedisOutage(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t)
-	held, release := gate(t)
-	f.host(nil, sumJob("sum", held))
-	p := newProxy(t)
-	s := newScheduler(t, f).with("REDIS_URL=" + p.url)
-
-	cmd := s.start("run", "sum", "--args", `{"n": 10, "page_size": 10}`, "--wait")
-	var id string
-	waitFor(t, 10*time.Second, "the run's ID", func() bool {
-		id, _, _ = strings.Cut(cmd.stdout.String(), "\n")
-		return strings.HasPrefix(id, "sum:")
-	})
-	p.cut()
+	f, p, cmd, id, release := waitingBehindACutProxy(t)
 	unreachable := "cannot reach the Redis server at " + p.addr
 	waitFor(t, 5*time.Second, "the scheduler to say Redis is unreachable", func() bool { return strings.Contains(cmd.stderr.String(), unreachable) })
 	said := time.Now()
@@ -493,19 +481,7 @@ func TestRunWaitKeepsFollowingThroughARedisOutage(t *testing.T) {
 // Ctrl-C while Redis is unreachable stops the following at once, not the run.
 func TestInterruptingRunWaitDuringAnOutageLeavesTheRunGoing(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t)
-	held, _ := gate(t)
-	f.host(nil, sumJob("sum", held))
-	p := newProxy(t)
-	s := newScheduler(t, f).with("REDIS_URL=" + p.url)
-
-	cmd := s.start("run", "sum", "--args", `{"n": 10, "page_size": 10}`, "--wait")
-	var id string
-	waitFor(t, 10*time.Second, "the run's ID", func() bool {
-		id, _, _ = strings.Cut(cmd.stdout.String(), "\n")
-		return strings.HasPrefix(id, "sum:")
-	})
-	p.cut()
+	f, _, cmd, id, _ := waitingBehindACutProxy(t)
 	waitFor(t, 5*time.Second, "the scheduler to say Redis is unreachable", func() bool {
 		return strings.Contains(cmd.stderr.String(), "cannot reach the Redis server")
 	})
@@ -592,4 +568,23 @@ func TestEveryCommandsHelpHasAnExample(t *testing.T) {
 	if out, _, _ := s.run("--help"); !strings.Contains(out, "scheduler jobs [--json]") {
 		t.Errorf("scheduler --help does not list the jobs command:\n%s", out)
 	}
+}
+
+// waitingBehindACutProxy starts 'run --wait' of a run held at its first
+// page, through a proxy to Redis, then cuts the proxy. release lets the
+// run finish.
+func waitingBehindACutProxy(t *testing.T) (f *fleet, p *proxy, cmd *proc, id string, release func()) {
+	t.Helper()
+	f = newFleet(t)
+	held, release := gate(t)
+	f.host(nil, sumJob("sum", held))
+	p = newProxy(t)
+	s := newScheduler(t, f).with("REDIS_URL=" + p.url)
+	cmd = s.start("run", "sum", "--args", `{"n": 10, "page_size": 10}`, "--wait")
+	waitFor(t, 10*time.Second, "the run's ID", func() bool {
+		id, _, _ = strings.Cut(cmd.stdout.String(), "\n")
+		return strings.HasPrefix(id, "sum:")
+	})
+	p.cut()
+	return f, p, cmd, id, release
 }
