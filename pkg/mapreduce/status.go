@@ -40,7 +40,7 @@ type Status struct {
 	// Error says why a failed run failed, or that it was cancelled.
 	Error string
 	// Result is the encoded value Reduce returned (JSON unless the job has
-	// another Codec): decode it with Client.DecodeResult.
+	// another Codec): decode it with the job's Job.Result.
 	Result []byte
 
 	nonce string // part of the run's task IDs
