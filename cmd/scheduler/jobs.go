@@ -49,9 +49,7 @@ func jobs(ctx context.Context, args []string) int {
 		for i, j := range all {
 			out[i] = jobJSON{JobInfo: j, Workers: append([]mapreduce.WorkerInfo{}, j.Workers...)}
 		}
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(out)
+		writeJSON(out)
 		return 0
 	}
 	if len(all) == 0 {

@@ -77,7 +77,12 @@ func printJSON(st *mapreduce.Status) {
 	if json.Valid(st.Result) {
 		js.Result = st.Result
 	}
+	writeJSON(js)
+}
+
+// writeJSON prints v as indented JSON on stdout: every command's --json.
+func writeJSON(v any) {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(js)
+	_ = enc.Encode(v)
 }

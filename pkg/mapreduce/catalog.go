@@ -157,16 +157,26 @@ func (c *Client) NewWorkerInfo() WorkerInfo {
 // unreachable it logs a warning and keeps trying. It returns an error at
 // once only when c runs no job or w has no ID.
 func (c *Client) Announce(ctx context.Context, w WorkerInfo) error {
-	if len(c.jobs.Names()) == 0 {
+	names := c.jobs.Names()
+	if len(names) == 0 {
 		return errors.New("mapreduce: announce: this Client runs no job: register jobs in Config.Jobs")
 	}
 	if w.ID == "" {
 		return errors.New("mapreduce: announce: WorkerInfo.ID is empty: start from Client.NewWorkerInfo")
 	}
 	go c.answerChecks(ctx)
+	// What each job is does not change while the process runs: describe
+	// it once (its schema takes reflection), stamp it at each heartbeat.
+	infos := make([]JobInfo, 0, len(names))
+	for _, name := range names {
+		r, _ := c.jobs.lookup(name)
+		info := r.info()
+		info.Queue = c.options(r).Queue
+		infos = append(infos, info)
+	}
 	var lastWarn time.Time
 	for {
-		if err := c.announce(ctx, w); err != nil && ctx.Err() == nil && time.Since(lastWarn) > time.Minute {
+		if err := c.announce(ctx, w, infos); err != nil && ctx.Err() == nil && time.Since(lastWarn) > time.Minute {
 			lastWarn = time.Now()
 			c.log.Warn("mapreduce: announcing this worker's jobs failed; retrying", "error", err)
 		}
@@ -186,21 +196,18 @@ func (c *Client) Announce(ctx context.Context, w WorkerInfo) error {
 }
 
 // announce writes one heartbeat: the worker, and every job it runs.
-func (c *Client) announce(ctx context.Context, w WorkerInfo) error {
+func (c *Client) announce(ctx context.Context, w WorkerInfo, infos []JobInfo) error {
 	now, err := c.rdb.Time(ctx).Result()
 	if err != nil {
 		return err
 	}
 	w.Seen = now
 	wb, _ := json.Marshal(w)
-	jobs := map[string]any{}
-	for _, name := range c.jobs.Names() {
-		r, _ := c.jobs.lookup(name)
-		info := r.info()
-		info.Queue = c.options(r).Queue
+	jobs := make(map[string]any, len(infos))
+	for _, info := range infos {
 		info.Announced = now
 		b, _ := json.Marshal(info)
-		jobs[name] = b
+		jobs[info.Name] = b
 	}
 	_, err = c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZRemRangeByScore(ctx, c.catalogKey("workers"), "-inf", strconv.FormatInt(now.UnixMilli(), 10))
@@ -335,8 +342,8 @@ func (c *Client) checkJSON(ctx context.Context, job string, args json.RawMessage
 		args = json.RawMessage("null")
 	}
 	if r, ok := c.jobs.lookup(job); ok {
-		if !r.info().JSON {
-			return jobSpec{}, nil, errors.New("the job's codec is not JSON: start it from Go with Job.Start")
+		if r.options().Codec != JSON {
+			return jobSpec{}, nil, errNotJSON
 		}
 		if err := r.checkArgs(args); err != nil {
 			return jobSpec{}, nil, err
@@ -348,7 +355,7 @@ func (c *Client) checkJSON(ctx context.Context, job string, args json.RawMessage
 		return jobSpec{}, nil, err
 	}
 	if !info.JSON {
-		return jobSpec{}, nil, errors.New("the job's codec is not JSON: start it from Go with Job.Start")
+		return jobSpec{}, nil, errNotJSON
 	}
 	if !json.Valid(args) {
 		return jobSpec{}, nil, fmt.Errorf("%w: %.200q is not JSON", ErrInvalidArgs, args)
@@ -360,6 +367,8 @@ func (c *Client) checkJSON(ctx context.Context, job string, args json.RawMessage
 	}
 	return info.spec(), compactJSON(args), nil
 }
+
+var errNotJSON = errors.New("the job's codec is not JSON: start it from Go with Job.Start")
 
 // compactJSON drops the insignificant spaces of valid JSON: the arguments
 // are stored with the run.

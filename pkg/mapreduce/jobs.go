@@ -111,8 +111,6 @@ func (j *typedJob[A, P, R, O]) checkArgs(b []byte) error {
 	return j.validate(a)
 }
 
-func (j *typedJob[A, P, R, O]) info() JobInfo { return j.Job.info() }
-
 func (j *typedJob[A, P, R, O]) decodeArgs(b []byte) (A, error) {
 	var a A
 	if err := j.Options.Codec.Unmarshal(b, &a); err != nil {

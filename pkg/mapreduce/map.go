@@ -64,10 +64,6 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	var outcome []byte
 	failed := mapErr != nil
 	if failed {
-		var m *malformedError
-		if errors.As(mapErr, &m) {
-			mapErr = fmt.Errorf("%w: %w", mapErr, asynq.SkipRetry)
-		}
 		mapErr = fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, mapErr)
 		if !lastAttempt(ctx, mapErr, o.MapRetries) {
 			return mapErr
