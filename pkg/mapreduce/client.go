@@ -100,6 +100,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 // runKeys are the Redis keys of one run and of its job.
 type runKeys struct {
 	run, recorded, results, failures string // the run's own
+	transient                        string // the run's own: transient failures per step (transient.go)
 	runs, active                     string // the job's
 }
 
@@ -124,6 +125,7 @@ func (c *Client) keys(runID string) (runKeys, error) {
 	return runKeys{
 		run: base + ":run:" + runID, recorded: base + ":recorded:" + runID,
 		results: base + ":results:" + runID, failures: base + ":failures:" + runID,
+		transient: base + ":transient:" + runID,
 		runs: base + ":runs", active: base + ":active",
 	}, nil
 }
@@ -312,11 +314,18 @@ func (c *Client) finish(ctx context.Context, id string, to State, result []byte,
 	if result != nil {
 		hasResult = "1"
 	}
-	res, err := scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, string(from), hasResult).Slice()
+	var res []any
+	err = c.withRedis(ctx, "ending a run", func(ctx context.Context) (err error) {
+		res, err = scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, string(from), hasResult).Slice()
+		return err
+	})
 	if err != nil {
 		return false, "", err
 	}
 	n, _ := res[0].(int64)
 	s, _ := res[1].(string)
+	if n == 1 {
+		c.logOutcome(ctx, id, to, msg)
+	}
 	return n == 1, State(s), nil
 }

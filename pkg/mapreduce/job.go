@@ -107,6 +107,19 @@ type JobOptions struct {
 	// StepRetries is how many times a failing Split or Reduce is retried
 	// before the run fails. Default 3; a negative value means no retries.
 	StepRetries int
+	// TransientRetries is how many times a task retries an error that
+	// IsTransient reports — the database or Redis briefly unreachable, a
+	// failover, too many connections, a serialization failure — before
+	// such errors count against MapRetries or StepRetries. These retries
+	// spend none of the job's own. Default 30, which with the default
+	// TransientBackoff rides out two to four minutes of outage; a negative
+	// value means none (every error counts).
+	TransientRetries int
+	// TransientBackoff is how long a task waits before its transient retry
+	// n (from 0). Default: 1s doubling to 10s, each a random wait between
+	// half and all of it, so that a task resumes within about 10s of the
+	// end of an outage and the fleet does not come back all at once.
+	TransientBackoff func(n int) time.Duration
 	// Semantics says what a run does when pages fail for good. Default
 	// SuccessSemantics.
 	Semantics Semantics
@@ -147,6 +160,14 @@ func (o JobOptions) withDefaults() JobOptions {
 		o.StepRetries = 3
 	} else if o.StepRetries < 0 {
 		o.StepRetries = 0
+	}
+	if o.TransientRetries == 0 {
+		o.TransientRetries = defaultTransientRetries
+	} else if o.TransientRetries < 0 {
+		o.TransientRetries = 0
+	}
+	if o.TransientBackoff == nil {
+		o.TransientBackoff = defaultTransientBackoff
 	}
 	if o.MapTimeout == 0 {
 		o.MapTimeout = 30 * time.Minute

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -33,11 +34,17 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 		fields *redis.SliceCmd
 		bit    *redis.IntCmd
 	)
-	if _, err := c.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-		fields = pl.HMGet(ctx, k.run, "state", "nonce")
-		bit = pl.GetBit(ctx, k.recorded, int64(p.Index))
-		return nil
-	}); err != nil && !errors.Is(err, redis.Nil) {
+	if err := c.withRedis(ctx, "reading the run's state", func(ctx context.Context) error {
+		_, err := c.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			fields = pl.HMGet(ctx, k.run, "state", "nonce")
+			bit = pl.GetBit(ctx, k.recorded, int64(p.Index))
+			return nil
+		})
+		if errors.Is(err, redis.Nil) {
+			return nil
+		}
+		return err
+	}); err != nil {
 		return fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, err)
 	}
 	vals := fields.Val()
@@ -61,21 +68,31 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	if cause := context.Cause(wctx); mapErr != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {
 		return nil // the run ended while the page was processed
 	}
+	rctx, cancel := afterWork(ctx)
+	defer cancel()
 	var outcome []byte
 	failed := mapErr != nil
 	if failed {
 		mapErr = fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, mapErr)
+		if tr := c.transientRetry(rctx, k, strconv.Itoa(p.Index), mapErr, o); tr != nil {
+			c.logFailure(ctx, "mapreduce: page failed; retrying", p.Run, p.Index, tr)
+			return tr
+		}
 		if !lastAttempt(ctx, mapErr, o.MapRetries) {
+			c.logFailure(ctx, "mapreduce: page failed; retrying", p.Run, p.Index, mapErr)
 			return mapErr
 		}
 		mapErr = final(mapErr)
+		c.logFailure(ctx, "mapreduce: page failed for good: its retries are spent", p.Run, p.Index, mapErr)
 		outcome, _ = json.Marshal(failure{Page: p.page(), Error: mapErr.Error()})
 	} else {
 		outcome = result
 	}
-	rctx, cancel := afterWork(ctx)
-	defer cancel()
-	st, err := c.record(rctx, k, p.Nonce, p.Index, outcome, failed)
+	var st State
+	err = c.withRedis(rctx, "recording a page", func(ctx context.Context) (err error) {
+		st, err = c.record(ctx, k, p.Nonce, p.Index, outcome, failed)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("mapreduce: page %d of %s: recording its outcome: %w", p.Index, p.Run, errors.Join(err, mapErr))
 	}

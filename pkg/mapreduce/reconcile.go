@@ -17,10 +17,11 @@ type Repairs struct {
 	ReducesEnqueued int // reducing runs whose reduce task was gone
 	RunsFailed      int // runs whose split or reduce task asynq archived
 	PagesFailed     int // unrecorded pages whose map task was archived or gone
+	OrphansCopied   int // tasks asynq shows as active that no live worker holds (orphans.go)
 }
 
 func (r Repairs) total() int {
-	return r.SplitsEnqueued + r.ReducesEnqueued + r.RunsFailed + r.PagesFailed
+	return r.SplitsEnqueued + r.ReducesEnqueued + r.RunsFailed + r.PagesFailed + r.OrphansCopied
 }
 
 // maxPageChecks bounds the task lookups of one pass over one stuck run.
@@ -38,7 +39,11 @@ const maxPageChecks = 1000
 //   - a mapping run that recorded nothing for Config.StuckAfter: an unrecorded
 //     page whose task asynq archived is recorded as failed with the task's
 //     last error, and one whose task is gone (deleted by hand, lost in a
-//     Redis failover) as failed too: its page descriptor went with it.
+//     Redis failover) as failed too: its page descriptor went with it;
+//   - a task that asynq shows as active while no live worker holds it (its
+//     worker was killed, lost Redis as it finished, or has a skewed
+//     clock), seen so for 8s by this or an earlier pass: a copy is
+//     enqueued, if its run still needs it.
 //
 // Every repair is idempotent, so any number of workers may reconcile at
 // once. RunReconciler calls it periodically.
@@ -49,6 +54,11 @@ func (c *Client) Reconcile(ctx context.Context) (Repairs, error) {
 		if err := c.reconcileJob(ctx, job, &rep); err != nil {
 			errs = append(errs, fmt.Errorf("job %q: %w", job, err))
 		}
+	}
+	n, err := c.reconcileOrphans(ctx)
+	rep.OrphansCopied += n
+	if err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return rep, fmt.Errorf("mapreduce: reconcile: %w", err)
@@ -66,6 +76,9 @@ func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	orphans := time.NewTicker(orphanScanEvery)
+	defer orphans.Stop()
+	var lastWarn time.Time
 	for {
 		rep, err := c.Reconcile(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -74,14 +87,46 @@ func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
 		if rep.total() > 0 {
 			c.log.Info("mapreduce: reconciler repaired runs", "splits_enqueued", rep.SplitsEnqueued,
 				"reduces_enqueued", rep.ReducesEnqueued, "runs_failed", rep.RunsFailed,
-				"pages_failed", rep.PagesFailed)
+				"pages_failed", rep.PagesFailed, "orphans_copied", rep.OrphansCopied)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				break wait
+			case <-orphans.C:
+				// Quietly: an outage fails every scan, and the full pass
+				// above reports failures once per interval.
+				if _, err := c.reconcileOrphans(ctx); err != nil && ctx.Err() == nil && time.Since(lastWarn) > interval {
+					lastWarn = time.Now()
+					c.log.Warn("mapreduce: looking for orphaned tasks failed; retrying", "error", err)
+				}
+			}
 		}
 	}
+}
+
+// reconcileOrphans looks for orphans of every job c runs.
+func (c *Client) reconcileOrphans(ctx context.Context) (int, error) {
+	held, err := c.heldTasks()
+	if err != nil {
+		return 0, fmt.Errorf("mapreduce: looking for orphaned tasks: %w", err)
+	}
+	copies := 0
+	var errs []error
+	for _, job := range c.jobs.Names() {
+		n, err := c.repairOrphans(ctx, job, held)
+		copies += n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("job %q: %w", job, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return copies, fmt.Errorf("mapreduce: looking for orphaned tasks: %w", err)
+	}
+	return copies, nil
 }
 
 func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) error {

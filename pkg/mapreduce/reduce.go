@@ -29,7 +29,11 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 		return err
 	}
 	k, _ := c.keys(run)
-	vals, err := c.rdb.HMGet(ctx, k.run, "state", "args", "total", "failed", "nonce").Result()
+	var vals []any
+	err = c.withRedis(ctx, "reading the run", func(ctx context.Context) (err error) {
+		vals, err = c.rdb.HMGet(ctx, k.run, "state", "args", "total", "failed", "nonce").Result()
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
 	}
@@ -60,13 +64,18 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 		}
 		if err != nil {
 			err = fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
-			if lastAttempt(ctx, err, c.options(r).StepRetries) {
-				if ferr := c.end(rctx, run, StateFailed, nil, err.Error()); ferr != nil {
-					return errors.Join(err, ferr)
-				}
-				return final(err)
+			if tr := c.transientRetry(rctx, k, "reduce", err, c.options(r)); tr != nil {
+				c.logFailure(ctx, "mapreduce: reduce failed; retrying", run, pageReduce, tr)
+				return tr
 			}
-			return err
+			if !lastAttempt(ctx, err, c.options(r).StepRetries) {
+				c.logFailure(ctx, "mapreduce: reduce failed; retrying", run, pageReduce, err)
+				return err
+			}
+			if ferr := c.end(rctx, run, StateFailed, nil, err.Error()); ferr != nil {
+				return errors.Join(err, ferr)
+			}
+			return final(err)
 		}
 	}
 	return c.end(rctx, run, StateSucceeded, result, "")

@@ -31,11 +31,17 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 		fields   *redis.SliceCmd
 		recorded *redis.StringCmd
 	)
-	if _, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		fields = p.HMGet(ctx, k.run, "state", "args", "nonce")
-		recorded = p.Get(ctx, k.recorded)
-		return nil
-	}); err != nil && !errors.Is(err, redis.Nil) {
+	if err := c.withRedis(ctx, "reading the run", func(ctx context.Context) error {
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			fields = p.HMGet(ctx, k.run, "state", "args", "nonce")
+			recorded = p.Get(ctx, k.recorded)
+			return nil
+		})
+		if errors.Is(err, redis.Nil) {
+			return nil
+		}
+		return err
+	}); err != nil {
 		return fmt.Errorf("mapreduce: split of %s: %w", run, err)
 	}
 	vals := fields.Val()
@@ -116,13 +122,22 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 		if errors.As(splitErr, &m) { // arguments no retry can fix
 			err = fmt.Errorf("mapreduce: split of %s: %w", run, splitErr)
 		}
+		if tr := c.transientRetry(rctx, k, "split", err, o); tr != nil {
+			c.logFailure(ctx, "mapreduce: split failed; retrying", run, pageSplit, tr)
+			return tr
+		}
 		if lastAttempt(ctx, splitErr, o.StepRetries) {
 			c.failRun(rctx, run, err)
 			return final(err)
 		}
+		c.logFailure(ctx, "mapreduce: split failed; retrying", run, pageSplit, err)
 		return err
 	}
-	st, err := scriptSplitDone.Run(rctx, c.rdb, []string{k.run, k.recorded}, n, nonce).Text()
+	var st string
+	err = c.withRedis(rctx, "recording the split's total", func(ctx context.Context) (err error) {
+		st, err = scriptSplitDone.Run(ctx, c.rdb, []string{k.run, k.recorded}, n, nonce).Text()
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("mapreduce: split of %s: recording the total of %d pages: %w", run, n, err)
 	}

@@ -81,13 +81,17 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 const handBackDelay = 5 * time.Second
 
 // RetryDelay is an asynq.RetryDelayFunc that applies each job's
-// JobOptions.Backoff to its tasks; a task handed back because this worker
+// JobOptions.Backoff to its tasks, and JobOptions.TransientBackoff to a
+// task retrying a transient error; a task handed back because this worker
 // does not run its job is offered again after 5s; other tasks get
 // asynq.DefaultRetryDelayFunc. Set it as the worker's
 // asynq.Config.RetryDelayFunc.
 func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	if errors.Is(err, errNotHosted) {
 		return handBackDelay/2 + rand.N(handBackDelay)
+	}
+	if tr, ok := errors.AsType[*errTransientRetry](err); ok {
+		return tr.delay
 	}
 	var p runPayload // map payloads carry the run too
 	if json.Unmarshal(t.Payload(), &p) == nil {
@@ -101,10 +105,14 @@ func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 }
 
 // IsFailure is an asynq.Config.IsFailure that does not count a task handed
-// back because this worker does not run its job: asynq then retries it
+// back because this worker does not run its job, nor one retrying a
+// transient error within JobOptions.TransientRetries: asynq then retries it
 // without spending one of its retries. Set it as the worker's
 // asynq.Config.IsFailure.
 func (c *Client) IsFailure(err error) bool {
+	if _, ok := errors.AsType[*errTransientRetry](err); ok {
+		return false
+	}
 	return err != nil && !errors.Is(err, errNotHosted)
 }
 
@@ -202,9 +210,12 @@ func (c *Client) enqueueStep(ctx context.Context, run, nonce, typ string, o JobO
 	if typ == typeReduce {
 		step, timeout = "reduce", o.ReduceTimeout
 	}
-	_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typ, payload),
-		asynq.TaskID(taskID(run, nonce, step)), asynq.Queue(o.Queue), asynq.MaxRetry(o.StepRetries+spareRetry),
-		asynq.Timeout(timeout), asynq.Retention(o.Retention))
+	err := c.withRedis(ctx, "enqueuing the "+step, func(ctx context.Context) error {
+		_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typ, payload),
+			asynq.TaskID(taskID(run, nonce, step)), asynq.Queue(o.Queue), asynq.MaxRetry(o.StepRetries+spareRetry),
+			asynq.Timeout(timeout), asynq.Retention(o.Retention))
+		return err
+	})
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 		return fmt.Errorf("enqueue %s of run %s: %w", step, run, err)
 	}
@@ -224,9 +235,12 @@ func (c *Client) enqueueMap(ctx context.Context, run, nonce string, i int, page 
 	if err != nil {
 		return err
 	}
-	_, err = c.aq.EnqueueContext(ctx, asynq.NewTask(typeMap, payload),
-		asynq.TaskID(mapTaskID(run, nonce, i)), asynq.Queue(o.Queue), asynq.MaxRetry(o.MapRetries+spareRetry),
-		asynq.Timeout(o.MapTimeout))
+	err = c.withRedis(ctx, "enqueuing pages", func(ctx context.Context) error {
+		_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typeMap, payload),
+			asynq.TaskID(mapTaskID(run, nonce, i)), asynq.Queue(o.Queue), asynq.MaxRetry(o.MapRetries+spareRetry),
+			asynq.Timeout(o.MapTimeout))
+		return err
+	})
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 		return fmt.Errorf("enqueue page %d of run %s: %w", i, run, err)
 	}

@@ -50,12 +50,20 @@ type Config struct {
 	// Weights sets the priority of each job's queue against the others'
 	// (--weight JOB=N, WORKER_WEIGHTS). Default 1 each.
 	Weights map[string]int
+	// MaxClockOffset is how far this host's clock may be from Redis's
+	// before the worker refuses to start (--max-clock-offset,
+	// WORKER_MAX_CLOCK_OFFSET): asynq leases tasks and schedules retries on
+	// the worker's clock. A running worker checks again every minute and
+	// logs an error when its clock has drifted past it. Default 3s.
+	MaxClockOffset time.Duration
 	// Version is free text shown with the worker in 'scheduler jobs'
 	// (--version-label, WORKER_VERSION).
 	Version string
 	// Logger receives the worker's logs, asynq's included (at warn level
 	// and above for asynq). Default: text on stderr at info level.
 	Logger *slog.Logger
+
+	now func() time.Time // the worker's clock; tests skew it (export_test.go)
 }
 
 func (c Config) withDefaults() Config {
@@ -79,6 +87,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReconcileEvery == 0 {
 		c.ReconcileEvery = 30 * time.Second
+	}
+	if c.MaxClockOffset == 0 {
+		c.MaxClockOffset = 3 * time.Second
+	}
+	if c.now == nil {
+		c.now = time.Now
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second
@@ -108,6 +122,7 @@ func (c Config) validate() error {
 		{"--shutdown-timeout", c.ShutdownTimeout, 0},
 		{"--reconcile-every", c.ReconcileEvery, time.Second},
 		{"--poll-interval", c.PollInterval, time.Millisecond},
+		{"--max-clock-offset", c.MaxClockOffset, 100 * time.Millisecond},
 	} {
 		if d.v < 0 {
 			bad("%s %v is negative: use a positive duration such as 30s, or leave it unset for the default", d.flag, d.v)

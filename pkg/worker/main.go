@@ -87,6 +87,7 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", app.EnvDuration("WORKER_SHUTDOWN_TIMEOUT", 30*time.Second), "on SIGTERM, how long in-flight tasks may finish before they are handed back (env WORKER_SHUTDOWN_TIMEOUT)")
 	fs.DurationVar(&cfg.ReconcileEvery, "reconcile-every", app.EnvDuration("WORKER_RECONCILE_EVERY", 30*time.Second), "how often to repair runs left behind by crashes (env WORKER_RECONCILE_EVERY)")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", app.EnvDuration("WORKER_POLL_INTERVAL", time.Second), "how often an idle worker looks for tasks; lower starts steps sooner at the cost of Redis calls (env WORKER_POLL_INTERVAL)")
+	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", app.EnvDuration("WORKER_MAX_CLOCK_OFFSET", 3*time.Second), "how far this host's clock may be from Redis's before the worker refuses to start (env WORKER_MAX_CLOCK_OFFSET)")
 	fs.StringVar(&cfg.Version, "version-label", app.Env("WORKER_VERSION", ""), "free text shown with this worker in 'scheduler jobs', e.g. a build ID (env WORKER_VERSION)")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
 	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")

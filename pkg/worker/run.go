@@ -32,7 +32,12 @@ import (
 //   - announces its jobs in the catalogue with a heartbeat, so that
 //     'scheduler run JOB' works for them without rebuilding the scheduler,
 //     and checks the arguments of runs started from the command line;
-//   - repairs runs that crashes left behind every Config.ReconcileEvery.
+//   - repairs runs that crashes left behind every Config.ReconcileEvery,
+//     and copies tasks that asynq shows as active while no live worker
+//     holds them every few seconds.
+//
+// It refuses to start on a host whose clock is more than
+// Config.MaxClockOffset away from Redis's.
 func Run(ctx context.Context, cfg Config, jobs ...mapreduce.AnyJob) error {
 	w, err := start(ctx, cfg, jobs)
 	if err != nil {
@@ -79,6 +84,13 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w.closes = append(w.closes, func() { _ = w.rdb.Close() })
+	off, err := clockOffset(ctx, w.rdb, cfg.now)
+	if err != nil {
+		return nil, fmt.Errorf("worker: reading Redis's clock: %w", err)
+	}
+	if err := clockError(off, cfg.MaxClockOffset); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
 	w.env = &Env{Redis: w.rdb, Logger: log, Semaphores: map[string]*semaphore.Semaphore{}}
 	if cfg.DatabaseURL != "" {
 		// A connection per task at work, and a few for splits and reduces.
@@ -130,6 +142,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	info.Semaphores = slices.Sorted(maps.Keys(cfg.Permits))
 	info.Version = cfg.Version
 	go mr.RunReconciler(bg, cfg.ReconcileEvery)
+	go w.watchClock(bg)
 	go func() {
 		defer close(w.done)
 		_ = mr.Announce(bg, info)

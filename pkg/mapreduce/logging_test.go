@@ -1,0 +1,88 @@
+package mapreduce_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+)
+
+// syncBuffer is a bytes.Buffer that handlers on many goroutines can share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) records(t *testing.T) []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	for _, line := range bytes.Split(bytes.TrimSpace(s.b.Bytes()), []byte("\n")) {
+		var m map[string]any
+		if err := json.Unmarshal(line, &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// asynq does not log handler errors, so batchmr does: every failed attempt
+// of a page is one log line with its run, job, page, attempt and error,
+// and the process that records the run's outcome logs it.
+func TestEveryPageFailureIsLoggedWithRunJobPageAttemptAndError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	f := &flaky{calls: map[int]int{}}
+	e.addJob(e.jobs.Add(flakyJob("logged", f, 1000, errors.New("row 7 is malformed"), e.opts(mapreduce.JobOptions{
+		MapRetries: 1, Semantics: mapreduce.CompleteSemantics,
+	}))))
+	var logs syncBuffer
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
+		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.worker(c, 2)
+	id := mustStart(t, c, "logged", sumArgs{N: 20, PageSize: 10}, mapreduce.StartOptions{})
+	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded || st.Failed != 2 {
+		t.Fatalf("run ended %s with %d failed pages; want succeeded (complete semantics) with 2", st.State, st.Failed)
+	}
+	attempts := map[float64][]float64{} // page -> attempts logged
+	ended := 0
+	for _, r := range logs.records(t) {
+		switch r["msg"] {
+		case "mapreduce: page failed; retrying", "mapreduce: page failed for good: its retries are spent":
+			if r["run"] != id || r["job"] != "logged" || r["error"] == nil {
+				t.Errorf("page failure logged without its run, job or error: %v", r)
+			}
+			page, _ := r["page"].(float64)
+			attempt, _ := r["attempt"].(float64)
+			attempts[page] = append(attempts[page], attempt)
+		case "mapreduce: run ended":
+			ended++
+			if r["run"] != id || r["state"] != "succeeded" {
+				t.Errorf("run outcome logged as %v", r)
+			}
+		}
+	}
+	for _, page := range []float64{0, 1} {
+		if got := attempts[page]; len(got) != 2 || got[0] != 1 || got[1] != 2 {
+			t.Errorf("page %v: attempts logged %v, want [1 2] (one line per failed attempt)", page, got)
+		}
+	}
+	if ended != 1 {
+		t.Errorf("the run's outcome was logged %d times, want once", ended)
+	}
+}

@@ -1,0 +1,212 @@
+package mapreduce
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// An orphan is a task that asynq shows as active while no live worker
+// works on it: its worker was killed, or the worker finished it but could
+// not tell asynq (a Redis cut at that moment: asynq v0.26 retries the
+// update with an expired context, so it never lands), or its worker's
+// clock is fast and its lease, scored on that clock, looks valid for
+// hours. asynq's own recoverer finds such tasks only once their lease has
+// been expired for 30s, checking once a minute, and never while a skewed
+// lease lies in the future. batchmr finds them from asynq's list of what
+// each live server works on, which expires on Redis's clock (10s after a
+// server's last heartbeat), and enqueues a copy of each: recording is
+// exactly-once, so the copy and a late original cannot both count.
+
+// orphanGrace is how long a task must be seen active with no live worker
+// holding it before a copy is enqueued: longer than asynq's heartbeat
+// (5s), after which a task a live worker just took shows in its list.
+const orphanGrace = 8 * time.Second
+
+// orphanScanEvery is how often RunReconciler looks for orphans.
+const orphanScanEvery = 2 * time.Second
+
+// copySep separates an orphan's task ID from its copy's suffix; it cannot
+// appear in a run ID.
+const copySep = "~"
+
+// orphanKeys are a job's keys for the orphan scan: first sightings of
+// orphan candidates (task ID → Redis time in ms) and the lock that lets
+// one worker at a time scan the job's queue.
+func (c *Client) orphanKeys(job string) (seen, lock string) {
+	base := c.prefix + ":{" + job + "}"
+	return base + ":orphans", base + ":orphan-scan"
+}
+
+// heldTasks returns the IDs of the tasks live asynq servers work on.
+func (c *Client) heldTasks() (map[string]bool, error) {
+	servers, err := c.insp.Servers()
+	if err != nil {
+		return nil, fmt.Errorf("listing asynq servers: %w", err)
+	}
+	held := map[string]bool{}
+	for _, s := range servers {
+		for _, w := range s.ActiveWorkers {
+			held[w.TaskID] = true
+		}
+	}
+	return held, nil
+}
+
+// repairOrphans looks for orphans of job's tasks, unless another worker
+// scanned the job a moment ago, and enqueues a copy of each that its run
+// still needs. It returns how many copies it enqueued.
+func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]bool) (int, error) {
+	r, ok := c.jobs.lookup(job)
+	if !ok {
+		return 0, nil
+	}
+	o := c.options(r)
+	seenKey, lockKey := c.orphanKeys(job)
+	got, err := c.rdb.SetNX(ctx, lockKey, 1, orphanScanEvery*3/4).Result()
+	if err != nil || !got {
+		return 0, err
+	}
+	var cands []*asynq.TaskInfo
+	for page := 1; ; page++ {
+		tasks, err := c.insp.ListActiveTasks(o.Queue, asynq.Page(page), asynq.PageSize(1000))
+		if isTaskGone(err) {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("listing active tasks of queue %s: %w", o.Queue, err)
+		}
+		for _, t := range tasks {
+			if !held[t.ID] && (t.Type == typeSplit || t.Type == typeMap || t.Type == typeReduce) {
+				cands = append(cands, t)
+			}
+		}
+		if len(tasks) < 1000 {
+			break
+		}
+	}
+	if len(cands) == 0 {
+		return 0, c.rdb.Del(ctx, seenKey).Err()
+	}
+	now, err := c.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, err
+	}
+	ids := make([]string, len(cands))
+	var firsts *redis.SliceCmd
+	var known *redis.StringSliceCmd
+	_, err = c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for i, t := range cands {
+			ids[i] = t.ID
+			p.HSetNX(ctx, seenKey, t.ID, now.UnixMilli())
+		}
+		firsts = p.HMGet(ctx, seenKey, ids...)
+		known = p.HKeys(ctx, seenKey)
+		p.PExpire(ctx, seenKey, 10*orphanGrace)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	// Forget sightings of tasks that are no longer orphan candidates.
+	isCand := map[string]bool{}
+	for _, id := range ids {
+		isCand[id] = true
+	}
+	var stale []string
+	for _, id := range known.Val() {
+		if !isCand[id] {
+			stale = append(stale, id)
+		}
+	}
+	if len(stale) > 0 {
+		c.rdb.HDel(ctx, seenKey, stale...)
+	}
+	copies := 0
+	for i, t := range cands {
+		s, _ := firsts.Val()[i].(string)
+		first, _ := strconv.ParseInt(s, 10, 64)
+		if first == 0 || now.Sub(time.UnixMilli(first)) < orphanGrace {
+			continue
+		}
+		enqueued, err := c.copyOrphan(ctx, t, o, s)
+		if err != nil {
+			return copies, err
+		}
+		if enqueued {
+			copies++
+		}
+		c.rdb.HDel(ctx, seenKey, t.ID)
+	}
+	return copies, nil
+}
+
+// copyOrphan enqueues a copy of orphan t if its run still needs it: an
+// unrecorded page of a run still mapping, the split of a run still
+// splitting, the reduce of a run still reducing. The copy's ID is derived
+// from the orphan's and its first sighting, so that workers scanning at
+// once enqueue it once.
+func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions, firstSeen string) (bool, error) {
+	var p mapPayload // split and reduce payloads are its first fields
+	if err := json.Unmarshal(t.Payload, &p); err != nil {
+		return false, nil // not ours to repair: the handler archives it
+	}
+	k, err := c.keys(p.Run)
+	if err != nil {
+		return false, nil
+	}
+	var fields *redis.SliceCmd
+	var bit *redis.IntCmd
+	if _, err := c.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		fields = pl.HMGet(ctx, k.run, "state", "nonce")
+		bit = pl.GetBit(ctx, k.recorded, int64(p.Index))
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return false, err
+	}
+	state, _ := fields.Val()[0].(string)
+	nonce, _ := fields.Val()[1].(string)
+	if nonce != p.Nonce {
+		return false, nil
+	}
+	timeout := o.MapTimeout
+	switch st := State(state); t.Type {
+	case typeMap:
+		if (st != StateSplitting && st != StateMapping) || bit.Val() == 1 {
+			return false, nil
+		}
+	case typeSplit:
+		if st != StateSplitting {
+			return false, nil
+		}
+		timeout = o.SplitTimeout
+	case typeReduce:
+		if st != StateReducing {
+			return false, nil
+		}
+		timeout = o.ReduceTimeout
+	}
+	base, _, _ := strings.Cut(t.ID, copySep)
+	id := base + copySep + firstSeen
+	_, err = c.aq.EnqueueContext(ctx, asynq.NewTask(t.Type, t.Payload), asynq.TaskID(id), asynq.Queue(t.Queue),
+		asynq.MaxRetry(t.MaxRetry), asynq.Timeout(timeout))
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("enqueuing a copy of orphaned task %s: %w", t.ID, err)
+	}
+	attrs := []any{"run", p.Run, "task", t.ID, "copy", id, "type", t.Type}
+	if t.Type == typeMap {
+		attrs = append(attrs, "page", p.Index)
+	}
+	c.log.Warn("mapreduce: a task asynq shows as active has no live worker (killed, cut off from Redis, or with a skewed clock): enqueued a copy", attrs...)
+	return true, nil
+}

@@ -1,0 +1,192 @@
+package mapreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/rediserr"
+)
+
+// IsTransient reports whether err is a fault that passes by itself, so
+// that a task retrying it later is likely to succeed:
+//   - an error marked with Transient;
+//   - the network: a refused, reset or closed connection, an unexpected
+//     EOF, a timeout of the network itself (not of the task's context);
+//   - Redis briefly unable to answer (LOADING, a failover, TRYAGAIN);
+//   - Postgres, recognised without importing pgx, by the SQLSTATE its
+//     errors carry: a connection failure (class 08), the server shutting
+//     down or starting (57P01, 57P02, 57P03), too many connections (53300),
+//     a serialization failure or deadlock (40001, 40P01); and any error
+//     that says it is safe to retry (pgconn.SafeToRetry's SafeToRetry
+//     method).
+//
+// A task's context ending (cancel, timeout) is not transient. Map, Split
+// and Reduce errors that IsTransient reports are retried with
+// JobOptions.TransientBackoff, without spending the job's retries, up to
+// JobOptions.TransientRetries times.
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var marked *transientMark
+	if errors.As(err, &marked) {
+		return true
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var retryable interface{ SafeToRetry() bool }
+	if errors.As(err, &retryable) && retryable.SafeToRetry() {
+		return true
+	}
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		switch code := coded.SQLState(); {
+		case len(code) == 5 && code[:2] == "08", // connection exception
+			code == "57P01", code == "57P02", code == "57P03", // shutting down, starting up
+			code == "53300",                  // too many connections
+			code == "40001", code == "40P01": // serialization failure, deadlock
+			return true
+		}
+		return false // a SQL error the server meant: bad query, constraint, …
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	return rediserr.Transient(err)
+}
+
+// Transient marks err as transient, for IsTransient: return
+// mapreduce.Transient(err) from Map, Split or Reduce for a fault of your
+// own systems that passes by itself (a rate limit, a service restarting).
+func Transient(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &transientMark{err}
+}
+
+type transientMark struct{ err error }
+
+func (e *transientMark) Error() string { return e.err.Error() }
+func (e *transientMark) Unwrap() error { return e.err }
+
+// errTransientRetry is returned to asynq for a task that will retry a
+// transient error: IsFailure does not count it, and RetryDelay waits
+// TransientBackoff(attempt) before the next attempt.
+type errTransientRetry struct {
+	err     error
+	attempt int // 0 for the first transient retry of the task
+	delay   time.Duration
+}
+
+func (e *errTransientRetry) Error() string {
+	return fmt.Sprintf("%v (transient: retry %d in %v, not counted against the job's retries)", e.err, e.attempt+1, e.delay.Round(time.Millisecond))
+}
+func (e *errTransientRetry) Unwrap() error { return e.err }
+
+// Defaults of JobOptions.TransientRetries and TransientBackoff.
+const (
+	defaultTransientRetries = 30
+	transientBackoffBase    = time.Second
+	transientBackoffCap     = 10 * time.Second
+)
+
+// defaultTransientBackoff is 1s doubling to 10s, each a random wait
+// between half and all of it: a fleet whose pages all failed at the same
+// moment of an outage does not come back at the same instant.
+func defaultTransientBackoff(n int) time.Duration {
+	d := transientBackoffCap
+	if n < 8 {
+		d = min(transientBackoffBase<<n, transientBackoffCap)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// transientRetry decides what a handler does with err, a failure of the
+// task's user code: if err is transient and the task has transient retries
+// left, it returns the error to give asynq (not counted as a failure); nil
+// means err counts as an ordinary failure. step names the task within its
+// run ("split", "reduce" or the page index) for the count, which lives in
+// Redis so that it survives the task moving between workers.
+func (c *Client) transientRetry(ctx context.Context, k runKeys, step string, err error, o JobOptions) error {
+	if o.TransientRetries <= 0 || !IsTransient(err) || ctx.Err() != nil {
+		return nil
+	}
+	n, cerr := c.countTransient(ctx, k, step, o)
+	if cerr != nil {
+		// Redis is out too: asynq could not schedule a retry either. The
+		// task goes back through asynq's own recovery; do not spend one of
+		// its retries on an outage.
+		n = 1
+	}
+	if n > o.TransientRetries {
+		return nil
+	}
+	delay := o.TransientBackoff(n - 1)
+	return &errTransientRetry{err: err, attempt: n - 1, delay: delay}
+}
+
+// countTransient counts one more transient failure of a run's step and
+// returns the count. The count expires with the run's retention after the
+// last failure.
+func (c *Client) countTransient(ctx context.Context, k runKeys, step string, o JobOptions) (int, error) {
+	var n int64
+	err := c.withRedis(ctx, "counting a transient failure", func(ctx context.Context) error {
+		pl := c.rdb.TxPipeline()
+		incr := pl.HIncrBy(ctx, k.transient, step, 1)
+		pl.PExpire(ctx, k.transient, o.Retention)
+		if _, err := pl.Exec(ctx); err != nil {
+			return err
+		}
+		n = incr.Val()
+		return nil
+	})
+	return int(n), err
+}
+
+// withRedis runs fn, retrying it while it fails for a transient Redis
+// reason and ctx lives: a handler that waits out a Redis outage returns
+// once Redis is back, when asynq can record what it did. Returning during
+// the outage would leave the task "active" in asynq (its state update
+// fails, and asynq v0.26 retries that update with an expired context)
+// until asynq's recoverer finds it, a minute or more later. fn must be
+// idempotent.
+func (c *Client) withRedis(ctx context.Context, what string, fn func(context.Context) error) error {
+	backoff := 20 * time.Millisecond
+	var warned bool
+	for {
+		err := fn(ctx)
+		if err == nil || !rediserr.Transient(err) || ctx.Err() != nil {
+			if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+				err = fmt.Errorf("%w (%w)", err, ctx.Err())
+			}
+			if warned && err == nil {
+				c.log.Info("mapreduce: Redis answers again", "while", what)
+			}
+			return err
+		}
+		if !warned {
+			warned = true
+			c.log.Warn("mapreduce: Redis unavailable; retrying until it answers", "while", what, "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
