@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"iter"
+	"time"
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/worker"
@@ -16,10 +17,13 @@ import (
 type Args struct {
 	N        int `json:"n"`
 	PageSize int `json:"page_size"`
+	// SleepMS makes each page take this long, for tests that stop a
+	// worker mid-page.
+	SleepMS int `json:"sleep_ms"`
 }
 
-// Span is a page: [Lo, Hi).
-type Span struct{ Lo, Hi int }
+// Span is a page: [Lo, Hi), and how long to take over it.
+type Span struct{ Lo, Hi, SleepMS int }
 
 // Job is the sum of squares.
 var Job = mapreduce.Job[Args, Span, int, int]{
@@ -32,7 +36,7 @@ var Job = mapreduce.Job[Args, Span, int, int]{
 	},
 	Split: func(ctx context.Context, a Args, emit func(Span) error) error {
 		for lo := 0; lo < a.N; lo += a.PageSize {
-			if err := emit(Span{lo, min(lo+a.PageSize, a.N)}); err != nil {
+			if err := emit(Span{lo, min(lo+a.PageSize, a.N), a.SleepMS}); err != nil {
 				return err
 			}
 		}
@@ -42,6 +46,11 @@ var Job = mapreduce.Job[Args, Span, int, int]{
 		sem, err := worker.Semaphore(ctx, "cpu")
 		if err != nil {
 			return 0, err
+		}
+		select {
+		case <-time.After(time.Duration(s.SleepMS) * time.Millisecond):
+		case <-ctx.Done():
+			return 0, ctx.Err()
 		}
 		sum := 0
 		err = sem.Do(ctx, func(context.Context) error {
