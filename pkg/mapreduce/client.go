@@ -126,7 +126,7 @@ func (c *Client) keys(runID string) (runKeys, error) {
 		run: base + ":run:" + runID, recorded: base + ":recorded:" + runID,
 		results: base + ":results:" + runID, failures: base + ":failures:" + runID,
 		transient: base + ":transient:" + runID,
-		runs: base + ":runs", active: base + ":active",
+		runs:      base + ":runs", active: base + ":active",
 	}, nil
 }
 
