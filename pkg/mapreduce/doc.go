@@ -39,7 +39,7 @@
 //	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 //		Queues:         queues,
 //		RetryDelayFunc: mr.RetryDelay, // each job's JobOptions.Backoff
-//		IsFailure:      mr.IsFailure,  // a task handed back is not a failure
+//		IsFailure:      mr.IsFailure,  // a task handed back, or riding out an outage, is not a failure
 //	})
 //	mux := asynq.NewServeMux()
 //	mr.Register(mux)
@@ -56,8 +56,15 @@
 //     written only when the split has enqueued every page, so pages that
 //     finish while the split is still running cannot trigger it — and the
 //     run records one outcome.
-//   - A worker killed mid-split, mid-map or mid-reduce loses nothing:
-//     asynq hands its task to another worker, and every step is idempotent.
+//   - A worker killed mid-split, mid-map or mid-reduce loses nothing: the
+//     reconciler copies a task that asynq shows as active while no live
+//     worker holds it, within seconds, and every step is idempotent.
+//   - Outages cost time, not runs: an error IsTransient reports (the
+//     database or Redis unreachable, a failover, a serialization failure)
+//     is retried with JobOptions.TransientBackoff without spending the
+//     job's retries, and handlers wait out a Redis outage before they
+//     return. Every failed attempt is logged with its run, job, page and
+//     attempt.
 //   - Starts with the same StartOptions.Key make one run, so scheduler
 //     replicas firing on the same tick start it once.
 //   - Cancel stops a run: queued pages do not start, handlers at work see
