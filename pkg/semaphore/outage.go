@@ -102,24 +102,33 @@ func (s *Semaphore) redisAnswered(kick bool) {
 }
 
 // pause waits d before a retry, less if Redis answers another call of this
-// handle meanwhile. It returns ctx's error if ctx is done first, and
-// ErrClosed if the Semaphore is closed first.
+// handle meanwhile — but never less than retryMin, so that a caller whose
+// calls fail while others succeed cannot spin. It returns ctx's error if
+// ctx is done first, and ErrClosed if the Semaphore is closed first.
 func (s *Semaphore) pause(ctx context.Context, d time.Duration) error {
 	s.healthMu.Lock()
 	back := s.back // nil, never ready, unless Redis is known to be down
 	s.healthMu.Unlock()
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-back:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-s.stop:
-		return ErrClosed
+	floor := time.NewTimer(min(d, retryMin))
+	defer floor.Stop()
+	floorPassed, answered := false, false
+	for !floorPassed || !answered {
+		select {
+		case <-t.C:
+			return nil
+		case <-floor.C:
+			floorPassed = true
+		case <-back:
+			answered, back = true, nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.stop:
+			return ErrClosed
+		}
 	}
+	return nil
 }
 
 // kickWatchdog asks the watchdog for a refresh now. A watchdog that is not

@@ -449,9 +449,55 @@ func TestHoldersAndWaitersLearnWithinSecondsThatRedisRestartedEmpty(t *testing.T
 	}
 }
 
+// A release that Redis could not take is retried once Redis is back, and
+// when it lands it hands the permit to the next waiter even if that waiter
+// is in the releasing process, which no wake-up would tell.
+func TestAReleaseRetriedAfterAnOutageHandsThePermitToALocalWaiter(t *testing.T) {
+	t.Parallel()
+	s, other, px := cutOffPair(t, 0, 0) // the default lease: no refresh is due for 10s
+	ctx := context.Background()
+	p := mustAcquire(t, s)
+	got := acquireQueued(t, s, other, 1)
+	px.cut()
+	if err := p.Release(ctx); err != nil {
+		t.Errorf("Release with Redis cut off = %v, want nil (retried in the background)", err)
+	}
+	if st := stats(t, other); len(st.Holders) != 1 || st.Holders[0].ID != p.ID() {
+		t.Fatalf("during the outage Redis shows %+v, want the released permit still held", st)
+	}
+	px.restore()
+	restored := time.Now()
+	q := receiveGrant(t, got, resumeWithin, "the local waiter, after Redis came back")
+	t.Logf("the local waiter held the permit %v after Redis came back", time.Since(restored))
+	if st := stats(t, other); len(st.Holders) != 1 || st.Holders[0].ID != q.ID() {
+		t.Errorf("after the retried release Redis shows %+v, want the waiter's permit only", st)
+	}
+	if err := q.Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// Cut off from Redis past its lease, a holder is cancelled; its Release
+// cannot reach Redis either, and must still say that the lease was lost.
+func TestReleaseCutOffAfterItsLeaseRanOutReportsTheLoss(t *testing.T) {
+	t.Parallel()
+	const lease = 600 * time.Millisecond
+	s, _, px := cutOffPair(t, lease, 0)
+	p := mustAcquire(t, s)
+	px.cut()
+	select {
+	case <-p.Context().Done():
+	case <-time.After(lease + lease/3 + 2*time.Second):
+		t.Fatal("a holder cut off from Redis past its lease was not cancelled")
+	}
+	if err := p.Release(context.Background()); !errors.Is(err, semaphore.ErrLeaseLost) {
+		t.Errorf("Release, cut off, of a permit whose lease ran out = %v, want ErrLeaseLost", err)
+	}
+}
+
 // Close during an outage gives back what it holds in one last attempt, ends
-// the retries of releases made before, and returns promptly; no call is
-// made after it returns.
+// the retries of releases made before, and returns promptly; nothing calls
+// Redis after it.
 func TestCloseDuringAnOutageEndsTheRetriesAndReturnsPromptly(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
@@ -486,6 +532,9 @@ func TestCloseDuringAnOutageEndsTheRetriesAndReturnsPromptly(t *testing.T) {
 	if q := <-queued; q != nil {
 		t.Errorf("a waiter was granted %s across Close", q.ID())
 	}
+	// The Acquire that Close ended gives its place back once more, on its
+	// own goroutine; after that, nothing may call Redis.
+	time.Sleep(300 * time.Millisecond)
 	before := calls.snapshot()
 	time.Sleep(2 * time.Second) // longer than the longest backoff
 	if after := calls.snapshot(); fmt.Sprint(after) != fmt.Sprint(before) {

@@ -106,19 +106,22 @@ func (p *Permit) Release(ctx context.Context) error {
 		r.retrying = true
 	}
 	p.cancel(errReleased)
-	lost := state == permitLost
+	answered := !r.retrying && r.err == nil
 	switch {
-	case r.retrying:
-		if lost || p.expired(called) {
+	case answered && (state == permitLost || r.was != releaseHeld):
+		return fmt.Errorf("semaphore %q: release: %w", name, ErrLeaseLost)
+	case answered:
+		return nil
+	case state == permitLost || p.expired(called):
+		// Without Redis's word, the lease this process knows decides.
+		if r.retrying {
 			return fmt.Errorf("semaphore %q: release: %w (Redis has not confirmed the release yet; it is retried in the background)", name, ErrLeaseLost)
 		}
+		return fmt.Errorf("semaphore %q: release: %w (giving it back failed too: %v)", name, ErrLeaseLost, r.err)
+	case r.retrying:
 		return nil
-	case r.err != nil:
-		return fmt.Errorf("semaphore %q: release: %w (the permit returns to the fleet when its lease runs out)", name, r.err)
-	case lost || r.was != releaseHeld:
-		return fmt.Errorf("semaphore %q: release: %w", name, ErrLeaseLost)
 	}
-	return nil
+	return fmt.Errorf("semaphore %q: release: %w (the permit returns to the fleet when its lease runs out)", name, r.err)
 }
 
 // lose marks a held permit as no longer held and cancels its context. It
