@@ -72,7 +72,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 			if s.waiters[token] == w {
 				w.heartbeat, w.known = sent, true
 			}
-			s.startBackgroundLocked(true)
+			s.startBackgroundLocked()
 			s.mu.Unlock()
 		case acquireFull: // the script recorded nothing: nothing to give back
 			s.forgetWaiter(w)
@@ -139,8 +139,8 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (s
 	if wait {
 		waitFlag = "1"
 	}
-	backoff := 10 * time.Millisecond
-	for {
+	var bo backoff
+	for attempt := 1; ; attempt++ {
 		sent = time.Now()
 		var res any
 		res, err = s.evalUntil(ctx, token, scriptAcquire, token, s.opts.Lease.Milliseconds(), s.opts.Lease.Milliseconds(), waitFlag)
@@ -170,15 +170,18 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (s
 		if !wait || !transient(err) {
 			return 0, 0, 0, sent, err
 		}
-		s.log.Warn("semaphore: acquire: Redis unavailable, retrying", "error", err, "retry_in", backoff)
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return 0, 0, 0, sent, fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)
-		case <-s.stop:
-			return 0, 0, 0, sent, ErrClosed
+		// The wait is cut short when another call of this handle finds
+		// Redis back.
+		retryIn := bo.next()
+		if attempt == 1 {
+			s.log.Warn("semaphore: acquire: Redis unavailable, retrying", "error", err, "retry_in", retryIn)
 		}
-		backoff = min(2*backoff, time.Second)
+		switch perr := s.pause(ctx, retryIn); {
+		case errors.Is(perr, ErrClosed):
+			return 0, 0, 0, sent, ErrClosed
+		case perr != nil:
+			return 0, 0, 0, sent, fmt.Errorf("%w (last Redis error: %v)", perr, err)
+		}
 	}
 }
 
@@ -255,17 +258,14 @@ func (s *Semaphore) deliver(token string, fence int64, leaseFrom time.Time) {
 	until := leaseFrom.Add(s.opts.Lease)
 	if !until.After(time.Now()) {
 		w.known = true // Redis granted it: a refresh will say what became of it
-		s.startBackgroundLocked(false)
-		select {
-		case s.kick <- struct{}{}:
-		default:
-		}
+		s.startBackgroundLocked()
+		s.kickWatchdog()
 		return
 	}
 	delete(s.waiters, token)
 	p := newPermit(s, w, token, fence, until)
 	s.holders[token] = p
-	s.startBackgroundLocked(false)
+	s.startBackgroundLocked()
 	w.ch <- wakeup{permit: p}
 }
 
@@ -297,21 +297,20 @@ func (s *Semaphore) forgetHolder(p *Permit) {
 	s.mu.Unlock()
 }
 
-// startBackgroundLocked starts the watchdog, and the dispatcher when a
-// waiter is queued, the first time each is needed. Processes that never wait
-// never hold a blocking connection.
-func (s *Semaphore) startBackgroundLocked(queued bool) {
+// startBackgroundLocked starts the watchdog and the dispatcher the first
+// time this handle waits or holds. Processes that never do never hold a
+// blocking connection. A process that only holds needs the dispatcher too:
+// its connection is what notices at once that Redis went away (a restart
+// without persistence drops every permit), so that the permits' contexts
+// are cancelled within moments of Redis's return, not at the next refresh.
+func (s *Semaphore) startBackgroundLocked() {
 	if s.closed {
 		return
 	}
-	if !s.watching {
-		s.watching = true
-		s.wg.Add(1)
+	if !s.background {
+		s.background = true
+		s.wg.Add(2)
 		go s.watch()
-	}
-	if queued && !s.dispatching {
-		s.dispatching = true
-		s.wg.Add(1)
 		go s.dispatch()
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"time"
 
@@ -23,7 +22,9 @@ func (s *Semaphore) evalAs(ctx context.Context, self string, sc *script, args ..
 	argv := make([]any, 0, 4+len(args))
 	argv = append(argv, s.wakePrefix, s.opts.Limit, (2 * s.opts.Lease).Milliseconds(), self)
 	argv = append(argv, args...)
-	return s.run(ctx, sc, argv)
+	res, err := s.run(ctx, sc, argv)
+	s.noteCall(err, sc != scriptRefresh)
+	return res, err
 }
 
 // How a Semaphore runs its scripts.
@@ -183,42 +184,6 @@ func (s *Semaphore) evalUntil(ctx context.Context, token string, sc *script, arg
 		}
 	})
 	return nil, err
-}
-
-// releaseToken gives back whatever token holds or waits for in Redis, and
-// hands the capacity it frees to this process's own waiters directly when
-// they are next in line: no wake-up round trip for a local hand-off. Should
-// the reply be lost, the watchdog finds those grants at its next refresh.
-func (s *Semaphore) releaseToken(ctx context.Context, token string) (int64, error) {
-	res, err := s.evalAs(ctx, s.process, scriptRelease, token)
-	if err != nil {
-		return 0, err
-	}
-	vals, _ := res.([]any)
-	if len(vals) == 0 || len(vals)%2 != 1 {
-		return 0, fmt.Errorf("unexpected reply %v from the release script", res)
-	}
-	for i := 1; i+1 < len(vals); i += 2 {
-		tok, _ := vals[i].(string)
-		fence, _ := vals[i+1].(int64)
-		s.deliver(tok, fence, time.Time{})
-	}
-	if len(vals) > 1 {
-		// Let the new holder run now, on this thread, rather than after our
-		// caller's next Redis call or once an idle thread wakes up.
-		runtime.Gosched()
-	}
-	was, _ := vals[0].(int64)
-	return was, nil
-}
-
-// releaseDetached gives token back for a caller that has already moved on.
-func (s *Semaphore) releaseDetached(token string) {
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	defer cancel()
-	if _, err := s.releaseToken(ctx, token); err != nil {
-		s.log.Warn("semaphore: could not give back an abandoned request; it returns when its lease runs out", "token", token, "error", err)
-	}
 }
 
 // spawn runs fn in a goroutine that Close waits for.

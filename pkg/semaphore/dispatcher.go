@@ -3,6 +3,7 @@ package semaphore
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"runtime"
 	"strconv"
 	"strings"
@@ -19,36 +20,70 @@ const dispatchBlock = 5 * time.Second
 // dispatch is the one goroutine per Semaphore that waits on this process's
 // wake list and routes each grant to its local waiter. However many
 // goroutines wait, the process blocks on one Redis connection.
+//
+// On a *redis.Client that connection is one of the dispatcher's own
+// (Client.Conn), so that a dropped connection — Redis killed, restarted,
+// cut off — is an error the dispatcher sees: on a pooled connection go-redis
+// would redial and send the BLPOP again unseen, and a Redis that restarted
+// empty, without this process's waiters, would go unnoticed until the next
+// refresh. Seeing it, the dispatcher tells the watchdog, which refreshes as
+// soon as Redis answers (see noteCall). Other clients (Cluster, Ring) block
+// on a pooled connection, and such a restart is found by the next refresh
+// or by any other call that fails meanwhile.
 func (s *Semaphore) dispatch() {
 	defer s.wg.Done()
-	backoff := 10 * time.Millisecond
+	var conn *redis.Conn
+	defer func() {
+		if conn != nil {
+			_ = conn.Close()
+		}
+	}()
+	var bo backoff
 	for {
 		select {
 		case <-s.stop:
 			return
 		default:
 		}
-		res, err := s.rdb.BLPop(context.Background(), dispatchBlock, s.wakeKey).Result()
-		if errors.Is(err, redis.Nil) {
-			continue
+		var res []string
+		var err error
+		if c, ok := s.rdb.(*redis.Client); ok {
+			if conn == nil {
+				conn = c.Conn()
+			}
+			res, err = conn.BLPop(context.Background(), dispatchBlock, s.wakeKey).Result()
+		} else {
+			res, err = s.rdb.BLPop(context.Background(), dispatchBlock, s.wakeKey).Result()
+		}
+		if err != nil && !errors.Is(err, redis.Nil) && conn != nil {
+			_ = conn.Close() // a connection that failed is not used again
+			conn = nil
 		}
 		if errors.Is(err, redis.ErrClosed) {
 			s.log.Warn("semaphore: the redis client was closed before the semaphore; waiters here will not be woken: call Semaphore.Close first")
 			return
 		}
-		if err != nil {
+		if err != nil && !errors.Is(err, redis.Nil) {
 			// A grant pushed while we cannot read it is not lost: it stays on
-			// the list, and the watchdog's next refresh reports it too.
-			s.log.Warn("semaphore: waiting for wake-ups failed, retrying", "error", err, "retry_in", backoff)
-			select {
-			case <-s.stop:
-				return
-			case <-time.After(backoff):
+			// the list (unless Redis restarts without it), and the refresh
+			// that follows Redis's return reports it too.
+			s.noteCall(err, true)
+			wait := bo.next()
+			level := slog.LevelWarn
+			if transient(err) {
+				level = slog.LevelDebug // noteCall said it once for the outage
 			}
-			backoff = min(2*backoff, time.Second)
+			s.log.Log(context.Background(), level, "semaphore: waiting for wake-ups failed, retrying", "error", err, "retry_in", wait)
+			if s.pause(context.Background(), wait) != nil {
+				return
+			}
 			continue
 		}
-		backoff = 10 * time.Millisecond
+		s.noteCall(nil, true)
+		bo.reset()
+		if err != nil {
+			continue // redis.Nil: the block timed out
+		}
 		token, value, ok := strings.Cut(res[1], " ")
 		if !ok {
 			continue // Close's wake-up: the loop head sees stop.

@@ -19,8 +19,14 @@
 // weighted request at the head of the queue is not overtaken by lighter ones.
 // A release hands the permit to the next waiter at once: Redis records the
 // waiter as the new holder and wakes its process, so nobody polls and nobody
-// races for a freed permit. While waiting, a process holds one blocking Redis
-// connection per semaphore, however many goroutines wait.
+// races for a freed permit. Once it has waited or held, a process keeps one
+// blocking Redis connection per semaphore, however many goroutines wait.
+//
+// A Redis outage costs seconds, not leases: calls that fail because Redis
+// is unreachable, restarting or failing over are retried with backoff, a
+// release among them (Release does not wait for it), and when Redis answers
+// again every process refreshes at once, so that waiters are granted and
+// holders whose permits Redis lost are told within moments.
 //
 // Permits are leases. While a permit is held, its process refreshes the lease
 // in the background; a process that crashes gives its permits back when

@@ -3,8 +3,12 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -231,4 +235,310 @@ func TestRedisRestartWithoutPersistenceLosesHoldersAndRequeuesWaiters(t *testing
 	if err := q.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// resumeWithin is how soon after Redis is back the semaphore must work
+// again (requirement: 2s), plus slack for a loaded machine.
+const resumeWithin = 2*time.Second + slack
+
+// ownClient returns a client of rdb's server with a connection pool of its
+// own, as another process would have: it learns of an outage, and of
+// Redis's return, by itself.
+func ownClient(t *testing.T, rdb *redis.Client) *redis.Client {
+	t.Helper()
+	opt := *rdb.Options()
+	c := redis.NewClient(&opt)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// killRedis kills the redis-server of a PrivateRedis with SIGKILL, as a
+// crash or the OOM killer would, and returns once it takes no connections.
+// PrivateRedis's restart function starts it again (its kill finds the
+// server already gone).
+func killRedis(t *testing.T, rdb *redis.Client) {
+	t.Helper()
+	info, err := rdb.InfoMap(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(info["Server"]["process_id"])
+	if err != nil {
+		t.Fatalf("no process_id in INFO server: %v", info)
+	}
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := proc.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	opt := rdb.Options()
+	waitFor(t, 5*time.Second, "redis-server to die", func() bool {
+		c, err := net.Dial(opt.Network, opt.Addr)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err != nil
+	})
+}
+
+// checkS1 samples the semaphore in Redis, through a client of its own, until
+// the test ends, and fails the test if the weight held ever exceeds the
+// limit. Samples taken while Redis is down fail and are skipped.
+func checkS1(t *testing.T, rdb *redis.Client, prefix string) {
+	t.Helper()
+	observer := newSem(t, ownClient(t, rdb), prefix, semaphore.Options{Limit: 1})
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if st, err := observer.Stats(context.Background()); err == nil && st.Held > st.Limit {
+				t.Errorf("S1 broken: Redis shows %d held of a limit of %d: %+v", st.Held, st.Limit, st.Holders)
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done); <-ended })
+}
+
+// grantsWithin receives one permit from each channel and returns them with
+// the time from since to the first and to the last grant, failing the test
+// if they do not all come by since + d.
+func grantsWithin(t *testing.T, got []<-chan *semaphore.Permit, since time.Time, d time.Duration, what string) (ps []*semaphore.Permit, first, all time.Duration) {
+	t.Helper()
+	for i, ch := range got {
+		q := receiveGrant(t, ch, time.Until(since.Add(d)), fmt.Sprintf("%s (waiter %d of %d)", what, i+1, len(got)))
+		took := time.Since(since)
+		if i == 0 || took < first {
+			first = took
+		}
+		all = max(all, took)
+		ps = append(ps, q)
+	}
+	return ps, first, all
+}
+
+// Fault F1 of the fault campaign: Redis is killed while holders release
+// their permits, and comes back from its AOF seconds later. The releases
+// must not be lost — each would otherwise leave a ghost permit in Redis for
+// a whole lease (30s by default) — and neither must the place of a waiter
+// that gave up during the outage, which would block the head of the queue
+// for a heartbeat. Within 2s of the restart the ghosts are gone and the
+// waiters behind hold the permits, although no refresh is due for 10s.
+func TestReleasesDuringARedisCrashLandWhenRedisRestartsFromItsAOF(t *testing.T) {
+	t.Parallel()
+	rdb, restart := testenv.PrivateRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	ctx := context.Background()
+	const limit = 3
+	opts := semaphore.Options{Limit: limit} // the default lease: 30s
+	a := newSem(t, ownClient(t, rdb), "aof", opts)
+	b := newSem(t, ownClient(t, rdb), "aof", opts)
+	observer := newSem(t, rdb, "aof", opts) // its client is the one restart waits on
+	checkS1(t, rdb, "aof")
+	var held []*semaphore.Permit
+	for range limit {
+		held = append(held, mustAcquire(t, a))
+	}
+	// At the head of the queue: a waiter that gives up during the outage.
+	quitter, quit := context.WithCancel(ctx)
+	gaveUp := make(chan error, 1)
+	go func() { _, err := b.Acquire(quitter); gaveUp <- err }()
+	waitFor(t, 5*time.Second, "the first waiter queued", func() bool { return len(stats(t, observer).Waiters) == 1 })
+	var got []<-chan *semaphore.Permit
+	for i := range limit {
+		got = append(got, acquireQueued(t, b, observer, i+2))
+	}
+
+	killRedis(t, rdb)
+	quit()
+	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+		t.Errorf("the waiter that gave up got %v, want context.Canceled", err)
+	}
+	for _, p := range held {
+		start := time.Now()
+		if err := p.Release(ctx); err != nil {
+			t.Errorf("Release with Redis down = %v, want nil: the permit was held, and its release goes on in the background", err)
+		}
+		if took := time.Since(start); took > time.Second+slack {
+			t.Errorf("Release with Redis down blocked its caller for %v", took)
+		}
+	}
+	restarted := time.Now() // the new server starts now, loads its AOF and answers
+	restart()
+	answered := time.Since(restarted)
+	ps, first, all := grantsWithin(t, got, restarted, resumeWithin, "after Redis restarted from its AOF")
+	t.Logf("the new redis-server answered %v after its start; waiters held permits by %v (first) and %v (all %d)", answered, first, all, len(ps))
+	st := stats(t, observer)
+	want := map[string]bool{}
+	for _, q := range ps {
+		want[q.ID()] = true
+	}
+	if len(st.Holders) != limit || len(st.Waiters) != 0 {
+		t.Errorf("after the restart Redis shows holders %+v and waiters %+v; want exactly the %d waiters' permits", st.Holders, st.Waiters, limit)
+	}
+	for _, h := range st.Holders {
+		if !want[h.ID] {
+			t.Errorf("after the restart Redis still holds %s, which no waiter was granted (a ghost)", h.ID)
+		}
+	}
+	for _, q := range ps {
+		if err := q.Release(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// A Redis without persistence restarts empty: permits and queue are gone.
+// Within 2s of the restart — not at their next refresh, 10s away with the
+// default lease — holders must be told (their contexts cancelled with
+// ErrLeaseLost) and waiters must queue again and be granted; and Redis must
+// never show more held than the limit.
+func TestHoldersAndWaitersLearnWithinSecondsThatRedisRestartedEmpty(t *testing.T) {
+	t.Parallel()
+	rdb, restart := testenv.PrivateRedis(t)
+	ctx := context.Background()
+	const limit = 2
+	opts := semaphore.Options{Limit: limit} // the default lease: 30s
+	a := newSem(t, ownClient(t, rdb), "empty", opts)
+	b := newSem(t, ownClient(t, rdb), "empty", opts)
+	observer := newSem(t, rdb, "empty", opts) // its client is the one restart waits on
+	checkS1(t, rdb, "empty")
+	var held []*semaphore.Permit
+	for range limit {
+		held = append(held, mustAcquire(t, a)) // a only ever holds
+	}
+	var got []<-chan *semaphore.Permit
+	for i := range limit {
+		got = append(got, acquireQueued(t, b, observer, i+1))
+	}
+
+	restarted := time.Now() // kill -9, and a new server starts
+	restart()
+	answered := time.Since(restarted)
+	ps, first, all := grantsWithin(t, got, restarted, resumeWithin, "after Redis restarted empty")
+	t.Logf("the new redis-server answered %v after the kill; waiters held permits by %v (first) and %v (all %d)", answered, first, all, len(ps))
+	for _, p := range held {
+		select {
+		case <-p.Context().Done():
+			if cause := context.Cause(p.Context()); !errors.Is(cause, semaphore.ErrLeaseLost) {
+				t.Errorf("a holder's context after the restart: cause %v, want ErrLeaseLost", cause)
+			}
+		case <-time.After(time.Until(restarted.Add(resumeWithin))):
+			t.Fatalf("a holder was not told within %v that the restart took its permit", resumeWithin)
+		}
+	}
+	t.Logf("holders told by %v", time.Since(restarted))
+	if st := stats(t, observer); len(st.Holders) != limit || st.Limit != limit {
+		t.Errorf("after the restart Redis shows %+v; want the %d waiters holding under the configured limit", st, limit)
+	}
+	for _, p := range held {
+		if err := p.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {
+			t.Errorf("Release of a permit the restart took = %v, want ErrLeaseLost", err)
+		}
+	}
+	for _, q := range ps {
+		if err := q.Release(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// A release that Redis could not take is retried once Redis is back, and
+// when it lands it hands the permit to the next waiter even if that waiter
+// is in the releasing process, which no wake-up would tell.
+func TestAReleaseRetriedAfterAnOutageHandsThePermitToALocalWaiter(t *testing.T) {
+	t.Parallel()
+	s, other, px := cutOffPair(t, 0, 0) // the default lease: no refresh is due for 10s
+	ctx := context.Background()
+	p := mustAcquire(t, s)
+	got := acquireQueued(t, s, other, 1)
+	px.cut()
+	if err := p.Release(ctx); err != nil {
+		t.Errorf("Release with Redis cut off = %v, want nil (retried in the background)", err)
+	}
+	if st := stats(t, other); len(st.Holders) != 1 || st.Holders[0].ID != p.ID() {
+		t.Fatalf("during the outage Redis shows %+v, want the released permit still held", st)
+	}
+	px.restore()
+	restored := time.Now()
+	q := receiveGrant(t, got, resumeWithin, "the local waiter, after Redis came back")
+	t.Logf("the local waiter held the permit %v after Redis came back", time.Since(restored))
+	if st := stats(t, other); len(st.Holders) != 1 || st.Holders[0].ID != q.ID() {
+		t.Errorf("after the retried release Redis shows %+v, want the waiter's permit only", st)
+	}
+	if err := q.Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// Cut off from Redis past its lease, a holder is cancelled; its Release
+// cannot reach Redis either, and must still say that the lease was lost.
+func TestReleaseCutOffAfterItsLeaseRanOutReportsTheLoss(t *testing.T) {
+	t.Parallel()
+	const lease = 600 * time.Millisecond
+	s, _, px := cutOffPair(t, lease, 0)
+	p := mustAcquire(t, s)
+	px.cut()
+	select {
+	case <-p.Context().Done():
+	case <-time.After(lease + lease/3 + 2*time.Second):
+		t.Fatal("a holder cut off from Redis past its lease was not cancelled")
+	}
+	if err := p.Release(context.Background()); !errors.Is(err, semaphore.ErrLeaseLost) {
+		t.Errorf("Release, cut off, of a permit whose lease ran out = %v, want ErrLeaseLost", err)
+	}
+}
+
+// Close during an outage gives back what it holds in one last attempt, ends
+// the retries of releases made before, and returns promptly; nothing calls
+// Redis after it.
+func TestCloseDuringAnOutageEndsTheRetriesAndReturnsPromptly(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	px := startProxy(t, redisAddr(t))
+	c := clientVia(t, px.addr())
+	calls := &cmdCounter{n: map[string]int{}}
+	c.AddHook(calls)
+	s := newSem(t, c, prefix, semaphore.Options{Limit: 2})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 2})
+	ctx := context.Background()
+	released, kept := mustAcquire(t, s), mustAcquire(t, s)
+	queued := acquireQueued(t, s, other, 1)
+
+	px.cut()
+	if err := released.Release(ctx); err != nil {
+		t.Errorf("Release with Redis cut off = %v, want nil (retried in the background)", err)
+	}
+	time.Sleep(300 * time.Millisecond) // a few retries
+	start := time.Now()
+	err := s.Close()
+	took := time.Since(start)
+	if took > 5*time.Second+slack {
+		t.Errorf("Close during an outage took %v", took)
+	}
+	t.Logf("Close during an outage took %v and returned %v", took, err)
+	if err == nil {
+		t.Errorf("Close during an outage = nil, want an error saying what it could not give back")
+	}
+	if cause := context.Cause(kept.Context()); !errors.Is(cause, semaphore.ErrClosed) {
+		t.Errorf("a held permit's context after Close: cause %v, want ErrClosed", cause)
+	}
+	if q := <-queued; q != nil {
+		t.Errorf("a waiter was granted %s across Close", q.ID())
+	}
+	// The Acquire that Close ended gives its place back once more, on its
+	// own goroutine; after that, nothing may call Redis.
+	time.Sleep(300 * time.Millisecond)
+	before := calls.snapshot()
+	time.Sleep(2 * time.Second) // longer than the longest backoff
+	if after := calls.snapshot(); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("calls went on after Close returned: %v, then %v", before, after)
+	}
+	px.restore()
 }

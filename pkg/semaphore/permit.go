@@ -60,10 +60,22 @@ func (p *Permit) ID() string { return p.token }
 // now, an error wrapping ErrLeaseLost if its lease was lost before (the
 // permit is given back all the same, if Redis still had it), ErrClosed if its
 // Semaphore was closed (which released it), and ErrNotHeld if it was already
-// released. If ctx is already done — the permit's own context after a lost
-// lease, say — Release still tries for up to 5s. If Redis cannot be reached,
-// the permit returns to the fleet when its lease runs out.
+// released.
+//
+// Release waits for Redis to confirm the release while ctx lives, but for
+// 1s at most (the full second if ctx is already done — the permit's own
+// context after a lost lease, say). If Redis cannot be reached, or is
+// restarting or failing over, or has not answered by then, Release returns
+// without its answer — nil if the lease this process knows was still
+// running when Release was called, ErrLeaseLost otherwise — and goes on
+// giving the permit back in the background, retrying with backoff (tens of
+// milliseconds, growing to a second) until Redis answers or the permit's
+// lease is over, so that the capacity returns to the fleet moments after
+// Redis does, not a lease later. Close ends these retries after one last
+// attempt. An error Redis answers that retrying cannot fix (WRONGTYPE,
+// NOPERM) is returned; the permit then returns when its lease runs out.
 func (p *Permit) Release(ctx context.Context) error {
+	called := time.Now()
 	p.mu.Lock()
 	state := p.state
 	if state == permitHeld || state == permitLost {
@@ -78,20 +90,38 @@ func (p *Permit) Release(ctx context.Context) error {
 		return fmt.Errorf("semaphore %q: release: %w", name, ErrClosed)
 	}
 	p.sem.forgetHolder(p)
-	if ctx.Err() != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
+	answer := p.sem.giveBack(ctx, p.token, p.leaseEnd)
+	var done <-chan struct{} // nil, never ready, if ctx is already done
+	if ctx.Err() == nil {
+		done = ctx.Done()
 	}
-	was, err := p.sem.releaseToken(ctx, p.token)
-	p.cancel(errReleased) // after the call, so that ctx may be p.Context()
-	if err != nil {
-		return fmt.Errorf("semaphore %q: release: %w (the permit returns to the fleet when its lease runs out)", name, err)
+	wait := time.NewTimer(releaseWait)
+	defer wait.Stop()
+	var r giveBackResult
+	select {
+	case r = <-answer:
+	case <-wait.C:
+		r.retrying = true
+	case <-done:
+		r.retrying = true
 	}
-	if state == permitLost || was != releaseHeld {
+	p.cancel(errReleased)
+	answered := !r.retrying && r.err == nil
+	switch {
+	case answered && (state == permitLost || r.was != releaseHeld):
 		return fmt.Errorf("semaphore %q: release: %w", name, ErrLeaseLost)
+	case answered:
+		return nil
+	case state == permitLost || p.expired(called):
+		// Without Redis's word, the lease this process knows decides.
+		if r.retrying {
+			return fmt.Errorf("semaphore %q: release: %w (Redis has not confirmed the release yet; it is retried in the background)", name, ErrLeaseLost)
+		}
+		return fmt.Errorf("semaphore %q: release: %w (giving it back failed too: %v)", name, ErrLeaseLost, r.err)
+	case r.retrying:
+		return nil
 	}
-	return nil
+	return fmt.Errorf("semaphore %q: release: %w (the permit returns to the fleet when its lease runs out)", name, r.err)
 }
 
 // lose marks a held permit as no longer held and cancels its context. It
@@ -120,6 +150,14 @@ func (p *Permit) expired(now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return now.After(p.until)
+}
+
+// leaseEnd returns the last deadline this process knows Redis to have
+// accepted for the permit's lease.
+func (p *Permit) leaseEnd() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.until
 }
 
 // extend records a refresh that Redis accepted.

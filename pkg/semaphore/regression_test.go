@@ -244,7 +244,9 @@ func TestAnAcquireThatFailsAfterItsGrantLeavesNothingHeld(t *testing.T) {
 	if err := <-failed; err == nil {
 		t.Fatal("Acquire succeeded despite the injected error")
 	}
-	time.Sleep(200 * time.Millisecond) // past the give-back attempt
+	// Past the give-back and its retries, which end with the lease: from
+	// here only the lease running out can return the permit.
+	time.Sleep(lease + 200*time.Millisecond)
 	refuseRelease.Store(false)
 	waitFor(t, 5*lease, "the orphaned grant to be given back", func() bool { return stats(t, other).Held == 0 })
 }

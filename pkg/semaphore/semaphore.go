@@ -16,19 +16,30 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// releaseTimeout bounds the Redis call that gives a permit back when the
-// caller's own context can no longer be used for it (Do, a cancelled Acquire).
+// releaseTimeout bounds each Redis call that gives a permit back, and other
+// calls made for a caller that has moved on.
 const releaseTimeout = 5 * time.Second
+
+// releaseWait is how long Release waits for Redis to confirm a release
+// before it lets its caller move on and finishes in the background.
+const releaseWait = time.Second
+
+// closeWait bounds how long Close waits for this handle's goroutines: each
+// ends after one last Redis call, but a call to a Redis that never answers
+// lasts as long as the redis client lets it.
+const closeWait = 5 * time.Second
 
 // A Semaphore is one process's handle on a fleet-wide counting semaphore
 // kept in Redis. Every process that calls New with the same Redis, name and
 // prefix shares the same permits. A Semaphore is safe for concurrent use; a
 // process needs one per semaphore name, however many goroutines use it.
 //
-// Waiting costs this process one blocking Redis connection in all, however
-// many goroutines wait, plus one Redis call per Lease/3 to keep its holders'
-// leases and its waiters' places alive. The redis client's pool must
-// therefore have room for at least two connections.
+// From its first wait or grant until Close, a handle keeps one blocking
+// Redis connection in all, however many goroutines wait or hold — it
+// receives grants and notices at once when Redis goes away — plus one Redis
+// call per Lease/3 to keep its holders' leases and its waiters' places
+// alive. The redis client's pool must therefore have room for at least two
+// connections.
 type Semaphore struct {
 	rdb            redis.UniversalClient
 	name           string
@@ -43,21 +54,26 @@ type Semaphore struct {
 	scriptMode     atomic.Int32 // how scripts run: see run
 	functionsAfter atomic.Int64 // unix ns before which scripts run with EVALSHA
 
-	mu          sync.Mutex
-	waiters     map[string]*waiter
-	holders     map[string]*Permit
-	closed      bool
-	dispatching bool
-	watching    bool
-	stop        chan struct{}
-	kick        chan struct{}  // asks the watchdog to refresh now
-	wg          sync.WaitGroup // dispatcher and watchdog
+	mu         sync.Mutex
+	waiters    map[string]*waiter
+	holders    map[string]*Permit
+	closed     bool
+	background bool // the dispatcher and the watchdog run
+	stop       chan struct{}
+	kick       chan struct{}  // asks the watchdog to refresh now
+	wg         sync.WaitGroup // dispatcher and watchdog
 
 	// Short-lived goroutines (abandoned calls, background releases) are
 	// tracked so that Close can wait for them; after Close has begun
 	// waiting, new ones run untracked.
 	detached     sync.WaitGroup
 	detachedDone bool
+
+	// Whether Redis answers this handle: see outage.go.
+	down      atomic.Bool
+	healthMu  sync.Mutex
+	downSince time.Time
+	back      chan struct{} // while down: closed when Redis answers again
 }
 
 // New returns a handle on the semaphore called name in rdb. It does not
@@ -204,8 +220,13 @@ func (s *Semaphore) SetLimit(ctx context.Context, n int) error {
 // (and those retrying against an unreachable Redis) return ErrClosed, its
 // permits are released and their contexts cancelled with cause ErrClosed,
 // and later Acquire calls return ErrClosed; Stats and SetLimit keep working.
-// Other processes sharing the semaphore are not affected. Close waits for
-// this handle's goroutines to end and is idempotent.
+// Other processes sharing the semaphore are not affected. Close is
+// idempotent. It waits for this handle's goroutines to end, which takes one
+// Redis call: releases still being retried (see Permit.Release) make one
+// last attempt, as do the releases of the permits and places Close takes
+// back, all at once. If Redis does not answer, Close returns after 5s at
+// most, with an error; whatever it could not give back returns to the fleet
+// when its lease runs out.
 func (s *Semaphore) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -216,17 +237,15 @@ func (s *Semaphore) Close() error {
 	close(s.stop)
 	waiters, holders := s.waiters, s.holders
 	s.waiters, s.holders = map[string]*waiter{}, map[string]*Permit{}
-	dispatching := s.dispatching
+	dispatching := s.background
 	s.mu.Unlock()
 
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	defer cancel()
-	var errs []error
+	ctx := context.Background()
+	var results []<-chan giveBackResult
 	for tok, w := range waiters {
 		w.ch <- wakeup{err: ErrClosed}
-		if _, err := s.releaseToken(ctx, tok); err != nil {
-			errs = append(errs, err)
-		}
+		until := time.Now().Add(s.opts.Lease)
+		results = append(results, s.giveBack(ctx, tok, func() time.Time { return until }))
 	}
 	for tok, p := range holders {
 		// A Release under way owns the permit's release: only give back
@@ -234,24 +253,46 @@ func (s *Semaphore) Close() error {
 		if !p.lose(ErrClosed) {
 			continue
 		}
-		if _, err := s.releaseToken(ctx, tok); err != nil {
-			errs = append(errs, err)
-		}
+		results = append(results, s.giveBack(ctx, tok, p.leaseEnd))
 	}
 	if dispatching {
 		// Wake the dispatcher's BLPOP so it sees stop now, not at its
 		// timeout; with a TTL, in case the dispatcher is gone already.
-		_, _ = s.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			pipe.RPush(ctx, s.wakeKey, "close")
-			pipe.PExpire(ctx, s.wakeKey, 2*s.opts.Lease)
-			return nil
+		s.spawn(func() {
+			ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+			defer cancel()
+			_, _ = s.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+				pipe.RPush(ctx, s.wakeKey, "close")
+				pipe.PExpire(ctx, s.wakeKey, 2*s.opts.Lease)
+				return nil
+			})
 		})
 	}
-	s.wg.Wait()
-	s.mu.Lock()
-	s.detachedDone = true
-	s.mu.Unlock()
-	s.detached.Wait()
+	ended := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		s.mu.Lock()
+		s.detachedDone = true
+		s.mu.Unlock()
+		s.detached.Wait()
+		close(ended)
+	}()
+	select {
+	case <-ended:
+	case <-time.After(closeWait):
+		s.log.Warn("semaphore: Close stopped waiting for Redis calls that did not end; they end when the redis client gives up on them", "waited", closeWait)
+	}
+	var errs []error
+	for _, r := range results {
+		select {
+		case r := <-r:
+			if r.err != nil {
+				errs = append(errs, r.err)
+			}
+		default:
+			errs = append(errs, fmt.Errorf("no answer from Redis within %v", closeWait))
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("semaphore %q: close: releasing %d permits and places failed; they return when their leases run out: %w", s.name, len(errs), errors.Join(errs...))
 	}

@@ -2,29 +2,58 @@ package semaphore
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
 // watch refreshes, every Lease/3 and in one Redis call, the leases of this
 // process's permits and the heartbeats of its waiters, and cancels a permit
-// whose lease is lost. It runs from the first wait or grant until Close.
+// whose lease is lost. It runs from the first wait or grant until Close. It
+// refreshes at once when kicked (Redis answers again after an outage, a
+// grant needs checking), and while Redis does not answer it retries with
+// backoff rather than at the next tick: the first refresh Redis answers
+// tells holders and waiters what Redis kept.
 func (s *Semaphore) watch() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.Lease / 3)
 	defer t.Stop()
+	var bo backoff
+	var retry <-chan time.Time
+	failing := false
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.refresh()
 		case <-s.kick:
-			s.refresh()
+		case <-retry:
+		}
+		retry = nil
+		n, err := s.refresh()
+		switch {
+		case err == nil:
+			bo.reset()
+			failing = false
+		case errors.Is(err, ErrClosed):
+			return
+		case mayPass(err):
+			wait := bo.next()
+			if !failing {
+				s.log.Warn("semaphore: refreshing leases failed; retrying until Redis answers; permits stay valid until their leases run out", "error", err, "permits_and_waiters", n)
+				failing = true
+			}
+			retry = time.After(wait)
+		default:
+			s.log.Warn("semaphore: refreshing leases failed; permits stay valid until their leases run out", "error", err, "permits_and_waiters", n)
 		}
 	}
 }
 
-func (s *Semaphore) refresh() {
+// refresh makes one refresh call, if this process has anything to refresh,
+// and acts on Redis's answer. It returns how many tokens it refreshed, and
+// the call's error.
+func (s *Semaphore) refresh() (int, error) {
 	// First, without Redis: a permit whose last confirmed deadline has passed
 	// may already be someone else's. This is what cancels a holder at once
 	// when its process resumes from a pause, or during a Redis outage.
@@ -54,7 +83,7 @@ func (s *Semaphore) refresh() {
 		p.lose(ErrLeaseLost)
 	}
 	if len(tokens) == 0 {
-		return
+		return 0, nil
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Lease/3)
@@ -63,13 +92,11 @@ func (s *Semaphore) refresh() {
 	lease := s.opts.Lease.Milliseconds()
 	res, err := s.evalUntil(ctx, "", scriptRefresh, append([]any{lease, lease}, tokens...)...)
 	if err != nil {
-		s.log.Warn("semaphore: refreshing leases failed; permits stay valid until their leases run out", "error", err, "permits_and_waiters", len(tokens))
-		return
+		return len(tokens), err
 	}
 	statuses, _ := res.([]any)
 	if len(statuses) != len(tokens) {
-		s.log.Warn("semaphore: unexpected reply from the refresh script", "reply", res)
-		return
+		return len(tokens), fmt.Errorf("unexpected reply %v from the refresh script", res)
 	}
 	for i, t := range tokens {
 		st, _ := statuses[i].(int64)
@@ -79,6 +106,7 @@ func (s *Semaphore) refresh() {
 			s.applyWaiterRefresh(t.(string), st, sent)
 		}
 	}
+	return len(tokens), nil
 }
 
 // applyHolderRefresh acts on Redis's word about a token that held a permit

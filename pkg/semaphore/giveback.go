@@ -1,0 +1,122 @@
+package semaphore
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"time"
+)
+
+// releaseToken gives back whatever token holds or waits for in Redis, and
+// hands the capacity it frees to this process's own waiters directly when
+// they are next in line: no wake-up round trip for a local hand-off. Should
+// the reply be lost, the watchdog finds those grants at its next refresh
+// (at once if the loss was a Redis outage: see noteCall).
+func (s *Semaphore) releaseToken(ctx context.Context, token string) (int64, error) {
+	res, err := s.evalAs(ctx, s.process, scriptRelease, token)
+	if err != nil {
+		return 0, err
+	}
+	vals, _ := res.([]any)
+	if len(vals) == 0 || len(vals)%2 != 1 {
+		return 0, fmt.Errorf("unexpected reply %v from the release script", res)
+	}
+	for i := 1; i+1 < len(vals); i += 2 {
+		tok, _ := vals[i].(string)
+		fence, _ := vals[i+1].(int64)
+		s.deliver(tok, fence, time.Time{})
+	}
+	if len(vals) > 1 {
+		// Let the new holder run now, on this thread, rather than after our
+		// caller's next Redis call or once an idle thread wakes up.
+		runtime.Gosched()
+	}
+	was, _ := vals[0].(int64)
+	return was, nil
+}
+
+// giveBackResult is what the first attempt to give a token back found.
+type giveBackResult struct {
+	was      int64 // the release script's word: releaseHeld, releaseQueued or releaseUnknown
+	err      error
+	retrying bool // err may pass: the give-back goes on in the background
+}
+
+// giveBack gives token back in a goroutine that Close waits for, and
+// returns a channel that receives the first attempt's result. An attempt
+// that fails for a reason that may pass (Redis unreachable, restarting,
+// failing over) is retried with backoff until Redis answers, or until
+// deadline — when Redis drops the token by itself, its lease or heartbeat
+// over — or, once the Semaphore is closed, after one last attempt. Without
+// the retries a permit released during a Redis restart would block its
+// capacity for a whole lease after Redis is back. A late release hands the
+// capacity it frees to this process's waiters as any release does.
+func (s *Semaphore) giveBack(ctx context.Context, token string, deadline func() time.Time) <-chan giveBackResult {
+	first := make(chan giveBackResult, 1)
+	s.spawn(func() { s.giveBackRetrying(context.WithoutCancel(ctx), token, deadline, first) })
+	return first
+}
+
+// releaseDetached gives token back for a caller that has already moved on,
+// retrying as giveBack does. Whatever Redis holds for the token expires
+// within one Lease from now: a heartbeat or lease deadline is never set
+// further ahead than that.
+func (s *Semaphore) releaseDetached(token string) {
+	until := time.Now().Add(s.opts.Lease)
+	s.giveBackRetrying(context.Background(), token, func() time.Time { return until }, nil)
+}
+
+// giveBackRetrying is giveBack's loop; first, if not nil, receives the
+// first attempt's result.
+func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, deadline func() time.Time, first chan<- giveBackResult) {
+	var bo backoff
+	detached := first == nil
+	last := s.stopped() // Close's own give-backs make one attempt
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, releaseTimeout)
+		was, err := s.releaseToken(actx, token)
+		cancel()
+		retry := err != nil && mayPass(err) && !last && time.Now().Before(deadline())
+		if first != nil {
+			first <- giveBackResult{was: was, err: err, retrying: retry}
+		}
+		if !retry {
+			s.logGiveBack(token, attempt, was, err, detached, last)
+			return
+		}
+		if attempt == 1 {
+			s.log.Warn("semaphore: giving a permit back failed; retrying in the background until Redis answers or its lease runs out",
+				"token", token, "error", err, "lease_left", time.Until(deadline()).Round(time.Millisecond))
+		}
+		first = nil
+		if s.stopped() {
+			last = true // one last attempt, now
+			continue
+		}
+		wait := min(bo.next(), time.Until(deadline()))
+		if perr := s.pause(ctx, wait); perr != nil {
+			last = true
+			continue
+		}
+		if !time.Now().Before(deadline()) {
+			s.log.Info("semaphore: stopped giving a permit back: its lease is over, so Redis has dropped it by itself",
+				"token", token, "attempts", attempt, "last_error", err)
+			return
+		}
+	}
+}
+
+// logGiveBack says how a give-back ended, where no caller hears of it: a
+// detached one, or one that needed more than one attempt.
+func (s *Semaphore) logGiveBack(token string, attempts int, was int64, err error, detached, closing bool) {
+	switch {
+	case err != nil && (detached || attempts > 1):
+		msg := "semaphore: could not give a permit back; it returns when its lease runs out"
+		if closing {
+			msg = "semaphore: could not give a permit back before Close; it returns when its lease runs out"
+		}
+		s.log.Warn(msg, "token", token, "attempts", attempts, "error", err)
+	case err == nil && attempts > 1:
+		s.log.Info("semaphore: gave a permit back once Redis answered again", "token", token, "attempts", attempts, "was_held", was == releaseHeld)
+	}
+}
