@@ -48,7 +48,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 		if err != nil {
 			return fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
 		}
-		return c.end(rctx, run, StateFailed, nil, msg)
+		return c.end(rctx, run, pl.Nonce, StateFailed, nil, msg)
 	}
 	var result []byte
 	if r.hasReduce() {
@@ -61,7 +61,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 		if err != nil {
 			err = fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
 			if lastAttempt(ctx, err, c.options(r).StepRetries) {
-				if ferr := c.end(rctx, run, StateFailed, nil, err.Error()); ferr != nil {
+				if ferr := c.end(rctx, run, pl.Nonce, StateFailed, nil, err.Error()); ferr != nil {
 					return errors.Join(err, ferr)
 				}
 				return final(err)
@@ -69,12 +69,12 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 			return err
 		}
 	}
-	return c.end(rctx, run, StateSucceeded, result, "")
+	return c.end(rctx, run, pl.Nonce, StateSucceeded, result, "")
 }
 
-// end finishes a reducing run.
-func (c *Client) end(ctx context.Context, run string, to State, result []byte, msg string) error {
-	if _, _, err := c.finish(ctx, run, to, result, msg, StateReducing); err != nil {
+// end finishes a reducing run, unless Retry has resumed it since (nonce).
+func (c *Client) end(ctx context.Context, run, nonce string, to State, result []byte, msg string) error {
+	if _, _, err := c.finish(ctx, run, nonce, to, result, msg, StateReducing); err != nil {
 		return fmt.Errorf("mapreduce: reduce of %s: recording the outcome: %w", run, err)
 	}
 	return nil
