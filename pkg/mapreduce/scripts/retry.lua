@@ -45,7 +45,7 @@ local failed = redis.call('HKEYS', KEYS[4])
 for _, i in ipairs(failed) do
   redis.call('SETBIT', KEYS[2], tonumber(i), 0)
 end
-redis.call('DEL', KEYS[4])
+redis.call('UNLINK', KEYS[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HDEL', KEYS[1], 'error', 'result', 'finished', 'split_done', 'reducing_at')
