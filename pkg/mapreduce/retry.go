@@ -10,25 +10,22 @@ import (
 
 // Retry resumes a run that failed or was cancelled: its split runs again
 // and enqueues only the pages not recorded — those that never finished, and
-// those that failed for good, whose failures Retry forgets — and once every
-// page is recorded, Reduce runs over all of them. Pages that succeeded keep
-// their results and are not processed again. Any process may call it: the
-// job's options come from this process's jobs or from the catalogue.
+// those that failed for good, whose failures Retry forgets — then Reduce
+// runs over every page. Pages that succeeded keep their results and are not
+// processed again, and each page is still recorded once: the run draws a new
+// nonce, which makes every task of its earlier attempt (a retry, a
+// duplicate, an archived task re-run from asynq, a handler still at work)
+// record nothing. Any process may call it: the job's options come from
+// Config.Jobs or the catalogue.
 //
-// On success, returns nil: the run is splitting again, its keys no longer
-// expire until it ends again, and Status.Retries counts the retry. The run
-// draws a new nonce, so that no task of its earlier attempt — a retry, a
-// duplicate, an archived task re-run from asynq, a handler still at work —
-// records anything into it. If the split task could not be enqueued, the
-// run is resumed all the same and the error says so: a worker's reconciler
-// enqueues it.
-//
-// On failure, returns an error and leaves the run unchanged. The error
-// wraps ErrRunNotFound for a run Redis does not know, ErrRunNotEnded for a
-// run still going, ErrRunSucceeded for a run that succeeded (start a new
-// run instead), ErrRunActive when the job forbids overlapping runs and
-// another of its runs is active, and ErrUnknownJob when neither this
-// process nor the catalogue knows the run's job.
+// On success, returns nil; the run is splitting again, its keys do not
+// expire until it ends again, and Status.Retries counts the retry. On
+// failure, returns an error wrapping ErrRunNotFound, ErrRunNotEnded (the
+// run is still going), ErrRunSucceeded (start a new run instead),
+// ErrRunActive (the job forbids overlapping runs and another is active) or
+// ErrUnknownJob, and leaves the run unchanged; except when only the enqueue
+// of the split failed: the run is resumed, the error says so, and a
+// worker's reconciler enqueues the split.
 func (c *Client) Retry(ctx context.Context, id string) error {
 	k, err := c.keys(id)
 	if err != nil {
