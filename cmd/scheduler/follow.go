@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
@@ -77,6 +79,37 @@ func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*ma
 		case <-time.After(pollEvery):
 		}
 	}
+}
+
+// followToEnd follows a run until it ends, as 'run --wait' and 'retry
+// --wait' do: progress on stderr (follow), then the run's state, pages and
+// error on stderr and its result on stdout. It returns the exit code: 0 if
+// the run succeeded, 1 if it did not, 130 if ctx ended first (the run goes
+// on); it exits 1 itself when the run cannot be followed.
+func followToEnd(ctx context.Context, c *conn, id string) int {
+	st, err := follow(ctx, c, id, os.Stderr, isTerminal(os.Stderr))
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintf(os.Stderr, "scheduler: stopped following %s (the run goes on)\n", id)
+			return 130
+		}
+		app.Fail("%s", trim(err))
+	}
+	since, retried := st.Created, ""
+	if st.Retries > 0 {
+		since, retried = st.Retried, fmt.Sprintf(" (since retry %d)", st.Retries)
+	}
+	fmt.Fprintf(os.Stderr, "%s %s in %s%s: %s\n", id, st.State, st.Finished.Sub(since).Round(time.Millisecond), retried, progress(st))
+	if st.Error != "" {
+		fmt.Fprintf(os.Stderr, "error: %s\n", st.Error)
+	}
+	if st.Result != nil {
+		fmt.Printf("%s\n", st.Result)
+	}
+	if st.State != mapreduce.StateSucceeded {
+		return 1
+	}
+	return 0
 }
 
 // rootCause is the innermost error of a chain: "connection refused"

@@ -1,7 +1,7 @@
 // Command scheduler starts and follows runs of any batchmr job: on a
 // schedule (serve), by hand (run); it lists the jobs workers announce
-// (jobs), inspects, lists and cancels runs, and shows and sets the fleet's
-// semaphores (permits). It is built with no job: every job it knows comes
+// (jobs), inspects, lists, cancels and resumes runs, and shows and sets
+// the fleet's semaphores (permits). It is built with no job: every job it knows comes
 // from the catalogue in Redis, which workers fill as they start.
 package main
 
@@ -15,9 +15,10 @@ import (
 	"github.com/batchmr/batchmr/internal/app"
 )
 
-const usage = `scheduler starts, follows and cancels runs of any batchmr job, and tunes the
-fleet's semaphores. It knows the jobs that workers announce in Redis (the
-catalogue): a new job needs a worker that runs it, never a new scheduler.
+const usage = `scheduler starts, follows, cancels and resumes runs of any batchmr job, and
+tunes the fleet's semaphores. It knows the jobs that workers announce in
+Redis (the catalogue): a new job needs a worker that runs it, never a new
+scheduler.
 
 Usage:
   scheduler jobs [--json]
@@ -26,6 +27,7 @@ Usage:
   scheduler status RUN [--json]
   scheduler runs [JOB] [--state STATE]
   scheduler cancel RUN
+  scheduler retry RUN [--wait]
   scheduler permits get [NAME] [--verbose]
   scheduler permits set NAME N
 
@@ -33,6 +35,7 @@ Examples:
   scheduler jobs
   scheduler run orders-report --args '{"slow_ms": 50}' --wait
   scheduler serve --schedule 'orders-report=@every 10m'
+  scheduler retry orders-report:20261121T060000Z --wait
   scheduler permits set db 12
 
 Every command reads --redis-url (env REDIS_URL); 'scheduler COMMAND --help'
@@ -61,6 +64,8 @@ func main() {
 		code = runs(ctx, args)
 	case "cancel":
 		code = cancel(ctx, args)
+	case "retry":
+		code = retry(ctx, args)
 	case "permits":
 		code = permits(ctx, args)
 	case "-h", "--help", "-help", "help":

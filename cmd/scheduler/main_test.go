@@ -554,7 +554,7 @@ func TestEveryCommandsHelpHasAnExample(t *testing.T) {
 	t.Parallel()
 	s := newScheduler(t, newFleet(t))
 	for _, args := range [][]string{{"--help"}, {"jobs", "--help"}, {"run", "--help"}, {"serve", "--help"},
-		{"status", "--help"}, {"runs", "--help"}, {"cancel", "--help"}, {"permits", "--help"}} {
+		{"status", "--help"}, {"runs", "--help"}, {"cancel", "--help"}, {"retry", "--help"}, {"permits", "--help"}} {
 		out, _, code := s.run(args...)
 		if code != 0 || !strings.Contains(out, "Example") {
 			t.Errorf("scheduler %v: exit %d, no example in %q", args, code, out)

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
@@ -87,25 +86,7 @@ func run(ctx context.Context, args []string) int {
 	if !*wait {
 		return 0
 	}
-	st, err := follow(ctx, c, id, os.Stderr, isTerminal(os.Stderr))
-	if err != nil {
-		if ctx.Err() != nil {
-			fmt.Fprintf(os.Stderr, "scheduler: stopped following %s (the run goes on)\n", id)
-			return 130
-		}
-		app.Fail("%s", trim(err))
-	}
-	fmt.Fprintf(os.Stderr, "%s %s in %s: %s\n", id, st.State, st.Finished.Sub(st.Created).Round(time.Millisecond), progress(st))
-	if st.Error != "" {
-		fmt.Fprintf(os.Stderr, "error: %s\n", st.Error)
-	}
-	if st.Result != nil {
-		fmt.Printf("%s\n", st.Result)
-	}
-	if st.State != mapreduce.StateSucceeded {
-		return 1
-	}
-	return 0
+	return followToEnd(ctx, c, id)
 }
 
 func isTerminal(f *os.File) bool {

@@ -38,6 +38,9 @@ func status(ctx context.Context, args []string) int {
 	}
 	fmt.Printf("run      %s\njob      %s\nstate    %s\npages    %s\n", st.ID, st.Job, st.State, progress(st))
 	fmt.Printf("created  %s\n", st.Created.Format(time.RFC3339))
+	if st.Retries > 0 {
+		fmt.Printf("retried  %s (retry %d)\n", st.Retried.Format(time.RFC3339), st.Retries)
+	}
 	if !st.Finished.IsZero() {
 		fmt.Printf("finished %s (%s)\n", st.Finished.Format(time.RFC3339), st.Finished.Sub(st.Created).Round(time.Millisecond))
 	}
@@ -61,18 +64,23 @@ type jsonStatus struct {
 	Created   time.Time       `json:"created"`
 	SplitDone *time.Time      `json:"split_done,omitempty"`
 	Finished  *time.Time      `json:"finished,omitempty"`
+	Retries   int             `json:"retries,omitempty"`
+	Retried   *time.Time      `json:"retried,omitempty"`
 	Error     string          `json:"error,omitempty"`
 	Result    json.RawMessage `json:"result,omitempty"`
 }
 
 func printJSON(st *mapreduce.Status) {
 	js := jsonStatus{ID: st.ID, Job: st.Job, State: string(st.State), Total: st.Total, Done: st.Done,
-		Failed: st.Failed, Created: st.Created, Error: st.Error}
+		Failed: st.Failed, Created: st.Created, Error: st.Error, Retries: st.Retries}
 	if !st.SplitDone.IsZero() {
 		js.SplitDone = &st.SplitDone
 	}
 	if !st.Finished.IsZero() {
 		js.Finished = &st.Finished
+	}
+	if !st.Retried.IsZero() {
+		js.Retried = &st.Retried
 	}
 	if json.Valid(st.Result) {
 		js.Result = st.Result

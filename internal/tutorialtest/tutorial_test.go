@@ -44,8 +44,9 @@ var needed = []string{"countkinds/countkinds.go", "cmd/worker/main.go", "cmd/sta
 // its Dockerfile builds it; two of its workers run, and the scheduler
 // commands of the page list the job with both workers, refuse bad
 // arguments at once, run the job to the result one SQL query gives, start
-// it on a schedule, and cancel a run; the page's Go program starts it,
-// typed, to the same result; both workers exit 0 on SIGTERM.
+// it on a schedule, cancel a run and resume it to the same result; the
+// page's Go program starts it, typed, to the same result; both workers
+// exit 0 on SIGTERM.
 func TestFirstJobTutorialRunsOnTwoWorkersUnderTheScheduler(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -212,6 +213,16 @@ func TestFirstJobTutorialRunsOnTwoWorkersUnderTheScheduler(t *testing.T) {
 	}
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || st.State != "cancelled" || st.Done != 0 {
 		t.Errorf("scheduler status %s --json: want cancelled with no page done, got\n%s", id, r)
+	}
+	// Step 9, continued: the cancelled run, resumed, ends with the result.
+	r = f.scheduler("retry", id, "--wait")
+	lines = strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[0], "resuming "+id+" (cancelled)") {
+		t.Fatalf("scheduler retry %s --wait: want exit 0, what it resumes and the result on stdout, got\n%s", id, r)
+	}
+	var resumed map[string]int64
+	if err := json.Unmarshal([]byte(lines[1]), &resumed); err != nil || !maps.Equal(resumed, want) {
+		t.Errorf("scheduler retry --wait printed %s (%v), want the counts of SQL's GROUP BY: %v", lines[1], err, want)
 	}
 
 	// Both workers stop cleanly on SIGTERM.

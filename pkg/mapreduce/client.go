@@ -178,10 +178,8 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 	if o.AllowOverlap {
 		overlap = "1"
 	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
 	res, err := scriptStart.Run(ctx, c.rdb, []string{k.run, k.runs, k.active},
-		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, hex.EncodeToString(b[:])).Slice()
+		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, newNonce()).Slice()
 	if err != nil {
 		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
 	}
@@ -204,6 +202,13 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 		return id, fmt.Errorf("mapreduce: start %s: the run was created but its split could not be enqueued (a worker's reconciler will enqueue it): %w", id, err)
 	}
 	return id, nil
+}
+
+// newNonce draws a run's nonce: Start, and Retry for each attempt.
+func newNonce() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // Status returns a snapshot of the run, or an error wrapping ErrRunNotFound.
@@ -260,7 +265,7 @@ func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 // Config.CancelPoll, and Reduce does not run. Cancelling a cancelled run does nothing; a run that
 // succeeded or failed gives an error wrapping ErrRunEnded.
 func (c *Client) Cancel(ctx context.Context, id string) error {
-	ended, state, err := c.finish(ctx, id, StateCancelled, nil, "cancelled", "")
+	ended, state, err := c.finish(ctx, id, "", StateCancelled, nil, "cancelled", "")
 	if err != nil {
 		return fmt.Errorf("mapreduce: cancel %s: %w", id, err)
 	}
@@ -304,8 +309,9 @@ func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
 	return out, nil
 }
 
-// finish runs finish.lua; from restricts the state the run must be in.
-func (c *Client) finish(ctx context.Context, id string, to State, result []byte, msg string, from State) (ended bool, state State, err error) {
+// finish runs finish.lua; from restricts the state the run must be in, and
+// a nonce other than "" the attempt (Retry draws a new nonce).
+func (c *Client) finish(ctx context.Context, id, nonce string, to State, result []byte, msg string, from State) (ended bool, state State, err error) {
 	k, err := c.keys(id)
 	if err != nil {
 		return false, "", err
@@ -316,7 +322,7 @@ func (c *Client) finish(ctx context.Context, id string, to State, result []byte,
 	}
 	var res []any
 	err = c.withRedis(ctx, "ending a run", func(ctx context.Context) (err error) {
-		res, err = scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, string(from), hasResult).Slice()
+		res, err = scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, string(from), hasResult, nonce).Slice()
 		return err
 	})
 	if err != nil {

@@ -27,6 +27,7 @@
 //	id, err := NightlyTotals.Start(ctx, mr, Args{Day: day}, mapreduce.StartOptions{})
 //	st, err := mr.Wait(ctx, id)             // st.State, st.Done, st.Failed
 //	total, err := NightlyTotals.Result(st)  // a Total
+//	err = mr.Retry(ctx, id)                 // if it failed: run its failed pages again
 //
 // and a process without the job's Go code (cmd/scheduler) starts any job
 // that a worker announced, from JSON (StartJSON; Jobs lists them).
@@ -70,6 +71,10 @@
 //   - Cancel stops a run: queued pages do not start, handlers at work see
 //     their context cancelled with cause ErrRunCancelled within
 //     Config.CancelPoll.
+//   - Retry resumes a run that failed or was cancelled: only its failed and
+//     unfinished pages run again, then Reduce runs once more, still
+//     recording each page once. A run whose pages failed during a database
+//     outage costs the outage, not the run.
 //   - A page that fails for good is reported to Reduce with its error
 //     (CompleteSemantics) or fails the run naming it (SuccessSemantics, the
 //     default).

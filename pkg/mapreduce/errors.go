@@ -9,9 +9,15 @@ var (
 	// ErrRunExists is returned by Start when a run with the same ID (the
 	// same job and Key) already exists; the ID returned is that run's.
 	ErrRunExists = errors.New("run already exists")
-	// ErrRunActive is returned by Start when the job forbids overlapping
-	// runs and another run of it has not ended.
+	// ErrRunActive is returned by Start and Retry when the job forbids
+	// overlapping runs and another run of it has not ended.
 	ErrRunActive = errors.New("another run of the job is still active")
+	// ErrRunNotEnded is returned by Retry for a run that is still going:
+	// only a failed or cancelled run can be resumed.
+	ErrRunNotEnded = errors.New("run has not ended")
+	// ErrRunSucceeded is returned by Retry for a run that succeeded: it has
+	// nothing to re-run; start a new run instead.
+	ErrRunSucceeded = errors.New("run already succeeded")
 	// ErrRunNotFound is returned for a run ID Redis does not know: never
 	// started, or expired after its retention.
 	ErrRunNotFound = errors.New("run not found")

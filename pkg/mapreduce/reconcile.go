@@ -174,7 +174,7 @@ func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOp
 		return err
 	case info.State == asynq.TaskStateArchived:
 		msg := fmt.Sprintf("mapreduce: the %s task was archived by asynq after its retries ran out: %s", step, info.LastErr)
-		ended, _, err := c.finish(ctx, run, StateFailed, nil, msg, "")
+		ended, _, err := c.finish(ctx, run, st.nonce, StateFailed, nil, msg, "")
 		if err != nil {
 			return err
 		}

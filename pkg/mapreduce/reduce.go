@@ -52,7 +52,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 		if err != nil {
 			return fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
 		}
-		return c.end(rctx, run, StateFailed, nil, msg)
+		return c.end(rctx, run, pl.Nonce, StateFailed, nil, msg)
 	}
 	var result []byte
 	if r.hasReduce() {
@@ -72,18 +72,18 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 				c.logFailure(ctx, "mapreduce: reduce failed; retrying", run, pageReduce, err)
 				return err
 			}
-			if ferr := c.end(rctx, run, StateFailed, nil, err.Error()); ferr != nil {
+			if ferr := c.end(rctx, run, pl.Nonce, StateFailed, nil, err.Error()); ferr != nil {
 				return errors.Join(err, ferr)
 			}
 			return final(err)
 		}
 	}
-	return c.end(rctx, run, StateSucceeded, result, "")
+	return c.end(rctx, run, pl.Nonce, StateSucceeded, result, "")
 }
 
-// end finishes a reducing run.
-func (c *Client) end(ctx context.Context, run string, to State, result []byte, msg string) error {
-	if _, _, err := c.finish(ctx, run, to, result, msg, StateReducing); err != nil {
+// end finishes a reducing run, unless Retry has resumed it since (nonce).
+func (c *Client) end(ctx context.Context, run, nonce string, to State, result []byte, msg string) error {
+	if _, _, err := c.finish(ctx, run, nonce, to, result, msg, StateReducing); err != nil {
 		return fmt.Errorf("mapreduce: reduce of %s: recording the outcome: %w", run, err)
 	}
 	return nil

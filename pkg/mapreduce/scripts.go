@@ -17,9 +17,12 @@ var (
 	luaSplitDone string
 	//go:embed scripts/finish.lua
 	luaFinish string
+	//go:embed scripts/retry.lua
+	luaRetry string
 
 	scriptStart     = redis.NewScript(luaStart)
 	scriptRecord    = redis.NewScript(luaRecord)
 	scriptSplitDone = redis.NewScript(luaSplitDone)
 	scriptFinish    = redis.NewScript(luaFinish)
+	scriptRetry     = redis.NewScript(luaRetry)
 )

@@ -127,7 +127,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 			return tr
 		}
 		if lastAttempt(ctx, splitErr, o.StepRetries) {
-			c.failRun(rctx, run, err)
+			c.failRun(rctx, run, nonce, err)
 			return final(err)
 		}
 		c.logFailure(ctx, "mapreduce: split failed; retrying", run, pageSplit, err)
@@ -144,7 +144,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 	if st == "nondeterministic" {
 		err := fmt.Errorf("mapreduce: split of %s: Split emitted %d pages, but an earlier attempt emitted more and they were recorded: "+
 			"Split must emit the same pages in the same order every time it runs: %w", run, n, asynq.SkipRetry)
-		c.failRun(rctx, run, err)
+		c.failRun(rctx, run, nonce, err)
 		return err
 	}
 	if State(st) == StateReducing {
@@ -158,9 +158,10 @@ func bitSet(bits []byte, i int) bool {
 	return i/8 < len(bits) && bits[i/8]&(0x80>>(i%8)) != 0
 }
 
-// failRun ends a run as failed with err's message, unless it has ended.
-func (c *Client) failRun(ctx context.Context, run string, err error) {
-	if _, _, ferr := c.finish(ctx, run, StateFailed, nil, err.Error(), ""); ferr != nil {
+// failRun ends a run as failed with err's message, unless it has ended or
+// Retry has resumed it since (nonce).
+func (c *Client) failRun(ctx context.Context, run, nonce string, err error) {
+	if _, _, ferr := c.finish(ctx, run, nonce, StateFailed, nil, err.Error(), ""); ferr != nil {
 		c.log.Error("mapreduce: could not mark the run failed; the reconciler will retry", "run", run, "reason", err, "error", ferr)
 	}
 }

@@ -9,7 +9,8 @@ import (
 type State string
 
 // A run moves splitting → mapping → reducing → succeeded, and may end
-// failed or cancelled from any unfinished state.
+// failed or cancelled from any unfinished state. Retry takes a failed or
+// cancelled run back to splitting.
 const (
 	StateSplitting State = "splitting" // Split is enqueuing pages; the total is not known yet
 	StateMapping   State = "mapping"   // every page is enqueued; pages are being processed
@@ -32,11 +33,18 @@ type Status struct {
 	// Total is the number of pages, or -1 while the split is running.
 	Total int
 	// Done and Failed count recorded pages: succeeded, and failed for good.
+	// Retry forgets the failed pages, to run them again: Failed restarts
+	// from 0.
 	Done, Failed int
 	// Created is when Start created the run, SplitDone when the split had
 	// enqueued every page, Updated when the run last changed, and Finished
-	// when it ended; zero until then.
+	// when it ended; zero until then. A Retry zeroes SplitDone and Finished
+	// until the resumed run gets there again.
 	Created, SplitDone, Updated, Finished time.Time
+	// Retries counts the times Retry resumed the run, and Retried is when
+	// it last did; zero if it never did.
+	Retries int
+	Retried time.Time
 	// Error says why a failed run failed, or that it was cancelled.
 	Error string
 	// Result is the encoded value Reduce returned (JSON unless the job has
@@ -48,14 +56,15 @@ type Status struct {
 
 func parseStatus(id string, h map[string]string) *Status {
 	st := &Status{
-		ID:     id,
-		Job:    h["job"],
-		State:  State(h["state"]),
-		Total:  atoi(h["total"]),
-		Done:   atoi(h["done"]),
-		Failed: atoi(h["failed"]),
-		Error:  h["error"],
-		nonce:  h["nonce"],
+		ID:      id,
+		Job:     h["job"],
+		State:   State(h["state"]),
+		Total:   atoi(h["total"]),
+		Done:    atoi(h["done"]),
+		Failed:  atoi(h["failed"]),
+		Retries: atoi(h["retries"]),
+		Error:   h["error"],
+		nonce:   h["nonce"],
 	}
 	if r, ok := h["result"]; ok {
 		st.Result = []byte(r)
@@ -64,6 +73,7 @@ func parseStatus(id string, h map[string]string) *Status {
 	st.SplitDone = msTime(h["split_done"])
 	st.Updated = msTime(h["updated"])
 	st.Finished = msTime(h["finished"])
+	st.Retried = msTime(h["retried"])
 	return st
 }
 

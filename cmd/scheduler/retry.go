@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+)
+
+const retryUsage = `scheduler retry RUN [--wait]: resume a run that failed or was cancelled. Only
+its failed and unfinished pages run again: pages that succeeded keep their
+results and are not processed again. Once every page is recorded, the
+reduce runs again, over all of them. A run that succeeded, or that is still
+going, exits 1 saying so.
+
+A run that failed because its database was unreachable for a while (its
+pages failed after their retries) needs no new run: fix the database, then
+retry it. Tasks of the run's earlier attempt, such as those asynq
+archived, do nothing if they are run again.
+
+With --wait, follow the run as 'scheduler run --wait' does: print its
+result and exit 0 only if it succeeded.
+
+Example:
+  scheduler retry orders-report:20261121T060000Z --wait
+
+Flags:
+`
+
+func retry(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("retry", flag.ContinueOnError)
+	url := redisFlag(fs)
+	wait := fs.Bool("wait", false, "follow the run until it ends; exit 0 only if it succeeded")
+	pos := parse(fs, retryUsage, args)
+	want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)")
+	id := pos[0]
+	c := connect(ctx, *url)
+	defer c.close()
+	before, _ := c.mr.Status(ctx, id) // for the message; Retry checks the run
+	err := c.mr.Retry(ctx, id)
+	job, _, _ := strings.Cut(id, ":")
+	switch {
+	case errors.Is(err, mapreduce.ErrRunNotFound):
+		app.Fail("%s: 'scheduler runs %s' lists the runs still kept", trim(err), job)
+	case errors.Is(err, mapreduce.ErrRunNotEnded):
+		app.Fail("%s ('scheduler status %s' shows it, 'scheduler cancel %s' stops it)", trim(err), id, id)
+	case errors.Is(err, mapreduce.ErrRunSucceeded):
+		app.Fail("%s ('scheduler run %s')", trim(err), job)
+	case errors.Is(err, mapreduce.ErrRunActive):
+		app.Fail("%s: 'scheduler cancel RUN' stops that run", trim(err))
+	case err != nil:
+		app.Fail("%s", trim(err))
+	}
+	if before != nil {
+		fmt.Println(resuming(before))
+	} else {
+		fmt.Println("resuming", id)
+	}
+	if !*wait {
+		return 0
+	}
+	return followToEnd(ctx, c, id)
+}
+
+// resuming says what a retry of the run, as st was before it, runs again.
+func resuming(st *mapreduce.Status) string {
+	var again string
+	switch n := st.Total - st.Done; {
+	case st.Total < 0:
+		again = "its split runs again and enqueues the pages not done"
+		if st.Failed > 0 {
+			again += fmt.Sprintf(", the %d failed among them", st.Failed)
+		}
+	case n == 0:
+		again = fmt.Sprintf("every one of its %d pages is done: the reduce runs again", st.Total)
+	default:
+		again = fmt.Sprintf("%d of %d pages run again (%d failed, %d unfinished)", n, st.Total, st.Failed, n-st.Failed)
+	}
+	return fmt.Sprintf("resuming %s (%s): %s; %d done pages are kept", st.ID, st.State, again, st.Done)
+}

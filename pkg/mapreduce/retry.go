@@ -1,0 +1,100 @@
+package mapreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Retry resumes a run that failed or was cancelled: its split runs again
+// and enqueues only the pages not recorded — those that never finished, and
+// those that failed for good, whose failures Retry forgets — then Reduce
+// runs over every page. Pages that succeeded keep their results and are not
+// processed again, and each page is still recorded once: the run draws a new
+// nonce, which makes every task of its earlier attempt (a retry, a
+// duplicate, an archived task re-run from asynq, a handler still at work)
+// record nothing. Any process may call it: the job's options come from
+// Config.Jobs or the catalogue.
+//
+// On success, returns nil; the run is splitting again, its keys do not
+// expire until it ends again, and Status.Retries counts the retry. On
+// failure, returns an error wrapping ErrRunNotFound, ErrRunNotEnded (the
+// run is still going), ErrRunSucceeded (start a new run instead),
+// ErrRunActive (the job forbids overlapping runs and another is active) or
+// ErrUnknownJob, and leaves the run unchanged; except when only the enqueue
+// of the split failed: the run is resumed, the error says so, and a
+// worker's reconciler enqueues the split.
+func (c *Client) Retry(ctx context.Context, id string) error {
+	k, err := c.keys(id)
+	if err != nil {
+		return fmt.Errorf("mapreduce: retry: %w", err)
+	}
+	// A first look, so that a run that cannot be retried says why even
+	// when its job is unknown; the script checks again.
+	state, err := c.rdb.HGet(ctx, k.run, "state").Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("mapreduce: retry %s: %w", id, err)
+	}
+	if err := notRetryable(id, State(state)); err != nil {
+		return err
+	}
+	spec, err := c.specOf(ctx, id)
+	if err != nil {
+		return fmt.Errorf("mapreduce: retry %s: %w", id, err)
+	}
+	overlap := "0"
+	if spec.o.AllowOverlap {
+		overlap = "1"
+	}
+	nonce := newNonce()
+	res, err := scriptRetry.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures, k.active},
+		id, overlap, nonce).Slice()
+	if err != nil {
+		return fmt.Errorf("mapreduce: retry %s: %w", id, err)
+	}
+	outcome, _ := res[0].(string)
+	detail, _ := res[1].(string)
+	switch outcome {
+	case "missing":
+		return notRetryable(id, "")
+	case "state":
+		return notRetryable(id, State(detail))
+	case "active":
+		return fmt.Errorf("mapreduce: retry %s: %w: %s (wait for it to end or cancel it, or set JobOptions.AllowOverlap)", id, ErrRunActive, detail)
+	}
+	if err := c.enqueueStep(ctx, id, nonce, typeSplit, spec.o); err != nil {
+		return fmt.Errorf("mapreduce: retry %s: the run was resumed but its split could not be enqueued (a worker's reconciler will enqueue it): %w", id, err)
+	}
+	return nil
+}
+
+// notRetryable returns the error of Retry for a run in state st ("" if it
+// does not exist), or nil if the run may be retried.
+func notRetryable(id string, st State) error {
+	switch st {
+	case StateFailed, StateCancelled:
+		return nil
+	case "":
+		return fmt.Errorf("mapreduce: retry %s: %w (never started, or expired after its retention)", id, ErrRunNotFound)
+	case StateSucceeded:
+		return fmt.Errorf("mapreduce: retry %s: %w: only a failed or cancelled run has pages to run again; start a new run", id, ErrRunSucceeded)
+	default:
+		return fmt.Errorf("mapreduce: retry %s: %w (it is %s): wait for it to end, or cancel it first", id, ErrRunNotEnded, st)
+	}
+}
+
+// specOf returns the spec of a run's job: a job this process runs, or one
+// of the catalogue.
+func (c *Client) specOf(ctx context.Context, id string) (jobSpec, error) {
+	job, _ := jobOf(id)
+	if r, ok := c.jobs.lookup(job); ok {
+		return c.spec(job, r.options()), nil
+	}
+	info, err := c.Job(ctx, job)
+	if err != nil {
+		return jobSpec{}, err
+	}
+	return info.spec(), nil
+}
