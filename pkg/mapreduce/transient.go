@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/rediserr"
+	"github.com/redis/go-redis/v9"
 )
 
 // IsTransient reports whether err is a fault that passes by itself, so
@@ -65,7 +66,11 @@ func IsTransient(err error) bool {
 	if errors.As(err, &netErr) {
 		return true
 	}
-	return rediserr.Transient(err)
+	// A reply of Redis's own (LOADING, TRYAGAIN, a failover). Not the
+	// message of any error: a job's own error that merely mentions
+	// "connection refused" is the job's to classify, with Transient.
+	var redisErr redis.Error
+	return errors.As(err, &redisErr) && rediserr.Transient(redisErr)
 }
 
 // Transient marks err as transient, for IsTransient: return

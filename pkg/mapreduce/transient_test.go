@@ -49,6 +49,7 @@ func TestIsTransientTellsFaultsThatPassFromErrorsThatLast(t *testing.T) {
 		{"a missing table", missing, false},
 		{"a cancelled context", ctxErr, false},
 		{"an error of the job's own", errors.New("bad row"), false},
+		{"a job's error that mentions a refused connection", errors.New("upstream said: connection refused"), false},
 		{"nil", nil, false},
 	} {
 		if c.err == nil && c.want {

@@ -13,6 +13,8 @@
 -- KEYS[3] results   HASH    page index -> encoded result
 -- KEYS[4] failures  HASH    page index -> encoded {page, error}
 -- KEYS[5] active    STRING  the job's active run ID (jobs without overlap)
+-- KEYS[6] transient HASH    transient failures per step: forgotten, so that
+--                           the resumed run rides out outages afresh
 -- ARGV[1] run ID
 -- ARGV[2] "1" if runs of this job may overlap
 -- ARGV[3] the new nonce
@@ -45,7 +47,7 @@ local failed = redis.call('HKEYS', KEYS[4])
 for _, i in ipairs(failed) do
   redis.call('SETBIT', KEYS[2], tonumber(i), 0)
 end
-redis.call('UNLINK', KEYS[4])
+redis.call('UNLINK', KEYS[4], KEYS[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HDEL', KEYS[1], 'error', 'result', 'finished', 'split_done', 'reducing_at')
