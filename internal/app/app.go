@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -129,7 +130,9 @@ func Redis(ctx context.Context, url string) (*redis.Client, error) {
 }
 
 // Postgres connects a pool to url, naming its connections appName in
-// pg_stat_activity, and checks that the server answers.
+// pg_stat_activity, and checks that the server answers. Its connections
+// cancel a query on the server when the query's context is done
+// (pgsource.ConfigurePool).
 func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.Pool, error) {
 	if url == "" {
 		return nil, errors.New("no database: pass --database-url or set DATABASE_URL (e.g. postgres://user@localhost:5432/db)")
@@ -139,6 +142,9 @@ func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.
 		return nil, fmt.Errorf("--database-url: %w", err)
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	// A cancelled query is cancelled on the server and its connection
+	// kept, so that its permit can go back at once (see pgsource.Do).
+	pgsource.ConfigurePool(cfg)
 	if maxConns > 0 {
 		cfg.MaxConns = int32(maxConns)
 	}

@@ -141,6 +141,10 @@ func newProcessID() string {
 // Name returns the semaphore's name.
 func (s *Semaphore) Name() string { return s.name }
 
+// Lease returns how long a permit of this handle stays valid without a
+// refresh: Options.Lease, or its default.
+func (s *Semaphore) Lease() time.Duration { return s.opts.Lease }
+
 // Acquire acquires one permit, blocking until it is granted or ctx is done.
 // Waiters are granted in the order they asked (FIFO across the fleet). On
 // success it returns the Permit, which the caller must Release. On failure it

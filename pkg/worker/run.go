@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
@@ -153,14 +154,45 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 }
 
 // stop shuts the worker down: the server first (in-flight tasks finish or
-// go back), then the announcement, the semaphores, the pool and Redis.
+// go back), then the announcement, the pool, the semaphores and Redis.
 func (w *running) stop() {
 	w.cfg.Logger.Info("worker: stopping", "shutdown_timeout", w.cfg.ShutdownTimeout)
 	w.srv.Shutdown()
 	w.cancel()
 	<-w.done
+	w.drainPool()
 	w.close()
 	w.cfg.Logger.Info("worker: stopped")
+}
+
+// drainPool closes the database pool, waiting for its connections, before
+// the semaphores are closed. asynq's Shutdown returns after
+// ShutdownTimeout even while handlers still run: it hands their tasks back
+// and cancels their contexts, but does not wait for them. A handler's
+// query under a permit (pgsource) gives its connection back only once the
+// query is gone from the server, and its permit after that; closing a
+// semaphore first would give back at once every permit still held here,
+// with those queries possibly still running. The wait is bounded by what
+// pgsource may take to make sure (one lease after pgx's 5s cancel
+// deadline), so that a handler that keeps a connection and ignores its
+// context does not keep the fleet's permits for ever: the semaphores then
+// close anyway, and the pool's Close in close waits for that connection.
+func (w *running) drainPool() {
+	if w.env.DB == nil {
+		return
+	}
+	closed := make(chan struct{})
+	go func() {
+		w.env.DB.Close()
+		close(closed)
+	}()
+	bound := w.cfg.Lease + 10*time.Second
+	select {
+	case <-closed:
+	case <-time.After(bound):
+		w.cfg.Logger.Warn("worker: database connections still in use after the shutdown timeout and one lease: releasing the permits anyway; their queries may still run",
+			"waited", bound, "in_use", w.env.DB.Stat().AcquiredConns())
+	}
 }
 
 func (w *running) close() {

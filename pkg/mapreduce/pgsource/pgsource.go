@@ -1,22 +1,3 @@
-// Package pgsource pages a Postgres table for pkg/mapreduce: Split cuts a
-// table into keyset ranges in one pass over its ordered key, and Fetch reads
-// one page while holding a permit of the fleet-wide semaphore — only while
-// the query runs, never while the caller processes the rows. It lives in its
-// own package so that users who do not use Postgres do not import pgx.
-//
-//	Split: func(ctx context.Context, a Args, emit func(pgsource.KeyRange) error) error {
-//		return pgsource.Split(ctx, pool, sem, pgsource.Table{Name: "orders", Key: "id", PageSize: 5000}, emit)
-//	},
-//	Map: func(ctx context.Context, r pgsource.KeyRange) (Total, error) {
-//		rows, err := pgsource.Fetch(ctx, pool, sem, `SELECT amount FROM orders WHERE id > $1 AND id <= $2`, r,
-//			pgx.RowTo[int64])
-//		...
-//	},
-//
-// Keyset pages cost the same wherever they are in the table: each is an
-// index range scan. OFFSET pages (SplitOffset, OffsetRange) re-read every
-// row before their offset, which makes a whole job quadratic; use them only
-// for a table without an ordered unique key. BENCHMARKS.md measures both.
 package pgsource
 
 import (
@@ -89,10 +70,10 @@ func ident(name string) string {
 // (the last one fewer), in one pass over the key's index: Postgres numbers
 // the keys and returns only every PageSize-th, so a table of a million rows
 // sends a thousandth of its keys over the wire. The queries run under a
-// permit of sem, like every other query of the fleet (nil: no permit); the
-// page bounds are read in full (8 bytes a page) and the permit released
-// before emit is called, so the enqueues never hold it. An empty table
-// emits nothing.
+// permit of sem, like every other query of the fleet (nil: no permit; see
+// Do for what a permit guarantees); the page bounds are read in full (8
+// bytes a page) and the permit released before emit is called, so the
+// enqueues never hold it. An empty table emits nothing.
 func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, emit func(KeyRange) error) error {
 	if err := t.validate(true); err != nil {
 		return err
@@ -100,10 +81,10 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 	key, table := ident(t.Key), ident(t.Name)
 	var lo, last *int64
 	var bounds []int64
-	err := withPermit(ctx, sem, func(ctx context.Context) error {
+	err := Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
 		// One snapshot for both queries: a row inserted between them must
 		// not fall outside every page.
-		return pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 			err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s)::bigint - 1, max(%[1]s)::bigint FROM %[2]s", key, table)).Scan(&lo, &last)
 			if err != nil || lo == nil {
 				return err
@@ -142,14 +123,6 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 	return nil
 }
 
-// withPermit runs fn under a permit of sem, or without one if sem is nil.
-func withPermit(ctx context.Context, sem *semaphore.Semaphore, fn func(context.Context) error) error {
-	if sem == nil {
-		return fn(ctx)
-	}
-	return sem.Do(ctx, fn)
-}
-
 // SplitOffset emits OFFSET pages covering the table's current row count.
 // Prefer Split: an OFFSET page re-reads every row before it.
 func SplitOffset(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, emit func(OffsetRange) error) error {
@@ -157,8 +130,8 @@ func SplitOffset(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore
 		return err
 	}
 	var n int64
-	err := withPermit(ctx, sem, func(ctx context.Context) error {
-		return db.QueryRow(ctx, "SELECT count(*) FROM "+ident(t.Name)).Scan(&n)
+	err := Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, "SELECT count(*) FROM "+ident(t.Name)).Scan(&n)
 	})
 	if err != nil {
 		return fmt.Errorf("pgsource: counting %s: %w", t.Name, err)
@@ -175,12 +148,13 @@ func SplitOffset(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore
 // and returns its rows, built by scan. It holds a permit of sem while the
 // query runs and its rows are read, and releases it before returning, so
 // the caller processes the rows without holding back the fleet. A permit
-// lost mid-query (its lease ran out) cancels the query. A nil sem means no
-// permit.
+// lost mid-query (its lease ran out) cancels the query, and a cancelled
+// query's permit goes back only once the query is gone from the server
+// (see Do). A nil sem means no permit.
 func Fetch[T any](ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, sql string, page Page, scan pgx.RowToFunc[T], args ...any) ([]T, error) {
 	var out []T
-	err := withPermit(ctx, sem, func(ctx context.Context) error {
-		rows, err := db.Query(ctx, sql, append(page.Args(), args...)...)
+	err := Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, sql, append(page.Args(), args...)...)
 		if err != nil {
 			return err
 		}
@@ -194,10 +168,11 @@ func Fetch[T any](ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphor
 }
 
 // Exec runs a statement (a page's idempotent write, say) under a permit of
-// sem, like Fetch.
+// sem, like Fetch; for several statements on one connection, or in one
+// transaction, use Do.
 func Exec(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, sql string, args ...any) error {
-	err := withPermit(ctx, sem, func(ctx context.Context) error {
-		_, err := db.Exec(ctx, sql, args...)
+	err := Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, sql, args...)
 		return err
 	})
 	if err != nil {
