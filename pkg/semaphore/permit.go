@@ -160,6 +160,13 @@ func (p *Permit) leaseEnd() time.Time {
 	return p.until
 }
 
+// deadline is the last lease deadline this process knows Redis accepted.
+func (p *Permit) deadline() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.until
+}
+
 // extend records a refresh that Redis accepted.
 func (p *Permit) extend(until time.Time) {
 	p.mu.Lock()

@@ -63,7 +63,7 @@ func (s *Semaphore) refresh() (int, error) {
 	snapshot := make([]*Permit, 0, len(s.holders)+len(s.waiters)) // nil for a waiter
 	tokens := make([]any, 0, cap(snapshot))
 	for tok, p := range s.holders {
-		if p.expired(now) {
+		if p.expired(now.Add(expiryMargin(s.opts.Lease))) {
 			delete(s.holders, tok)
 			lost = append(lost, p)
 			continue
@@ -86,7 +86,15 @@ func (s *Semaphore) refresh() (int, error) {
 		return 0, nil
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Lease/3)
+	// Give up on the call in time to tell a holder its lease is lost before
+	// Redis may hand its permit on (a blackholed connection answers never).
+	deadline := now.Add(s.opts.Lease / 3)
+	for _, p := range snapshot {
+		if p != nil {
+			deadline = earliest(deadline, p.deadline().Add(-expiryMargin(s.opts.Lease)))
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	sent := time.Now()
 	lease := s.opts.Lease.Milliseconds()
@@ -148,4 +156,21 @@ func (s *Semaphore) applyWaiterRefresh(token string, st int64, sent time.Time) {
 	default:
 		s.requeue(token) // a no-op unless the token still waits
 	}
+}
+
+// expiryMargin is how long before the last lease deadline Redis confirmed
+// a holder is told its lease is lost, when no refresh got through: long
+// enough for the work it guards to stop (a query cancelled on the server)
+// before Redis may hand the permit on, and more than the longest wait
+// between refresh retries during an outage (1s). A tenth of the lease,
+// at most 2s.
+func expiryMargin(lease time.Duration) time.Duration {
+	return min(lease/10, 2*time.Second)
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
