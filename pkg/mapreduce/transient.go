@@ -11,12 +11,16 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/rediserr"
+	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/redis/go-redis/v9"
 )
 
 // IsTransient reports whether err is a fault that passes by itself, so
 // that a task retrying it later is likely to succeed:
 //   - an error marked with Transient;
+//   - a permit of a semaphore lost mid-work (semaphore.ErrLeaseLost: the
+//     holder was paused or cut off from Redis past its lease, and its work
+//     was cancelled so that the database stays within the permits);
 //   - the network: a refused, reset or closed connection, an unexpected
 //     EOF, a timeout of the network itself (not of the task's context);
 //   - Redis briefly unable to answer (LOADING, a failover, TRYAGAIN);
@@ -27,7 +31,7 @@ import (
 //     that says it is safe to retry (pgconn.SafeToRetry's SafeToRetry
 //     method).
 //
-// A task's context ending (cancel, timeout) is not transient. Map, Split
+// Otherwise a task's context ending (cancel, timeout) is not transient. Map, Split
 // and Reduce errors that IsTransient reports are retried with
 // JobOptions.TransientBackoff, without spending the job's retries, up to
 // JobOptions.TransientRetries times.
@@ -37,6 +41,11 @@ func IsTransient(err error) bool {
 	}
 	var marked *transientMark
 	if errors.As(err, &marked) {
+		return true
+	}
+	if errors.Is(err, semaphore.ErrLeaseLost) {
+		// The work lost its permit (a pause, a cut from Redis) and was
+		// cancelled for the database's sake: nothing wrong with the page.
 		return true
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {

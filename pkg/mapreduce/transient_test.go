@@ -11,6 +11,7 @@ import (
 
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
@@ -45,6 +46,7 @@ func TestIsTransientTellsFaultsThatPassFromErrorsThatLast(t *testing.T) {
 		{"serialization failure (40001)", fmt.Errorf("page 3: %w", &pgconn.PgError{Code: "40001"}), true},
 		{"Redis refusing connections", redisDown, true},
 		{"marked by the job", mapreduce.Transient(errors.New("rate limited")), true},
+		{"a permit lost mid-query", errors.Join(ctxErr, semaphore.ErrLeaseLost), true},
 		{"a SQL syntax error", syntax, false},
 		{"a missing table", missing, false},
 		{"a cancelled context", ctxErr, false},
