@@ -14,7 +14,6 @@
 package testenv
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -319,89 +318,5 @@ func KeysInOneSlot(t testing.TB, rdb *redis.ClusterClient, prefix string, min in
 		if slot := rdb.ClusterKeySlot(ctx, k).Val(); slot != want {
 			t.Errorf("key %s is in slot %d, others in %d", k, slot, want)
 		}
-	}
-}
-
-// PrivateRedis starts a redis-server of the test's own, configured with
-// args (redis-server command-line options, such as "--maxmemory", "2mb"),
-// and returns a client of it and a function that restarts it: kill -9 and
-// start again, empty, as a server without persistence comes back. The
-// server stops when the test ends (and, on Linux, when the test binary
-// dies). It is for tests that change what a shared server must keep as it
-// is: its memory limit, its data, its life. It listens on a unix socket, so
-// it needs no free port. Call it and restart from the test's goroutine. The
-// test is skipped when redis-server is not on PATH (make test installs it).
-func PrivateRedis(t testing.TB, args ...string) (rdb *redis.Client, restart func()) {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("testenv: this test starts a redis-server of its own and none is on PATH: install redis-server (make test does)")
-	}
-	// A short path: unix socket paths are limited to ~100 bytes.
-	dir, err := os.MkdirTemp("", "batchmr-redis-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "redis.sock")
-	logFile := filepath.Join(dir, "redis.log")
-	argv := append([]string{"--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
-		"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", logFile}, args...)
-	rdb = redis.NewClient(&redis.Options{Network: "unix", Addr: sock})
-	var (
-		cmd    *exec.Cmd
-		exited chan struct{} // closed when cmd has exited
-		output bytes.Buffer  // what it wrote before its log file opened
-	)
-	stop := func() {
-		if exited == nil {
-			return
-		}
-		_ = cmd.Process.Kill()
-		<-exited
-		exited = nil
-	}
-	start := func() {
-		c := exec.Command(bin, argv...)
-		output.Reset()
-		c.Stdout, c.Stderr = &output, &output
-		c.SysProcAttr = dieWithParent()
-		if err := c.Start(); err != nil {
-			t.Fatalf("testenv: starting redis-server: %v", err)
-		}
-		cmd, exited = c, make(chan struct{})
-		done := exited
-		go func() { _ = c.Wait(); close(done) }()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			err := rdb.Ping(context.Background()).Err()
-			if err == nil {
-				return
-			}
-			fail := ""
-			select {
-			case <-done:
-				fail = "exited at start"
-			default:
-				if time.Now().After(deadline) {
-					fail = "did not answer within 20s"
-				}
-			}
-			if fail != "" {
-				log, _ := os.ReadFile(logFile)
-				<-done // output is complete once it has exited
-				t.Fatalf("testenv: the test's redis-server %s (%v)\n%s%s", fail, err, output.String(), log)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	t.Cleanup(func() {
-		_ = rdb.Close()
-		stop()
-		_ = os.RemoveAll(dir)
-	})
-	start()
-	return rdb, func() {
-		stop()
-		start()
 	}
 }
