@@ -1,0 +1,59 @@
+//go:build linux
+
+package faults_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+)
+
+// Postgres restarted mid-run (a fast shutdown, as for maintenance, then
+// started again): every worker's connections break at once.
+func TestARunSurvivesAPostgresRestartMidRunExactly(t *testing.T) {
+	soak(t, func(t *testing.T) {
+		f := newFleet(t, fleetConfig{})
+		f.throughDatabaseFault(func() { f.pg.Restart(testenv.StopFast) })
+	})
+}
+
+// Postgres crashed and away for 60 s mid-run, then back (F6: a 13 s outage
+// failed a whole run). With the job's default options.
+func TestARunSurvivesASixtySecondPostgresOutageMidRunExactly(t *testing.T) {
+	t.Parallel() // it mostly waits: the timing of others does not suffer
+	soak(t, func(t *testing.T) {
+		f := newFleet(t, fleetConfig{})
+		f.throughDatabaseFault(func() {
+			f.pg.Stop(testenv.StopImmediate)
+			time.Sleep(60 * time.Second)
+			f.pg.Start()
+		})
+	})
+}
+
+// throughDatabaseFault runs the default run and, once a quarter of its
+// pages are done, takes Postgres away with fault, which returns once
+// Postgres accepts connections again. The run must succeed exact, work
+// resume within dbResume of Postgres being back, Postgres never see more
+// worker queries than permits, and no permit be held once the run has
+// ended. What the outage cost is logged.
+func (f *fleet) throughDatabaseFault(fault func()) {
+	f.t.Helper()
+	a := defaultRun()
+	base := f.baseline(a)
+	id := f.start(a)
+	f.waitDone(id, f.pagesOf(a)/4)
+	began := time.Now()
+	fault()
+	back := time.Now()
+	f.t.Logf("Postgres was away for %v", back.Sub(began).Round(time.Millisecond))
+	st := f.finish(id, a, back.Add(time.Minute), "a run survives a database outage and ends exact")
+	f.checkResumed(back, dbResume, reqDBResume)
+	if st != nil && st.State.Ended() {
+		f.t.Logf("the run took %v: the baseline %v, plus %v for an outage of %v", runTime(st).Round(time.Millisecond),
+			base.Round(time.Millisecond), (runTime(st) - base).Round(time.Millisecond), back.Sub(began).Round(time.Millisecond))
+		f.checkPermitsFree(st.Finished)
+	}
+	f.checkPermits()
+}
