@@ -23,7 +23,7 @@
 //
 // The scenarios, and the bound each asserts:
 //
-//	Redis kill -9, restarted at once with AOF   resumes ≤ 2 s; costs ≤ outage + 10 s
+//	Redis kill -9, restarted 3 s later (AOF)    resumes ≤ 2 s; costs ≤ outage + 10 s
 //	Redis cut from the workers for 8 s          resumes ≤ 2 s; costs ≤ cut + 10 s
 //	Redis blackholed for 8 s                    resumes ≤ 2 s; costs ≤ outage + 10 s
 //	Redis down for 10 s (kill -9, AOF)          resumes ≤ 2 s; costs ≤ outage + 10 s

@@ -356,12 +356,12 @@ func runTime(st *mapreduce.Status) time.Duration { return st.Finished.Sub(st.Cre
 // once than the permits, or none (the sampler saw nothing).
 func (f *fleet) checkPermits() {
 	f.t.Helper()
-	max, at := f.sampler.maximum()
-	f.t.Logf("Postgres ran at most %d worker queries at once (permits %d)", max, permits)
+	most, at := f.sampler.maximum()
+	f.t.Logf("Postgres ran at most %d worker queries at once (permits %d)", most, permits)
 	switch {
-	case max > permits:
-		f.t.Errorf("%s: Postgres ran %d worker queries at once at %s, with %d permits", reqPermits, max, at.Format("15:04:05.000"), permits)
-	case max == 0:
+	case most > permits:
+		f.t.Errorf("%s: Postgres ran %d worker queries at once at %s, with %d permits", reqPermits, most, at.Format("15:04:05.000"), permits)
+	case most == 0:
 		f.t.Errorf("the sampler saw no worker query in pg_stat_activity (application_name %s)", f.app)
 	}
 }

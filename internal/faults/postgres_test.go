@@ -47,6 +47,7 @@ func (f *fleet) throughDatabaseFault(fault func()) {
 	began := time.Now()
 	fault()
 	back := time.Now()
+	f.sampler.watchClosely(5 * time.Second) // permits change hands in a burst
 	f.t.Logf("Postgres was away for %v", back.Sub(began).Round(time.Millisecond))
 	st := f.finish(id, a, back.Add(time.Minute), "a run survives a database outage and ends exact")
 	f.checkResumed(back, dbResume, reqDBResume)

@@ -13,8 +13,15 @@ import (
 )
 
 // sampleEvery is how often the sampler reads pg_stat_activity: shorter
-// than a page's query (20 ms), so that it sees every one.
-const sampleEvery = 10 * time.Millisecond
+// than a page's query (20 ms), so that it sees every one. Where permits
+// change hands in a burst — a cancel, the end of a fault — a query run
+// without a permit may overlap the others by a few milliseconds only, so
+// there it samples every sampleCloselyEvery (a sample costs ~0.5 ms of
+// CPU, too much to spend all the time).
+const (
+	sampleEvery        = 10 * time.Millisecond
+	sampleCloselyEvery = time.Millisecond
+)
 
 // sampler counts, every sampleEvery on a connection of its own, the worker
 // queries Postgres is running: what the database really sees, whatever the
@@ -28,7 +35,8 @@ type sampler struct {
 	sampledAt  time.Time // when the latest sample was taken
 	lastActive time.Time // the latest sample that saw a worker query
 	starts     map[query]struct{}
-	failed     int // samples that failed (the server was away)
+	failed     int       // samples that failed (the server was away)
+	closely    time.Time // until when to sample every sampleCloselyEvery
 
 	stop chan struct{}
 	done chan struct{}
@@ -60,13 +68,17 @@ func (s *sampler) run(url, app string) {
 			_ = conn.Close(context.Background())
 		}
 	}()
-	tick := time.NewTicker(sampleEvery)
-	defer tick.Stop()
 	for {
+		every := sampleEvery
+		s.mu.Lock()
+		if time.Now().Before(s.closely) {
+			every = sampleCloselyEvery
+		}
+		s.mu.Unlock()
 		select {
 		case <-s.stop:
 			return
-		case <-tick.C:
+		case <-time.After(every):
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		if conn == nil {
@@ -119,6 +131,13 @@ func (s *sampler) record(at time.Time, qs []query) {
 	for _, q := range qs {
 		s.starts[q] = struct{}{}
 	}
+}
+
+// watchClosely makes the sampler sample every sampleCloselyEvery for d.
+func (s *sampler) watchClosely(d time.Duration) {
+	s.mu.Lock()
+	s.closely = time.Now().Add(d)
+	s.mu.Unlock()
 }
 
 // maximum returns the most worker queries seen at once, and when.

@@ -51,6 +51,7 @@ func TestAPermitHolderPausedPastItsLeaseLosesItsPermitsAndNeverOverrunsThemWhenI
 			t.Fatal(err)
 		}
 		continued := time.Now()
+		f.sampler.watchClosely(5 * time.Second) // where a lost permit could be used
 		if st, err := f.mr.Status(context.Background(), id); err == nil && st.Done >= st.Total {
 			t.Errorf("the run had no page left when the paused worker continued (%s): the scenario proves nothing; use more pages", describe(st))
 		}
