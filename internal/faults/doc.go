@@ -18,8 +18,9 @@
 //   - no permit is held once the run has ended (semaphore Stats);
 //   - work resumed soon enough: the first worker query that Postgres saw
 //     start after the fault ended;
-//   - the run cost at most the fault plus 10 s over an undisturbed run of
-//     the same size measured in the same test process.
+//   - the run cost at most the fault plus 10 s (20 s for the database)
+//     over an undisturbed run of the same size measured in the same test
+//     process.
 //
 // The scenarios, and the bound each asserts:
 //
@@ -27,8 +28,8 @@
 //	Redis cut from the workers for 8 s          resumes ≤ 2 s; costs ≤ cut + 10 s
 //	Redis blackholed for 8 s                    resumes ≤ 2 s; costs ≤ outage + 10 s
 //	Redis down for 10 s (kill -9, AOF)          resumes ≤ 2 s; costs ≤ outage + 10 s
-//	Postgres restarted (fast shutdown)          resumes ≤ 10 s
-//	Postgres crashed and down for 60 s          resumes ≤ 10 s
+//	Postgres restarted (fast shutdown)          resumes ≤ 10 s; costs ≤ outage + 20 s
+//	Postgres crashed and down for 60 s          resumes ≤ 10 s; costs ≤ outage + 20 s
 //	a run of 30 s queries cancelled             every query gone ≤ 2 s, none after
 //	a permit holder paused (SIGSTOP) past its   permits handed on ≤ lease + 2 s;
 //	  3 s lease, then continued (SIGCONT)       costs ≤ pause + 10 s

@@ -83,7 +83,7 @@ func (f *fleet) throughRedisFault(fault func()) {
 	st := f.finish(id, a, back.Add(base+outageCost+5*time.Second), reqOutageCost)
 	f.checkResumed(back, redisResume, reqRedisResume)
 	if st != nil && st.State.Ended() {
-		f.checkCost(st, base, back.Sub(began))
+		f.checkCost(st, base, back.Sub(began), outageCost, reqOutageCost)
 		f.checkPermitsFree(st.Finished)
 	}
 	f.checkPermits()

@@ -60,7 +60,7 @@ func TestAPermitHolderPausedPastItsLeaseLosesItsPermitsAndNeverOverrunsThemWhenI
 		st := f.finish(id, a, continued.Add(base+outageCost+5*time.Second), reqOutageCost)
 		if st != nil && st.State.Ended() {
 			t.Logf("the run ended %v after the paused worker continued", st.Finished.Sub(continued).Round(time.Millisecond))
-			f.checkCost(st, base, continued.Sub(paused))
+			f.checkCost(st, base, continued.Sub(paused), outageCost, reqOutageCost)
 			f.checkPermitsFree(st.Finished)
 		}
 		f.checkPermits()
