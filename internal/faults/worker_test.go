@@ -26,9 +26,9 @@ func TestAPermitHolderPausedPastItsLeaseLosesItsPermitsAndNeverOverrunsThemWhenI
 	soak(t, func(t *testing.T) {
 		const lease = 3 * time.Second
 		f := newFleet(t, fleetConfig{Lease: lease})
-		// Pages of 100 ms, so that the rest of the fleet is still busy with
-		// all the permits when the paused worker continues.
-		a := runArgs{PageSize: rowsPerPage, SleepMS: 100}
+		// 300 pages of 100 ms, so that the rest of the fleet is still busy
+		// with all the permits when the paused worker continues.
+		a := runArgs{PageSize: int(f.rows/300) + 1, SleepMS: 100}
 		base := f.baseline(a)
 		id := f.start(a)
 		f.waitDone(id, f.pagesOf(a)/10)
