@@ -213,7 +213,7 @@ type workerProc struct {
 }
 
 // startWorker starts one more worker. It is killed when the test ends.
-func (f *fleet) startWorker() *workerProc {
+func (f *fleet) startWorker() {
 	f.t.Helper()
 	w := &workerProc{cmd: exec.Command(f.bin, f.args...), out: &logBuffer{}, exited: make(chan struct{})}
 	w.cmd.Env = f.env
@@ -230,7 +230,6 @@ func (f *fleet) startWorker() *workerProc {
 		<-w.exited
 	})
 	f.workers = append(f.workers, w)
-	return w
 }
 
 // dumpLogsOnFailure shows the end of every worker's log when the test
@@ -283,7 +282,7 @@ func (f *fleet) pagesOf(a runArgs) int {
 // waitDone waits until the run has recorded done pages, so that a fault
 // lands mid-run; it fails the test if the run ends first or takes more
 // than a minute.
-func (f *fleet) waitDone(id string, done int) *mapreduce.Status {
+func (f *fleet) waitDone(id string, done int) {
 	f.t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -295,7 +294,7 @@ func (f *fleet) waitDone(id string, done int) *mapreduce.Status {
 		case st.State.Ended():
 			f.t.Fatalf("run %s ended (%s, %s) before %d pages were done: the fault would not land mid-run", id, st.State, st.Error, done)
 		case st.Done >= done:
-			return st
+			return
 		case time.Now().After(deadline):
 			f.t.Fatalf("run %s did only %d of %d pages in a minute before the fault: %+v", id, st.Done, done, st)
 		}
@@ -321,26 +320,24 @@ func (f *fleet) finish(id string, a runArgs, deadline time.Time, req string) *ma
 }
 
 // checkExact fails the test unless the run succeeded with the table's
-// total over all its pages, and reports whether it did.
-func (f *fleet) checkExact(st *mapreduce.Status, a runArgs) bool {
+// total over all its pages.
+func (f *fleet) checkExact(st *mapreduce.Status, a runArgs) {
 	f.t.Helper()
 	if st.State != mapreduce.StateSucceeded {
 		f.t.Errorf("a run survives the fault and ends exact: run %s ended %s", st.ID, describe(st))
-		return false
+		return
 	}
 	var got result
 	if err := json.Unmarshal(st.Result, &got); err != nil {
 		f.t.Errorf("run %s: result %q: %v", st.ID, st.Result, err)
-		return false
+		return
 	}
 	want := f.want
 	want.Pages = f.pagesOf(a)
 	if got != want {
 		f.t.Errorf("a run survives the fault and ends exact: run %s: result %+v, want %+v (SELECT count(*), sum(amount) FROM amounts, over %d pages)",
 			st.ID, got, want, want.Pages)
-		return false
 	}
-	return true
 }
 
 func describe(st *mapreduce.Status) string {

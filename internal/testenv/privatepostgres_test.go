@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A private Postgres runs with the settings given, keeps its data across a fast stop, a crash (immediate
-// stop) and a restart, at the same URL; while it is stopped, connections
-// are refused.
+// A private Postgres runs with the settings given and keeps its data
+// across a fast stop, a crash (immediate stop) and a restart, at the same
+// URL; while it is stopped, connections are refused.
 func TestPrivatePostgresKeepsItsDataAcrossStopsAndRestarts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
