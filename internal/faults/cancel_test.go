@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
 )
 
 // cancelGone bounds how long a cancelled run's queries may go on: its
@@ -63,18 +64,20 @@ func TestCancellingARunOfLongQueriesEndsEveryQueryAndNeverOverrunsThePermits(t *
 }
 
 // waitPermitsFull waits until every permit is taken by a query of a run
-// with a's pages, and every other page's handler waits for one.
+// with a's pages, and every page is in a handler's hands: those without a
+// permit wait for one.
 func (f *fleet) waitPermitsFull(a runArgs) {
 	f.t.Helper()
+	insp := asynq.NewInspectorFromRedisClient(f.redis.Client)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		active, _, _ := f.sampler.latest()
-		st, err := f.sem.Stats(context.Background())
-		if err == nil && active == permits && st.Held+len(st.Waiters) == f.pagesOf(a) {
+		q, err := insp.GetQueueInfo(queue)
+		if err == nil && active == permits && q.Active == f.pagesOf(a) && q.Pending == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			f.t.Fatalf("the run did not fill its permits within 30s: %d queries active, semaphore %+v (%v)", active, st, err)
+			f.t.Fatalf("the run did not fill its permits within 30s: %d queries active, queue %+v (%v)", active, q, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
