@@ -59,6 +59,20 @@ const (
 	reqPermitsFree = "no permit is held once the run has ended"
 )
 
+// serverFault is what taking a server away from the workers may cost.
+type serverFault struct {
+	server    string        // the server, for the log
+	resume    time.Duration // work resumes within resume of its return
+	resumeReq string
+	cost      time.Duration // the run costs at most the outage plus cost
+	costReq   string
+}
+
+var (
+	redisFault    = serverFault{"Redis", redisResume, reqRedisResume, outageCost, reqOutageCost}
+	databaseFault = serverFault{"Postgres", dbResume, reqDBResume, dbResume + outageCost, reqDBCost}
+)
+
 // runArgs are the arguments of a run of "sums".
 type runArgs struct {
 	PageSize int `json:"page_size"`
@@ -439,6 +453,32 @@ func (f *fleet) checkCost(st *mapreduce.Status, base, outage, allowed time.Durat
 		f.t.Errorf("%s: the run took %v, %v more than the baseline's %v, for an outage of %v",
 			req, took.Round(time.Millisecond), cost.Round(time.Millisecond), base.Round(time.Millisecond), outage.Round(time.Millisecond))
 	}
+}
+
+// through runs the default run and, once a quarter of its pages are
+// done, takes a server away from the workers with fault, which returns once
+// the server is back. The run must succeed exact, work resume and the run
+// cost no more than sf allows, Postgres never see more worker queries than
+// permits, and no permit be held once the run has ended.
+func (f *fleet) through(sf serverFault, fault func()) {
+	f.t.Helper()
+	a := defaultRun()
+	base := f.baseline(a)
+	id := f.start(a)
+	f.waitDone(id, f.pagesOf(a)/4)
+	began := time.Now()
+	fault()
+	back := time.Now()
+	f.sampler.watchClosely(5 * time.Second) // permits change hands in a burst
+	f.t.Logf("%s was away from the workers for %v", sf.server, back.Sub(began).Round(time.Millisecond))
+	// Past the cost's bound, with time to say by how much.
+	st := f.finish(id, a, back.Add(base+sf.cost+5*time.Second), sf.costReq)
+	f.checkResumed(back, sf.resume, sf.resumeReq)
+	if st != nil && st.State.Ended() {
+		f.checkCost(st, base, back.Sub(began), sf.cost, sf.costReq)
+		f.checkPermitsFree(st.Finished)
+	}
+	f.checkPermits()
 }
 
 // soak runs a scenario once, or BATCHMR_CHAOS_REPEAT times as subtests

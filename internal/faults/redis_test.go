@@ -14,7 +14,7 @@ import (
 func TestRedisKilledAndRestartedWithAOFMidRunCostsSecondsNotALease(t *testing.T) {
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{})
-		f.throughRedisFault(func() {
+		f.through(redisFault, func() {
 			f.redis.Kill()
 			time.Sleep(3 * time.Second)
 			f.redis.Start()
@@ -28,7 +28,7 @@ func TestRedisKilledAndRestartedWithAOFMidRunCostsSecondsNotALease(t *testing.T)
 func TestAnEightSecondCutBetweenWorkersAndRedisCostsAtMostTheCutPlusTenSeconds(t *testing.T) {
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{Proxy: true})
-		f.throughRedisFault(func() {
+		f.through(redisFault, func() {
 			f.proxy.Cut()
 			time.Sleep(8 * time.Second)
 			f.proxy.Restore()
@@ -42,7 +42,7 @@ func TestAnEightSecondCutBetweenWorkersAndRedisCostsAtMostTheCutPlusTenSeconds(t
 func TestAnEightSecondBlackholeBetweenWorkersAndRedisCostsAtMostItsLengthPlusTenSeconds(t *testing.T) {
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{Proxy: true})
-		f.throughRedisFault(func() {
+		f.through(redisFault, func() {
 			f.proxy.Blackhole()
 			time.Sleep(8 * time.Second)
 			f.proxy.Restore()
@@ -54,37 +54,10 @@ func TestAnEightSecondBlackholeBetweenWorkersAndRedisCostsAtMostItsLengthPlusTen
 func TestARunSurvivesATenSecondRedisOutageAndResumesWithinTwoSeconds(t *testing.T) {
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{})
-		f.throughRedisFault(func() {
+		f.through(redisFault, func() {
 			f.redis.Kill()
 			time.Sleep(10 * time.Second)
 			f.redis.Start()
 		})
 	})
-}
-
-// throughRedisFault runs the default run and, once a quarter of its pages
-// are done, takes Redis away from the workers with fault, which returns
-// once Redis is back. The run must succeed exact, work resume within
-// redisResume of Redis being back, the run cost at most the outage plus
-// outageCost, Postgres never see more worker queries than permits, and no
-// permit be held once the run has ended.
-func (f *fleet) throughRedisFault(fault func()) {
-	f.t.Helper()
-	a := defaultRun()
-	base := f.baseline(a)
-	id := f.start(a)
-	f.waitDone(id, f.pagesOf(a)/4)
-	began := time.Now()
-	fault()
-	back := time.Now()
-	f.sampler.watchClosely(5 * time.Second) // permits change hands in a burst
-	f.t.Logf("Redis was away from the workers for %v", back.Sub(began).Round(time.Millisecond))
-	// Past the cost's bound, with time to say by how much.
-	st := f.finish(id, a, back.Add(base+outageCost+5*time.Second), reqOutageCost)
-	f.checkResumed(back, redisResume, reqRedisResume)
-	if st != nil && st.State.Ended() {
-		f.checkCost(st, base, back.Sub(began), outageCost, reqOutageCost)
-		f.checkPermitsFree(st.Finished)
-	}
-	f.checkPermits()
 }
