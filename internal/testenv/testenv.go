@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -318,5 +319,75 @@ func KeysInOneSlot(t testing.TB, rdb *redis.ClusterClient, prefix string, min in
 		if slot := rdb.ClusterKeySlot(ctx, k).Val(); slot != want {
 			t.Errorf("key %s is in slot %d, others in %d", k, slot, want)
 		}
+	}
+}
+
+// Binaries builds main packages once per test binary, for packages whose
+// tests start the same program many times: Build links it again for every
+// test. Declare one in a package variable, and Remove its files in
+// TestMain once m.Run has returned. It is safe for concurrent use.
+type Binaries struct {
+	mu    sync.Mutex
+	dir   string // made on the first build
+	built map[string]*binary
+}
+
+type binary struct {
+	once sync.Once
+	n    int // its subdirectory of dir: two packages may share a name
+	path string
+	err  error
+}
+
+// Build compiles the main package at pkg (a path relative to the test's
+// package) the first time it is asked for, and returns the binary's path;
+// the binary has the package directory's name, as with Build. It fails
+// the test when the package does not build, every time it is asked for.
+func (b *Binaries) Build(t testing.TB, pkg string) string {
+	t.Helper()
+	b.mu.Lock()
+	if b.built == nil {
+		b.built = map[string]*binary{}
+	}
+	bin, ok := b.built[pkg]
+	if !ok {
+		bin = &binary{n: len(b.built)}
+		b.built[pkg] = bin
+	}
+	b.mu.Unlock()
+	bin.once.Do(func() { bin.path, bin.err = b.build(pkg, bin.n) })
+	if bin.err != nil {
+		t.Fatalf("testenv: building %s: %v", pkg, bin.err)
+	}
+	return bin.path
+}
+
+func (b *Binaries) build(pkg string, n int) (string, error) {
+	abs, err := filepath.Abs(pkg)
+	if err != nil {
+		return "", err
+	}
+	b.mu.Lock()
+	if b.dir == "" {
+		if b.dir, err = os.MkdirTemp("", "batchmr-bin-"); err != nil {
+			b.dir = ""
+			b.mu.Unlock()
+			return "", err
+		}
+	}
+	path := filepath.Join(b.dir, strconv.Itoa(n), filepath.Base(abs))
+	b.mu.Unlock()
+	if out, err := exec.Command("go", "build", "-o", path, pkg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%v\n%s", err, out)
+	}
+	return path, nil
+}
+
+// Remove deletes the binaries built so far.
+func (b *Binaries) Remove() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.dir != "" {
+		_ = os.RemoveAll(b.dir)
 	}
 }
