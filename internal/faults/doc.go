@@ -37,8 +37,8 @@
 //	tasks no step can run in a job's queue      archived ≤ 3 s, no retry, short error
 //
 // and every scenario checks the permits, and every run it does not cancel
-// its exact result. Each test
-// logs what it measured (t.Logf: run -v), for docs/operations.md.
+// its exact result. Each test logs what it measured (t.Logf: run -v), for
+// docs/operations.md.
 //
 // The suite takes a few minutes: the 60 s outage is inherent. Scenarios
 // that only wait run in parallel; those whose timing bounds others would
