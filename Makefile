@@ -8,7 +8,7 @@ STATICCHECK := bin/staticcheck
 # One stamp per version, so bumping STATICCHECK_VERSION reinstalls.
 STATICCHECK_STAMP := bin/.staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: tools check test test-inner bench demo
+.PHONY: tools check test test-inner chaos bench demo
 
 # tools: download Go module deps and install the pinned staticcheck into ./bin.
 tools: $(STATICCHECK) $(STATICCHECK_STAMP)
@@ -46,6 +46,13 @@ test: tools
 test-inner: check
 	go test -race -count=1 -timeout 8m ./...
 	BATCHMR_SEMAPHORE_SCRIPTS=eval go test -race -count=1 -timeout 8m ./pkg/semaphore/
+
+# chaos: soak the fault suite (internal/faults, which starts its own Redis
+# and Postgres servers): every scenario three times, over runs of 2,500
+# pages as the campaign that found the faults used. make test runs it once,
+# over runs of 400 pages.
+chaos:
+	BATCHMR_CHAOS_REPEAT=3 BATCHMR_CHAOS_PAGES=2500 go test -race -count=1 -timeout 120m -v ./internal/faults/
 
 # bench: run the semaphore, mapreduce and paging benchmarks
 # (internal/cmd/semabench, mrbench, pagebench) against throwaway servers.

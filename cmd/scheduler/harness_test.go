@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -24,36 +23,17 @@ import (
 
 // The scheduler is built once per test binary, on first use, and removed
 // by TestMain: one link per test would cost more than the tests.
-var (
-	buildOnce sync.Once
-	binDir    string
-	bin       string
-	buildErr  error
-)
+var binaries testenv.Binaries
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
+	binaries.Remove()
 	os.Exit(code)
 }
 
 func schedulerBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		if binDir, buildErr = os.MkdirTemp("", "scheduler-test-"); buildErr != nil {
-			return
-		}
-		bin = filepath.Join(binDir, "scheduler")
-		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("%v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("building the scheduler: %v", buildErr)
-	}
-	return bin
+	return binaries.Build(t, ".")
 }
 
 // quiet is the logger of the test's own clients: errors only.

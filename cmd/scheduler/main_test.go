@@ -454,7 +454,7 @@ func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 func TestRunWaitKeepsFollowingThroughARedisOutage(t *testing.T) {
 	t.Parallel()
 	f, p, cmd, id, release := waitingBehindACutProxy(t)
-	unreachable := "cannot reach the Redis server at " + p.addr
+	unreachable := "cannot reach the Redis server at " + p.Addr()
 	waitFor(t, 5*time.Second, "the scheduler to say Redis is unreachable", func() bool { return strings.Contains(cmd.stderr.String(), unreachable) })
 	said := time.Now()
 	// The run ends while the scheduler cannot see it.
@@ -463,7 +463,7 @@ func TestRunWaitKeepsFollowingThroughARedisOutage(t *testing.T) {
 	// Several more failed polls: go-redis spends up to 1.7s failing each
 	// of the first few.
 	time.Sleep(time.Until(said.Add(4 * time.Second)))
-	p.restore()
+	p.Restore()
 
 	code := cmd.wait(10 * time.Second)
 	out, errs := cmd.stdout.String(), cmd.stderr.String()
@@ -573,18 +573,18 @@ func TestEveryCommandsHelpHasAnExample(t *testing.T) {
 // waitingBehindACutProxy starts 'run --wait' of a run held at its first
 // page, through a proxy to Redis, then cuts the proxy. release lets the
 // run finish.
-func waitingBehindACutProxy(t *testing.T) (f *fleet, p *proxy, cmd *proc, id string, release func()) {
+func waitingBehindACutProxy(t *testing.T) (f *fleet, p *testenv.Proxy, cmd *proc, id string, release func()) {
 	t.Helper()
 	f = newFleet(t)
 	held, release := gate(t)
 	f.host(nil, sumJob("sum", held))
-	p = newProxy(t)
-	s := newScheduler(t, f).with("REDIS_URL=" + p.url)
+	p, proxied := testenv.RedisProxy(t, testenv.RedisURL(t))
+	s := newScheduler(t, f).with("REDIS_URL=" + proxied)
 	cmd = s.start("run", "sum", "--args", `{"n": 10, "page_size": 10}`, "--wait")
 	waitFor(t, 10*time.Second, "the run's ID", func() bool {
 		id, _, _ = strings.Cut(cmd.stdout.String(), "\n")
 		return strings.HasPrefix(id, "sum:")
 	})
-	p.cut()
+	p.Cut()
 	return f, p, cmd, id, release
 }

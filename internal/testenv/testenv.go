@@ -14,7 +14,6 @@
 package testenv
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -22,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -322,86 +322,72 @@ func KeysInOneSlot(t testing.TB, rdb *redis.ClusterClient, prefix string, min in
 	}
 }
 
-// PrivateRedis starts a redis-server of the test's own, configured with
-// args (redis-server command-line options, such as "--maxmemory", "2mb"),
-// and returns a client of it and a function that restarts it: kill -9 and
-// start again, empty, as a server without persistence comes back. The
-// server stops when the test ends (and, on Linux, when the test binary
-// dies). It is for tests that change what a shared server must keep as it
-// is: its memory limit, its data, its life. It listens on a unix socket, so
-// it needs no free port. Call it and restart from the test's goroutine. The
-// test is skipped when redis-server is not on PATH (make test installs it).
-func PrivateRedis(t testing.TB, args ...string) (rdb *redis.Client, restart func()) {
+// Binaries builds main packages once per test binary, for packages whose
+// tests start the same program many times: Build links it again for every
+// test. Declare one in a package variable, and Remove its files in
+// TestMain once m.Run has returned. It is safe for concurrent use.
+type Binaries struct {
+	mu    sync.Mutex
+	dir   string // made on the first build
+	built map[string]*binary
+}
+
+type binary struct {
+	once sync.Once
+	n    int // its subdirectory of dir: two packages may share a name
+	path string
+	err  error
+}
+
+// Build compiles the main package at pkg (a path relative to the test's
+// package) the first time it is asked for, and returns the binary's path;
+// the binary has the package directory's name, as with Build. It fails
+// the test when the package does not build, every time it is asked for.
+func (b *Binaries) Build(t testing.TB, pkg string) string {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
+	b.mu.Lock()
+	if b.built == nil {
+		b.built = map[string]*binary{}
+	}
+	bin, ok := b.built[pkg]
+	if !ok {
+		bin = &binary{n: len(b.built)}
+		b.built[pkg] = bin
+	}
+	b.mu.Unlock()
+	bin.once.Do(func() { bin.path, bin.err = b.build(pkg, bin.n) })
+	if bin.err != nil {
+		t.Fatalf("testenv: building %s: %v", pkg, bin.err)
+	}
+	return bin.path
+}
+
+func (b *Binaries) build(pkg string, n int) (string, error) {
+	abs, err := filepath.Abs(pkg)
 	if err != nil {
-		t.Skip("testenv: this test starts a redis-server of its own and none is on PATH: install redis-server (make test does)")
+		return "", err
 	}
-	// A short path: unix socket paths are limited to ~100 bytes.
-	dir, err := os.MkdirTemp("", "batchmr-redis-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "redis.sock")
-	logFile := filepath.Join(dir, "redis.log")
-	argv := append([]string{"--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
-		"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", logFile}, args...)
-	rdb = redis.NewClient(&redis.Options{Network: "unix", Addr: sock})
-	var (
-		cmd    *exec.Cmd
-		exited chan struct{} // closed when cmd has exited
-		output bytes.Buffer  // what it wrote before its log file opened
-	)
-	stop := func() {
-		if exited == nil {
-			return
-		}
-		_ = cmd.Process.Kill()
-		<-exited
-		exited = nil
-	}
-	start := func() {
-		c := exec.Command(bin, argv...)
-		output.Reset()
-		c.Stdout, c.Stderr = &output, &output
-		c.SysProcAttr = dieWithParent()
-		if err := c.Start(); err != nil {
-			t.Fatalf("testenv: starting redis-server: %v", err)
-		}
-		cmd, exited = c, make(chan struct{})
-		done := exited
-		go func() { _ = c.Wait(); close(done) }()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			err := rdb.Ping(context.Background()).Err()
-			if err == nil {
-				return
-			}
-			fail := ""
-			select {
-			case <-done:
-				fail = "exited at start"
-			default:
-				if time.Now().After(deadline) {
-					fail = "did not answer within 20s"
-				}
-			}
-			if fail != "" {
-				log, _ := os.ReadFile(logFile)
-				<-done // output is complete once it has exited
-				t.Fatalf("testenv: the test's redis-server %s (%v)\n%s%s", fail, err, output.String(), log)
-			}
-			time.Sleep(20 * time.Millisecond)
+	b.mu.Lock()
+	if b.dir == "" {
+		if b.dir, err = os.MkdirTemp("", "batchmr-bin-"); err != nil {
+			b.dir = ""
+			b.mu.Unlock()
+			return "", err
 		}
 	}
-	t.Cleanup(func() {
-		_ = rdb.Close()
-		stop()
-		_ = os.RemoveAll(dir)
-	})
-	start()
-	return rdb, func() {
-		stop()
-		start()
+	path := filepath.Join(b.dir, strconv.Itoa(n), filepath.Base(abs))
+	b.mu.Unlock()
+	if out, err := exec.Command("go", "build", "-o", path, pkg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%v\n%s", err, out)
+	}
+	return path, nil
+}
+
+// Remove deletes the binaries built so far.
+func (b *Binaries) Remove() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.dir != "" {
+		_ = os.RemoveAll(b.dir)
 	}
 }

@@ -2,6 +2,11 @@ package testenv_test
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -65,5 +70,24 @@ func TestPostgresGivesEachTestItsOwnSchema(t *testing.T) {
 	}
 	if n != 0 {
 		t.Errorf("schema %s survived its test", schema)
+	}
+}
+
+func TestBinariesBuildEachPackageOnceUnderItsOwnNameUntilRemoved(t *testing.T) {
+	t.Parallel()
+	var b testenv.Binaries
+	first := b.Build(t, "./testdata/hello")
+	if again := b.Build(t, "./testdata/hello"); again != first {
+		t.Errorf("a second Build of one package gave %s, want the first binary %s", again, first)
+	}
+	if filepath.Base(first) != "hello" {
+		t.Errorf("the binary is %s, want it named after its package directory, hello", first)
+	}
+	if out, err := exec.Command(first).Output(); err != nil || string(out) != "hello\n" {
+		t.Errorf("running the binary: %q, %v", out, err)
+	}
+	b.Remove()
+	if _, err := os.Stat(first); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after Remove, the binary: %v, want it gone", err)
 	}
 }

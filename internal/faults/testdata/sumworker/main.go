@@ -1,0 +1,102 @@
+// Command sumworker is the fault suite's worker binary: worker.Main with
+// one job, "sums", built from public packages only, as a user's worker is.
+//
+// The job totals the table amounts(id bigint primary key, amount bigint)
+// page by page: Split cuts it into keyset pages (pgsource.Split), Map
+// counts and sums one page in one query under a permit of the "db"
+// semaphore (pgsource.Fetch) that also sleeps sleep_ms in Postgres
+// (pg_sleep), so that a page holds its permit for a known time, and Reduce
+// adds the pages up. The result equals
+//
+//	SELECT count(*), sum(amount) FROM amounts
+//
+// which is how the suite checks a run. The job keeps mapreduce's default
+// options: what the suite proves holds for a job that sets none.
+package main
+
+import (
+	"context"
+	"errors"
+	"iter"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
+	"github.com/batchmr/batchmr/pkg/worker"
+	"github.com/jackc/pgx/v5"
+)
+
+// Args are a run's arguments.
+type Args struct {
+	PageSize int `json:"page_size"` // rows per page
+	SleepMS  int `json:"sleep_ms"`  // how long each page's query sleeps in Postgres
+}
+
+// Page is one keyset page of amounts.
+type Page struct {
+	pgsource.KeyRange
+	SleepMS int `json:"sleep_ms"`
+}
+
+// Total is the count and sum of amounts of a page, or of the table.
+type Total struct {
+	Rows int64 `json:"rows"`
+	Sum  int64 `json:"sum"`
+}
+
+// Result is a run's result.
+type Result struct {
+	Total
+	Pages int `json:"pages"`
+}
+
+// pageSQL totals one page. pg_sleep runs once per page, whatever the plan:
+// a scalar subquery in a condition becomes an InitPlan that runs once.
+const pageSQL = `
+SELECT count(*)::bigint, coalesce(sum(amount), 0)::bigint
+FROM amounts
+WHERE id > $1 AND id <= $2 AND (SELECT pg_sleep($3)) IS NOT NULL`
+
+// Job is the sum of amounts.
+var Job = mapreduce.Job[Args, Page, Total, Result]{
+	Name: "sums",
+	Validate: func(a Args) error {
+		if a.PageSize < 1 || a.SleepMS < 0 {
+			return errors.New("page_size: use at least 1 row; sleep_ms: use 0 or more")
+		}
+		return nil
+	},
+	Split: func(ctx context.Context, a Args, emit func(Page) error) error {
+		db, sem, err := worker.Database(ctx)
+		if err != nil {
+			return err
+		}
+		return pgsource.Split(ctx, db, sem, pgsource.Table{Name: "amounts", Key: "id", PageSize: a.PageSize}, func(r pgsource.KeyRange) error {
+			return emit(Page{KeyRange: r, SleepMS: a.SleepMS})
+		})
+	},
+	Map: func(ctx context.Context, p Page) (Total, error) {
+		db, sem, err := worker.Database(ctx)
+		if err != nil {
+			return Total{}, err
+		}
+		rows, err := pgsource.Fetch(ctx, db, sem, pageSQL, p, pgx.RowToStructByPos[Total], float64(p.SleepMS)/1000)
+		if err != nil {
+			return Total{}, err
+		}
+		return rows[0], nil
+	},
+	Reduce: func(ctx context.Context, _ Args, pages iter.Seq2[mapreduce.PageResult[Page, Total], error]) (Result, error) {
+		var r Result
+		for p, err := range pages {
+			if err != nil {
+				return Result{}, err
+			}
+			r.Rows += p.Result.Rows
+			r.Sum += p.Result.Sum
+			r.Pages++
+		}
+		return r, nil
+	},
+}
+
+func main() { worker.Main(Job) }
