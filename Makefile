@@ -50,9 +50,11 @@ test-inner: check
 # chaos: soak the fault suite (internal/faults, which starts its own Redis
 # and Postgres servers): every scenario three times, over runs of 2,500
 # pages as the campaign that found the faults used. make test runs it once,
-# over runs of 400 pages.
-chaos:
-	BATCHMR_CHAOS_REPEAT=3 BATCHMR_CHAOS_PAGES=2500 go test -race -count=1 -timeout 120m -v ./internal/faults/
+# over runs of 400 pages. with-servers.sh installs Redis and Postgres when
+# they are missing.
+chaos: tools
+	scripts/with-servers.sh env BATCHMR_CHAOS_REPEAT=3 BATCHMR_CHAOS_PAGES=2500 \
+		go test -race -count=1 -timeout 120m -v ./internal/faults/
 
 # bench: run the semaphore, mapreduce and paging benchmarks
 # (internal/cmd/semabench, mrbench, pagebench) against throwaway servers.
