@@ -60,20 +60,16 @@ func (c *Client) heldTasks() (map[string]bool, error) {
 	return held, nil
 }
 
-// repairOrphans looks for orphans of job's tasks, unless another worker
-// scanned the job a moment ago, and enqueues a copy of each that its run
-// still needs. It returns how many copies it enqueued.
+// repairOrphans looks for orphans of job's tasks (its caller holds the
+// job's scan lock) and enqueues a copy of each that its run still needs.
+// It returns how many copies it enqueued.
 func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]bool) (int, error) {
 	r, ok := c.jobs.lookup(job)
 	if !ok {
 		return 0, nil
 	}
 	o := c.options(r)
-	seenKey, lockKey := c.orphanKeys(job)
-	got, err := c.rdb.SetNX(ctx, lockKey, 1, orphanScanEvery*3/4).Result()
-	if err != nil || !got {
-		return 0, err
-	}
+	seenKey, _ := c.orphanKeys(job)
 	var cands []*asynq.TaskInfo
 	for page := 1; ; page++ {
 		tasks, err := c.insp.ListActiveTasks(o.Queue, asynq.Page(page), asynq.PageSize(1000))

@@ -109,14 +109,31 @@ func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
 }
 
 // reconcileOrphans looks for orphans of every job c runs.
+// Only the jobs whose scan lock this call takes are scanned, and asynq's
+// server list is read only if there is one: a fleet of many workers scans
+// each job about once per orphanScanEvery, not once per worker.
 func (c *Client) reconcileOrphans(ctx context.Context) (int, error) {
+	var jobs []string
+	for _, job := range c.jobs.Names() {
+		_, lockKey := c.orphanKeys(job)
+		got, err := c.rdb.SetNX(ctx, lockKey, 1, orphanScanEvery*3/4).Result()
+		if err != nil {
+			return 0, fmt.Errorf("mapreduce: looking for orphaned tasks: %w", err)
+		}
+		if got {
+			jobs = append(jobs, job)
+		}
+	}
+	if len(jobs) == 0 {
+		return 0, nil
+	}
 	held, err := c.heldTasks()
 	if err != nil {
 		return 0, fmt.Errorf("mapreduce: looking for orphaned tasks: %w", err)
 	}
 	copies := 0
 	var errs []error
-	for _, job := range c.jobs.Names() {
+	for _, job := range jobs {
 		n, err := c.repairOrphans(ctx, job, held)
 		copies += n
 		if err != nil {
