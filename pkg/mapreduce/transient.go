@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"syscall"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/backoff"
 	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/redis/go-redis/v9"
@@ -126,7 +126,7 @@ func defaultTransientBackoff(n int) time.Duration {
 	if n < 8 {
 		d = min(transientBackoffBase<<n, transientBackoffCap)
 	}
-	return d/2 + rand.N(d/2+1)
+	return backoff.Jitter(d)
 }
 
 // transientRetry decides what a handler does with err, a failure of the
@@ -179,7 +179,7 @@ func (c *Client) countTransient(ctx context.Context, k runKeys, step string, o J
 // until asynq's recoverer finds it, a minute or more later. fn must be
 // idempotent.
 func (c *Client) withRedis(ctx context.Context, what string, fn func(context.Context) error) error {
-	backoff := 20 * time.Millisecond
+	bo := backoff.Backoff{Max: 500 * time.Millisecond}
 	var warned bool
 	for {
 		err := fn(ctx)
@@ -199,8 +199,7 @@ func (c *Client) withRedis(ctx context.Context, what string, fn func(context.Con
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)
-		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		case <-time.After(bo.Next()):
 		}
-		backoff = min(2*backoff, 500*time.Millisecond)
 	}
 }

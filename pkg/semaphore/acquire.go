@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/batchmr/batchmr/internal/backoff"
 )
 
 // waiter is one Acquire call in this process, from before its first Redis
@@ -139,7 +141,7 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (s
 	if wait {
 		waitFlag = "1"
 	}
-	var bo backoff
+	var bo backoff.Backoff
 	for attempt := 1; ; attempt++ {
 		sent = time.Now()
 		var res any
@@ -172,7 +174,7 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (s
 		}
 		// The wait is cut short when another call of this handle finds
 		// Redis back.
-		retryIn := bo.next()
+		retryIn := bo.Next()
 		if attempt == 1 {
 			s.log.Warn("semaphore: acquire: Redis unavailable, retrying", "error", err, "retry_in", retryIn)
 		}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/backoff"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -38,7 +39,7 @@ func (s *Semaphore) dispatch() {
 			_ = conn.Close()
 		}
 	}()
-	var bo backoff
+	var bo backoff.Backoff
 	for {
 		select {
 		case <-s.stop:
@@ -68,7 +69,7 @@ func (s *Semaphore) dispatch() {
 			// the list (unless Redis restarts without it), and the refresh
 			// that follows Redis's return reports it too.
 			s.noteCall(err, true)
-			wait := bo.next()
+			wait := bo.Next()
 			level := slog.LevelWarn
 			if transient(err) {
 				level = slog.LevelDebug // noteCall said it once for the outage
@@ -80,7 +81,7 @@ func (s *Semaphore) dispatch() {
 			continue
 		}
 		s.noteCall(nil, true)
-		bo.reset()
+		bo.Reset()
 		if err != nil {
 			continue // redis.Nil: the block timed out
 		}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"time"
+
+	"github.com/batchmr/batchmr/internal/backoff"
 )
 
 // releaseToken gives back whatever token holds or waits for in Redis, and
@@ -69,7 +71,7 @@ func (s *Semaphore) releaseDetached(token string) {
 // giveBackRetrying is giveBack's loop; first, if not nil, receives the
 // first attempt's result.
 func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, deadline func() time.Time, first chan<- giveBackResult) {
-	var bo backoff
+	var bo backoff.Backoff
 	detached := first == nil
 	last := s.stopped() // Close's own give-backs make one attempt
 	for attempt := 1; ; attempt++ {
@@ -93,7 +95,7 @@ func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, deadline
 			last = true // one last attempt, now
 			continue
 		}
-		wait := min(bo.next(), time.Until(deadline()))
+		wait := min(bo.Next(), time.Until(deadline()))
 		if perr := s.pause(ctx, wait); perr != nil {
 			last = true
 			continue

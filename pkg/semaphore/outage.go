@@ -3,8 +3,9 @@ package semaphore
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"time"
+
+	"github.com/batchmr/batchmr/internal/backoff"
 )
 
 // How a handle lives through a Redis outage: every call that fails for a
@@ -13,29 +14,6 @@ import (
 // at once, so that holders and waiters learn what Redis kept (a restart
 // without persistence keeps nothing) within moments rather than at the next
 // Lease/3 tick.
-
-// Bounds of the wait between retries against an unreachable Redis.
-const (
-	retryMin = 20 * time.Millisecond
-	retryMax = time.Second
-)
-
-// backoff paces the retries of one caller: the waits double from retryMin
-// to retryMax, each drawn at random from [d/2, d) so that the processes of
-// a fleet that lost Redis together do not come back in step. The zero value
-// is ready to use.
-type backoff struct{ d time.Duration }
-
-func (b *backoff) next() time.Duration {
-	if b.d == 0 {
-		b.d = retryMin
-	}
-	w := b.d/2 + rand.N(b.d/2)
-	b.d = min(2*b.d, retryMax)
-	return w
-}
-
-func (b *backoff) reset() { b.d = 0 }
 
 // mayPass reports whether a call failed for a reason that may go away by
 // itself: Redis unreachable, restarting (LOADING), failing over, or too slow
@@ -102,7 +80,7 @@ func (s *Semaphore) redisAnswered(kick bool) {
 }
 
 // pause waits d before a retry, less if Redis answers another call of this
-// handle meanwhile — but never less than retryMin, so that a caller whose
+// handle meanwhile — but never less than backoff.DefaultMin, so that a caller whose
 // calls fail while others succeed cannot spin. It returns ctx's error if
 // ctx is done first, and ErrClosed if the Semaphore is closed first.
 func (s *Semaphore) pause(ctx context.Context, d time.Duration) error {
@@ -111,7 +89,7 @@ func (s *Semaphore) pause(ctx context.Context, d time.Duration) error {
 	s.healthMu.Unlock()
 	t := time.NewTimer(d)
 	defer t.Stop()
-	floor := time.NewTimer(min(d, retryMin))
+	floor := time.NewTimer(min(d, backoff.DefaultMin))
 	defer floor.Stop()
 	floorPassed, answered := false, false
 	for !floorPassed || !answered {

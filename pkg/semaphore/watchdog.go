@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/batchmr/batchmr/internal/backoff"
 )
 
 // watch refreshes, every Lease/3 and in one Redis call, the leases of this
@@ -18,7 +20,7 @@ func (s *Semaphore) watch() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.Lease / 3)
 	defer t.Stop()
-	var bo backoff
+	var bo backoff.Backoff
 	var retry <-chan time.Time
 	failing := false
 	for {
@@ -33,12 +35,12 @@ func (s *Semaphore) watch() {
 		n, err := s.refresh()
 		switch {
 		case err == nil:
-			bo.reset()
+			bo.Reset()
 			failing = false
 		case errors.Is(err, ErrClosed):
 			return
 		case mayPass(err):
-			wait := bo.next()
+			wait := bo.Next()
 			if !failing {
 				s.log.Warn("semaphore: refreshing leases failed; retrying until Redis answers; permits stay valid until their leases run out", "error", err, "permits_and_waiters", n)
 				failing = true
