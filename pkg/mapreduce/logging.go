@@ -2,25 +2,32 @@ package mapreduce
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"log/slog"
+	"strings"
 
 	"github.com/hibiken/asynq"
 )
 
-// logFailure logs a failed attempt of a task of run: a page (page ≥ 0),
-// the split (page == pageSplit) or the reduce (pageReduce), with its
-// attempt number (1 for the first) and error. asynq does not log handler
-// errors, so this is where an operator learns why pages fail.
-func (c *Client) logFailure(ctx context.Context, msg, run string, page int, err error) {
-	job, _ := jobOf(run)
-	attrs := []slog.Attr{slog.String("run", run), slog.String("job", job)}
-	switch page {
-	case pageSplit:
-		attrs = append(attrs, slog.String("step", "split"))
-	case pageReduce:
-		attrs = append(attrs, slog.String("step", "reduce"))
-	default:
-		attrs = append(attrs, slog.Int("page", page))
+// logFailure logs a failed attempt of task t, with its run, job, page
+// (or step), attempt number (1 for the first), task ID and error. asynq
+// does not log handler errors, so this is where an operator learns why
+// pages fail. A task handed back to a worker that runs its job is not a
+// failure, and runner logs it.
+func (c *Client) logFailure(ctx context.Context, t *asynq.Task, err error) {
+	step, _ := strings.CutPrefix(t.Type(), "batchmr:")
+	attrs := make([]slog.Attr, 0, 7)
+	var p mapPayload // split and reduce payloads are its first fields
+	if json.Unmarshal(t.Payload(), &p) == nil && p.Run != "" {
+		job, _ := jobOf(p.Run)
+		attrs = append(attrs, slog.String("run", p.Run), slog.String("job", job))
+	}
+	if t.Type() == typeMap {
+		step = "page"
+		attrs = append(attrs, slog.Int("page", p.Index))
+	} else {
+		attrs = append(attrs, slog.String("step", step))
 	}
 	if n, ok := asynq.GetRetryCount(ctx); ok {
 		attrs = append(attrs, slog.Int("attempt", n+1))
@@ -29,14 +36,12 @@ func (c *Client) logFailure(ctx context.Context, msg, run string, page int, err 
 		attrs = append(attrs, slog.String("task", id))
 	}
 	attrs = append(attrs, slog.Any("error", err))
+	msg := "mapreduce: " + step + " failed; retrying"
+	if errors.Is(err, asynq.SkipRetry) {
+		msg = "mapreduce: " + step + " failed for good: its retries are spent"
+	}
 	c.log.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
 }
-
-// The page argument of logFailure for a run's split and reduce.
-const (
-	pageSplit  = -1
-	pageReduce = -2
-)
 
 // logOutcome logs that this process ended run in state, with msg (the
 // run's error) if any: one line per run, from whichever process records

@@ -75,15 +75,12 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	if failed {
 		mapErr = fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, mapErr)
 		if tr := c.transientRetry(rctx, k, strconv.Itoa(p.Index), mapErr, o); tr != nil {
-			c.logFailure(ctx, "mapreduce: page failed; retrying", p.Run, p.Index, tr)
 			return tr
 		}
 		if !lastAttempt(ctx, mapErr, o.MapRetries) {
-			c.logFailure(ctx, "mapreduce: page failed; retrying", p.Run, p.Index, mapErr)
 			return mapErr
 		}
 		mapErr = final(mapErr)
-		c.logFailure(ctx, "mapreduce: page failed for good: its retries are spent", p.Run, p.Index, mapErr)
 		outcome, _ = json.Marshal(failure{Page: p.page(), Error: mapErr.Error()})
 	} else {
 		outcome = result

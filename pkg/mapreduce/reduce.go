@@ -65,11 +65,9 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 		if err != nil {
 			err = fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
 			if tr := c.transientRetry(rctx, k, "reduce", err, c.options(r)); tr != nil {
-				c.logFailure(ctx, "mapreduce: reduce failed; retrying", run, pageReduce, tr)
 				return tr
 			}
 			if !lastAttempt(ctx, err, c.options(r).StepRetries) {
-				c.logFailure(ctx, "mapreduce: reduce failed; retrying", run, pageReduce, err)
 				return err
 			}
 			if ferr := c.end(rctx, run, pl.Nonce, StateFailed, nil, err.Error()); ferr != nil {

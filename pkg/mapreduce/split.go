@@ -123,14 +123,12 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 			err = fmt.Errorf("mapreduce: split of %s: %w", run, splitErr)
 		}
 		if tr := c.transientRetry(rctx, k, "split", err, o); tr != nil {
-			c.logFailure(ctx, "mapreduce: split failed; retrying", run, pageSplit, tr)
 			return tr
 		}
 		if lastAttempt(ctx, splitErr, o.StepRetries) {
 			c.failRun(rctx, run, nonce, err)
 			return final(err)
 		}
-		c.logFailure(ctx, "mapreduce: split failed; retrying", run, pageSplit, err)
 		return err
 	}
 	var st string

@@ -63,17 +63,23 @@ func (c *Client) Queues(weights map[string]int) (map[string]int, error) {
 	return qs, nil
 }
 
-// processTask runs one task of a run.
+// processTask runs one task of a run, and logs its failure.
 func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
+	var err error
 	switch t.Type() {
 	case typeSplit:
-		return c.handleSplit(ctx, t)
+		err = c.handleSplit(ctx, t)
 	case typeMap:
-		return c.handleMap(ctx, t)
+		err = c.handleMap(ctx, t)
 	case typeReduce:
-		return c.handleReduce(ctx, t)
+		err = c.handleReduce(ctx, t)
+	default:
+		err = fmt.Errorf("mapreduce: task type %q is not batchmr's (%s, %s, %s): %w", t.Type(), typeSplit, typeMap, typeReduce, asynq.SkipRetry)
 	}
-	return fmt.Errorf("mapreduce: task type %q is not batchmr's (%s, %s, %s): %w", t.Type(), typeSplit, typeMap, typeReduce, asynq.SkipRetry)
+	if err != nil && !errors.Is(err, errNotHosted) {
+		c.logFailure(ctx, t, err)
+	}
+	return err
 }
 
 // handBackDelay is how long a task of a job this worker does not run waits
