@@ -30,27 +30,11 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	// check reaches this Map within one CancelPoll.
 	wctx, stop := c.watchRun(context.WithValue(context.WithValue(ctx, runIDKey, p.Run), pageIndexKey, p.Index), p.Run)
 	defer stop()
-	var (
-		fields *redis.SliceCmd
-		bit    *redis.IntCmd
-	)
-	if err := c.withRedis(ctx, "reading the run's state", func(ctx context.Context) error {
-		_, err := c.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-			fields = pl.HMGet(ctx, k.run, "state", "nonce")
-			bit = pl.GetBit(ctx, k.recorded, int64(p.Index))
-			return nil
-		})
-		if errors.Is(err, redis.Nil) {
-			return nil
-		}
-		return err
-	}); err != nil {
+	state, nonce, recorded, err := c.pageState(ctx, k, p.Index)
+	if err != nil {
 		return fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, err)
 	}
-	vals := fields.Val()
-	state, _ := vals[0].(string)
-	nonce, _ := vals[1].(string)
-	switch st := State(state); {
+	switch st := state; {
 	case nonce != p.Nonce:
 		return nil // a task of an earlier run under this ID, or the run expired
 	case st == StateReducing:
@@ -59,7 +43,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 		return c.enqueueStep(ctx, p.Run, nonce, typeReduce, o)
 	case st != StateSplitting && st != StateMapping:
 		return nil // ended, or expired
-	case bit.Val() == 1:
+	case recorded:
 		return nil // a duplicate delivery
 	}
 
@@ -116,4 +100,31 @@ func (c *Client) record(ctx context.Context, k runKeys, nonce string, i int, out
 	}
 	st, _ := res[1].(string)
 	return State(st), nil
+}
+
+// pageState reads, in one round trip, the state and nonce of a run and
+// whether its page i is recorded, waiting out a Redis outage while ctx
+// lives. A run that does not exist has state "" and nonce "".
+func (c *Client) pageState(ctx context.Context, k runKeys, i int) (state State, nonce string, recorded bool, err error) {
+	var (
+		fields *redis.SliceCmd
+		bit    *redis.IntCmd
+	)
+	err = c.withRedis(ctx, "reading the run's state", func(ctx context.Context) error {
+		_, err := c.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			fields = pl.HMGet(ctx, k.run, "state", "nonce")
+			bit = pl.GetBit(ctx, k.recorded, int64(i))
+			return nil
+		})
+		if errors.Is(err, redis.Nil) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return "", "", false, err
+	}
+	st, _ := fields.Val()[0].(string)
+	nonce, _ = fields.Val()[1].(string)
+	return State(st), nonce, bit.Val() == 1, nil
 }

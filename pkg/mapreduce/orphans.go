@@ -158,24 +158,17 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	if err != nil {
 		return false, nil
 	}
-	var fields *redis.SliceCmd
-	var bit *redis.IntCmd
-	if _, err := c.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-		fields = pl.HMGet(ctx, k.run, "state", "nonce")
-		bit = pl.GetBit(ctx, k.recorded, int64(p.Index))
-		return nil
-	}); err != nil && !errors.Is(err, redis.Nil) {
+	st, nonce, recorded, err := c.pageState(ctx, k, p.Index)
+	if err != nil {
 		return false, err
 	}
-	state, _ := fields.Val()[0].(string)
-	nonce, _ := fields.Val()[1].(string)
 	if nonce != p.Nonce {
 		return false, nil
 	}
 	timeout := o.MapTimeout
-	switch st := State(state); t.Type {
+	switch t.Type {
 	case typeMap:
-		if (st != StateSplitting && st != StateMapping) || bit.Val() == 1 {
+		if (st != StateSplitting && st != StateMapping) || recorded {
 			return false, nil
 		}
 	case typeSplit:
