@@ -50,7 +50,7 @@ func (s *Semaphore) dispatch() {
 		var err error
 		if c, ok := s.rdb.(*redis.Client); ok {
 			if conn == nil {
-				conn = c.Conn()
+				conn = ownConn(c)
 			}
 			res, err = conn.BLPop(context.Background(), dispatchBlock, s.wakeKey).Result()
 		} else {
@@ -101,4 +101,19 @@ func (s *Semaphore) dispatch() {
 		s.deliver(token, fence, time.Time{})
 		runtime.Gosched() // the new holder runs before our next BLPOP is sent
 	}
+}
+
+// ownConn takes a dedicated connection from c for the dispatcher, with the
+// client's hooks and timeouts but options of its own.
+//
+// c.Conn() alone would share c's *Options under a second lock: go-redis
+// (v9.23) writes the maintenance-notifications mode back into the options
+// when a server refuses the handshake (Redis before 8, in the default "auto"
+// mode), each client and each Conn under its own lock, so the dispatcher's
+// dial raced with the client's first dials (a data race, not a wrong
+// result). WithTimeout copies the options under c's lock; the Conn taken
+// from that copy writes only to the copy. The copy shares c's pool and is
+// never closed: closing it would close c's pool.
+func ownConn(c *redis.Client) *redis.Conn {
+	return c.WithTimeout(c.Options().ReadTimeout).Conn()
 }
