@@ -20,6 +20,7 @@ import (
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -114,6 +115,8 @@ type fleet struct {
 	sem     *semaphore.Semaphore // a handle on the workers' "db" semaphore, for Stats
 	workers []*workerProc
 	sampler *sampler
+	// timeline is the run's progress after the fault, shown on failure.
+	timeline logBuffer
 }
 
 // quiet logs the test's own clients' errors only.
@@ -251,6 +254,9 @@ func (f *fleet) startWorker() {
 func (f *fleet) dumpLogsOnFailure() {
 	if !f.t.Failed() {
 		return
+	}
+	if tl := f.timeline.tail(200); tl != "" {
+		f.t.Logf("the run's progress after the fault (seconds after it ended; lines where nothing changed left out):\n%s", tl)
 	}
 	for i, w := range f.workers {
 		f.t.Logf("worker %d (pid %d), the end of its log:\n%s", i, w.cmd.Process.Pid, w.out.tail(40))
@@ -469,6 +475,7 @@ func (f *fleet) through(sf serverFault, fault func()) {
 	began := time.Now()
 	fault()
 	back := time.Now()
+	f.follow(id)
 	f.sampler.watchClosely(5 * time.Second) // permits change hands in a burst
 	f.t.Logf("%s was away from the workers for %v", sf.server, back.Sub(began).Round(time.Millisecond))
 	// Past the cost's bound, with time to say by how much.
@@ -492,4 +499,33 @@ func soak(t *testing.T, scenario func(t *testing.T)) {
 	for i := range n {
 		t.Run(fmt.Sprintf("round%d", i+1), scenario)
 	}
+}
+
+// follow records in f.timeline, every 250 ms until run id ends, the run's
+// progress and its queue's counts in asynq: where a stall after a fault
+// sits (a page in retry, a task active that nobody works on) shows in it.
+func (f *fleet) follow(id string) {
+	insp := asynq.NewInspectorFromRedisClient(f.redis.Client)
+	start := time.Now()
+	go func() {
+		last := ""
+		for {
+			st, err := f.mr.Status(context.Background(), id)
+			if err != nil {
+				return
+			}
+			line := fmt.Sprintf("done=%d failed=%d state=%s", st.Done, st.Failed, st.State)
+			if qi, err := insp.GetQueueInfo(queue); err == nil {
+				line += fmt.Sprintf(" asynq: active=%d pending=%d retry=%d scheduled=%d", qi.Active, qi.Pending, qi.Retry, qi.Scheduled)
+			}
+			if line != last {
+				fmt.Fprintf(&f.timeline, "+%6.2fs %s\n", time.Since(start).Seconds(), line)
+				last = line
+			}
+			if st.State.Ended() {
+				return
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}()
 }

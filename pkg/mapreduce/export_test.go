@@ -26,3 +26,24 @@ func (c *Client) StartAny(ctx context.Context, job string, args any, opts StartO
 	}
 	return c.StartJSON(ctx, job, b, opts)
 }
+
+// The orphan scan's graces.
+const (
+	OrphanGrace    = orphanGrace
+	UnclaimedGrace = unclaimedGrace
+)
+
+// ScanOrphans runs one orphan scan of job now, as RunReconciler does every
+// few seconds, without the scan lock; it returns how many copies it
+// enqueued.
+func (c *Client) ScanOrphans(ctx context.Context, job string) (int, error) {
+	held, err := c.heldTasks()
+	if err != nil {
+		return 0, err
+	}
+	return c.repairOrphans(ctx, job, held)
+}
+
+// ClaimKey names the mark a handler leaves when it starts on attempt
+// retried of task id.
+func (c *Client) ClaimKey(job, id string, retried int) string { return c.claimKey(job, id, retried) }

@@ -30,7 +30,9 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	// check reaches this Map within one CancelPoll.
 	wctx, stop := c.watchRun(context.WithValue(context.WithValue(ctx, runIDKey, p.Run), pageIndexKey, p.Index), p.Run)
 	defer stop()
-	state, nonce, recorded, err := c.pageState(ctx, k, p.Index)
+	state, nonce, recorded, err := c.pageState(ctx, k, p.Index, func(pl redis.Pipeliner) {
+		c.claim(ctx, pl, r.name())
+	})
 	if err != nil {
 		return fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, err)
 	}
@@ -71,7 +73,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	}
 	var st State
 	err = c.withRedis(rctx, "recording a page", func(ctx context.Context) (err error) {
-		st, err = c.record(ctx, k, p.Nonce, p.Index, outcome, failed)
+		st, err = c.record(ctx, k, p.Nonce, p.Index, outcome, failed, c.claimOf(ctx, r.name()))
 		return err
 	})
 	if err != nil {
@@ -86,15 +88,20 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 }
 
 // record runs record.lua for page i of a run: outcome is the encoded result,
-// or the encoded failure if failed. It returns the run's state after the
+// or the encoded failure if failed. claim, if not empty, is the recording
+// handler's mark (claimOf), which record deletes. It returns the run's state after the
 // call; StateReducing means the caller must make sure the reduce is
 // enqueued.
-func (c *Client) record(ctx context.Context, k runKeys, nonce string, i int, outcome []byte, failed bool) (State, error) {
+func (c *Client) record(ctx context.Context, k runKeys, nonce string, i int, outcome []byte, failed bool, claim string) (State, error) {
 	flag := "0"
 	if failed {
 		flag = "1"
 	}
-	res, err := scriptRecord.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures}, i, outcome, flag, nonce).Slice()
+	keys := []string{k.run, k.recorded, k.results, k.failures}
+	if claim != "" {
+		keys = append(keys, claim)
+	}
+	res, err := scriptRecord.Run(ctx, c.rdb, keys, i, outcome, flag, nonce).Slice()
 	if err != nil {
 		return "", err
 	}
@@ -105,7 +112,7 @@ func (c *Client) record(ctx context.Context, k runKeys, nonce string, i int, out
 // pageState reads, in one round trip, the state and nonce of a run and
 // whether its page i is recorded, waiting out a Redis outage while ctx
 // lives. A run that does not exist has state "" and nonce "".
-func (c *Client) pageState(ctx context.Context, k runKeys, i int) (state State, nonce string, recorded bool, err error) {
+func (c *Client) pageState(ctx context.Context, k runKeys, i int, also func(redis.Pipeliner)) (state State, nonce string, recorded bool, err error) {
 	var (
 		fields *redis.SliceCmd
 		bit    *redis.IntCmd
@@ -114,6 +121,9 @@ func (c *Client) pageState(ctx context.Context, k runKeys, i int) (state State, 
 		_, err := c.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
 			fields = pl.HMGet(ctx, k.run, "state", "nonce")
 			bit = pl.GetBit(ctx, k.recorded, int64(i))
+			if also != nil {
+				also(pl)
+			}
 			return nil
 		})
 		if errors.Is(err, redis.Nil) {

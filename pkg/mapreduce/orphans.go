@@ -26,9 +26,19 @@ import (
 // exactly-once, so the copy and a late original cannot both count.
 
 // orphanGrace is how long a task must be seen active with no live worker
-// holding it before a copy is enqueued: longer than asynq's heartbeat
-// (5s), after which a task a live worker just took shows in its list.
+// holding it before a copy is enqueued, if a handler started on it: longer
+// than asynq's heartbeat (5s), after which a task a live worker just took
+// shows in its list.
 const orphanGrace = 8 * time.Second
+
+// unclaimedGrace is the same for a task no handler started on: a live
+// worker's handler claims its task within moments of taking it, long
+// before asynq's heartbeat lists it. Such a task is most often one whose
+// dequeue Redis ran after its worker had given up on the reply: a
+// request held up by a network partition and delivered when it healed.
+// Shorter than a scan interval, so that the scan after the one that first
+// saw the task enqueues its copy.
+const unclaimedGrace = 1500 * time.Millisecond
 
 // orphanScanEvery is how often RunReconciler looks for orphans.
 const orphanScanEvery = 2 * time.Second
@@ -43,6 +53,33 @@ const copySep = "~"
 func (c *Client) orphanKeys(job string) (seen, lock string) {
 	base := c.prefix + ":{" + job + "}"
 	return base + ":orphans", base + ":orphan-scan"
+}
+
+// claimKey names the mark a handler leaves when it starts on attempt
+// retried of task id, in job's slot. It lives orphanGrace: by then a live
+// worker's heartbeat lists the task.
+func (c *Client) claimKey(job, id string, retried int) string {
+	return c.prefix + ":{" + job + "}:claim:" + id + "#" + strconv.Itoa(retried)
+}
+
+// claim adds to pl the mark that the task ctx runs, of a run of job, has
+// a handler. Handlers send it with their first read of the run, so it
+// costs no round trip.
+func (c *Client) claim(ctx context.Context, pl redis.Pipeliner, job string) {
+	if key := c.claimOf(ctx, job); key != "" {
+		pl.Set(ctx, key, "", orphanGrace)
+	}
+}
+
+// claimOf returns the key of the mark of the task ctx runs, or "" outside
+// an asynq handler. Recording a page deletes it: the work is done.
+func (c *Client) claimOf(ctx context.Context, job string) string {
+	id, ok := asynq.GetTaskID(ctx)
+	if !ok {
+		return ""
+	}
+	n, _ := asynq.GetRetryCount(ctx)
+	return c.claimKey(job, id, n)
 }
 
 // heldTasks returns the IDs of the tasks live asynq servers work on.
@@ -96,12 +133,14 @@ func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]
 		return 0, err
 	}
 	ids := make([]string, len(cands))
+	claimed := make([]*redis.IntCmd, len(cands))
 	var firsts *redis.SliceCmd
 	var known *redis.StringSliceCmd
 	_, err = c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for i, t := range cands {
 			ids[i] = t.ID
 			p.HSetNX(ctx, seenKey, t.ID, now.UnixMilli())
+			claimed[i] = p.Exists(ctx, c.claimKey(job, t.ID, t.Retried))
 		}
 		firsts = p.HMGet(ctx, seenKey, ids...)
 		known = p.HKeys(ctx, seenKey)
@@ -129,7 +168,11 @@ func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]
 	for i, t := range cands {
 		s, _ := firsts.Val()[i].(string)
 		first, _ := strconv.ParseInt(s, 10, 64)
-		if first == 0 || now.Sub(time.UnixMilli(first)) < orphanGrace {
+		grace := unclaimedGrace
+		if claimed[i].Val() == 1 {
+			grace = orphanGrace
+		}
+		if first == 0 || now.Sub(time.UnixMilli(first)) < grace {
 			continue
 		}
 		enqueued, err := c.copyOrphan(ctx, t, o, s)
@@ -158,7 +201,7 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	if err != nil {
 		return false, nil
 	}
-	st, nonce, recorded, err := c.pageState(ctx, k, p.Index)
+	st, nonce, recorded, err := c.pageState(ctx, k, p.Index, nil)
 	if err != nil {
 		return false, err
 	}

@@ -233,7 +233,7 @@ func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep 
 			continue // pending, active, retrying: it will record itself
 		}
 		outcome, _ := json.Marshal(lost)
-		state, err := c.record(ctx, k, st.nonce, i, outcome, true)
+		state, err := c.record(ctx, k, st.nonce, i, outcome, true, "")
 		if err != nil {
 			return err
 		}

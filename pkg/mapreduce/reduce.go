@@ -29,14 +29,19 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 		return err
 	}
 	k, _ := c.keys(run)
-	var vals []any
-	err = c.withRedis(ctx, "reading the run", func(ctx context.Context) (err error) {
-		vals, err = c.rdb.HMGet(ctx, k.run, "state", "args", "total", "failed", "nonce").Result()
+	var fields *redis.SliceCmd
+	err = c.withRedis(ctx, "reading the run", func(ctx context.Context) error {
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			fields = p.HMGet(ctx, k.run, "state", "args", "total", "failed", "nonce")
+			c.claim(ctx, p, r.name())
+			return nil
+		})
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
 	}
+	vals := fields.Val()
 	if s, _ := vals[0].(string); State(s) != StateReducing || vals[4] != pl.Nonce {
 		return nil // ended already, expired, or a task of an earlier run under this ID
 	}

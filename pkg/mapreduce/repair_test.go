@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 )
 
 // A run started again under the same Key after the first one expired is a
@@ -260,6 +262,109 @@ func TestWaitReturnsAtOnceForAMalformedOrUnknownRun(t *testing.T) {
 			}
 		case <-time.After(5 * time.Second):
 			t.Fatalf("Wait(%q) did not return", id)
+		}
+	}
+}
+
+// takeWithoutHandler moves pending task id to active as asynq v0.26's
+// dequeue does (its key layout), with no handler to run it: what Redis
+// does with a dequeue its worker gave up on, delivered when a network
+// partition heals.
+func (e *env) takeWithoutHandler(id string) {
+	e.t.Helper()
+	ctx := context.Background()
+	q := "asynq:{" + e.queue + "}:"
+	if n, err := e.rdb.LRem(ctx, q+"pending", 1, id).Result(); err != nil || n != 1 {
+		e.t.Fatalf("task %s is not pending: %d, %v", id, n, err)
+	}
+	_, err := e.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.LPush(ctx, q+"active", id)
+		p.HSet(ctx, q+"t:"+id, "state", "active")
+		p.HDel(ctx, q+"t:"+id, "pending_since")
+		p.ZAdd(ctx, q+"lease", redis.Z{Score: float64(time.Now().Add(30 * time.Second).Unix()), Member: id})
+		return nil
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// A task asynq shows as active that no handler ever started (its dequeue
+// ran after its worker had given up on the reply) gets its copy at the
+// scan after the one that first saw it. One whose handler started, and
+// which no live worker lists yet, waits out asynq's heartbeat first: its
+// worker may still list it.
+func TestATaskTakenButNeverStartedIsCopiedAtTheNextScan(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	var c *mapreduce.Client
+	// Which tasks' Map saw its handler's mark in Redis.
+	var marked sync.Map
+	j := sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))
+	inner := j.Map
+	j.Map = func(ctx context.Context, p span) (int, error) {
+		id, _ := asynq.GetTaskID(ctx)
+		n, _ := asynq.GetRetryCount(ctx)
+		marked.Store(id, e.rdb.Exists(ctx, c.ClaimKey("sum", id, n)).Val() == 1)
+		return inner(ctx, p)
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, j))
+	c = e.client()
+	id := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
+		t.Fatal(err)
+	}
+	maps := e.pendingTasks(mapreduce.TypeMap)
+	if len(maps) != 4 {
+		t.Fatalf("%d map tasks pending, want 4", len(maps))
+	}
+	lost, started := maps[0], maps[1]
+	e.takeWithoutHandler(lost.ID)
+	e.takeWithoutHandler(started.ID)
+	if err := e.rdb.Set(ctx, c.ClaimKey("sum", started.ID, 0), "", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.ScanOrphans(ctx, "sum"); err != nil || n != 0 {
+		t.Fatalf("the first scan enqueued %d copies (%v); it only notes what it saw", n, err)
+	}
+	time.Sleep(mapreduce.UnclaimedGrace + 100*time.Millisecond)
+	if n, err := c.ScanOrphans(ctx, "sum"); err != nil || n != 1 {
+		t.Fatalf("the second scan, %v later, enqueued %d copies (%v); want 1, of the task no handler started", mapreduce.UnclaimedGrace, n, err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	var copied []string
+	for _, ti := range e.pendingTasks(mapreduce.TypeMap) {
+		if base, _, ok := strings.Cut(ti.ID, "~"); ok {
+			copied = append(copied, base)
+		}
+	}
+	if len(copied) != 1 || copied[0] != lost.ID {
+		t.Fatalf("copies of %v enqueued; want one of %s", copied, lost.ID)
+	}
+	// The claimed task gets its copy once asynq's heartbeat would have
+	// listed it.
+	if ti, err := insp.GetTaskInfo(e.queue, started.ID); err != nil || ti.State != asynq.TaskStateActive {
+		t.Fatalf("the claimed task: %+v, %v; want it still active", ti, err)
+	}
+	time.Sleep(mapreduce.OrphanGrace - mapreduce.UnclaimedGrace)
+	if n, err := c.ScanOrphans(ctx, "sum"); err != nil || n != 1 {
+		t.Fatalf("a scan %v after the first enqueued %d copies (%v); want 1, of the claimed task", mapreduce.OrphanGrace, n, err)
+	}
+
+	// Real handlers mark their tasks before Map runs, and recording the
+	// page takes the mark away.
+	e.worker(c, 2)
+	st := wait(t, c, id, 20*time.Second)
+	if st.State != mapreduce.StateSucceeded || st.Done != 4 {
+		t.Fatalf("state %s, done %d (%s); want succeeded with 4 pages", st.State, st.Done, st.Error)
+	}
+	for _, ti := range maps[2:] {
+		if v, ok := marked.Load(ti.ID); !ok || !v.(bool) {
+			t.Errorf("task %s: Map ran (%v) without its handler's mark in Redis", ti.ID, ok)
+		}
+		if n, _ := e.rdb.Exists(ctx, c.ClaimKey("sum", ti.ID, 0)).Result(); n != 0 {
+			t.Errorf("task %s: its mark outlived the page's record", ti.ID)
 		}
 	}
 }

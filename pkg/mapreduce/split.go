@@ -35,6 +35,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			fields = p.HMGet(ctx, k.run, "state", "args", "nonce")
 			recorded = p.Get(ctx, k.recorded)
+			c.claim(ctx, p, r.name())
 			return nil
 		})
 		if errors.Is(err, redis.Nil) {

@@ -23,6 +23,7 @@ func (s *Semaphore) evalAs(ctx context.Context, self string, sc *script, args ..
 	argv = append(argv, s.wakePrefix, s.opts.Limit, (2 * s.opts.Lease).Milliseconds(), self)
 	argv = append(argv, args...)
 	res, err := s.run(ctx, sc, argv)
+	err = ownTimeout(ctx, err)
 	s.noteCall(err, sc != scriptRefresh)
 	return res, err
 }
@@ -160,7 +161,7 @@ func (s *Semaphore) evalUntil(ctx context.Context, token string, sc *script, arg
 	s.spawn(func() {
 		// Detached from ctx, so that the reply tells what Redis did; bounded,
 		// so that Close never waits on it for long.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		cctx, cancel := bounded(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
 		v, err := s.eval(cctx, sc, args...)
 		done <- result{v, err}

@@ -1,7 +1,9 @@
 package semaphore
 
 import (
+	"context"
 	"errors"
+	"time"
 
 	"github.com/batchmr/batchmr/internal/rediserr"
 )
@@ -35,3 +37,32 @@ var (
 // transient reports whether err may go away by itself, so that a blocking
 // Acquire keeps trying while its context lives.
 func transient(err error) bool { return rediserr.Transient(err) }
+
+// noReplyError is a Redis call that got no reply before the deadline the
+// handle put on it (see bounded): Redis unreachable, or its connection
+// blackholed. It is a network timeout, as go-redis's own read timeout is,
+// so every caller that retries network errors retries it: an Acquire keeps
+// waiting, and mapreduce.IsTransient calls a page's failure transient.
+type noReplyError struct{ after time.Duration }
+
+func (e noReplyError) Error() string {
+	return "no reply from Redis within " + e.after.String()
+}
+func (e noReplyError) Timeout() bool   { return true }
+func (e noReplyError) Temporary() bool { return true }
+
+// bounded bounds ctx by d for a call of the handle's own, one that no
+// caller's context bounds.
+func bounded(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, d, noReplyError{after: d})
+}
+
+// ownTimeout turns the error of a call that bounded's deadline cut short
+// into a noReplyError; a deadline of the caller's stays what it is.
+func ownTimeout(ctx context.Context, err error) error {
+	var nr noReplyError
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && errors.As(context.Cause(ctx), &nr) {
+		return nr
+	}
+	return err
+}

@@ -33,3 +33,6 @@ func (s *Semaphore) UseOwnLibrary(version string) string {
 	s.lib = newLibrary(version)
 	return s.lib.name
 }
+
+// ReleaseTimeout bounds the handle's own Redis calls.
+const ReleaseTimeout = releaseTimeout

@@ -75,7 +75,7 @@ func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, deadline
 	detached := first == nil
 	last := s.stopped() // Close's own give-backs make one attempt
 	for attempt := 1; ; attempt++ {
-		actx, cancel := context.WithTimeout(ctx, releaseTimeout)
+		actx, cancel := bounded(ctx, releaseTimeout)
 		was, err := s.releaseToken(actx, token)
 		cancel()
 		retry := err != nil && mayPass(err) && !last && time.Now().Before(deadline())

@@ -542,3 +542,45 @@ func TestCloseDuringAnOutageEndsTheRetriesAndReturnsPromptly(t *testing.T) {
 	}
 	px.restore()
 }
+
+// A blackhole (the network drops packets; connections stay open) leaves a
+// call without a reply until the handle's own deadline. That is Redis
+// unreachable, as a refused connection is: Acquire keeps waiting while its
+// context lives and is granted once Redis answers, instead of failing with
+// a deadline its caller never set.
+func TestAcquireWaitsOutABlackholeLongerThanItsCallsDeadline(t *testing.T) {
+	t.Parallel()
+	_, prefix := testenv.Redis(t)
+	proxy := testenv.NewProxy(t, "tcp", redisAddr(t))
+	s := newSem(t, clientVia(t, proxy.Addr()), prefix, semaphore.Options{Limit: 1})
+	watcher := newSem(t, clientVia(t, redisAddr(t)), prefix, semaphore.Options{Limit: 1})
+	p := mustAcquire(t, s) // a warm connection, then the blackhole
+	if err := p.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Blackhole()
+	restored := make(chan time.Time, 1)
+	go func() {
+		time.Sleep(semaphore.ReleaseTimeout + time.Second) // past the call's own deadline
+		proxy.Restore()
+		restored <- time.Now()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("Acquire across a blackhole of %v: %v; want a permit once Redis answers", semaphore.ReleaseTimeout+time.Second, err)
+	}
+	select {
+	case <-restored:
+	default:
+		t.Fatal("Acquire returned a permit while Redis was blackholed")
+	}
+	st, err := watcher.Stats(context.Background())
+	if err != nil || st.Held != 1 {
+		t.Fatalf("Redis shows %d held (%v); want the one permit Acquire returned", st.Held, err)
+	}
+	if err := q.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -96,7 +96,7 @@ func (s *Semaphore) refresh() (int, error) {
 			deadline = earliest(deadline, p.deadline().Add(-expiryMargin(s.opts.Lease)))
 		}
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := bounded(context.Background(), time.Until(deadline))
 	defer cancel()
 	sent := time.Now()
 	lease := s.opts.Lease.Milliseconds()

@@ -7,6 +7,8 @@
 -- KEYS[2] recorded  STRING  bitmap: bit i set once page i is recorded
 -- KEYS[3] results   HASH    page index -> encoded result
 -- KEYS[4] failures  HASH    page index -> encoded {page, error}
+-- KEYS[5] claim     STRING  optional: the mark of the handler's attempt
+--                           (orphans.go), deleted: its work is done
 -- ARGV[1] page index
 -- ARGV[2] encoded result, or encoded failure
 -- ARGV[3] "1" if the page failed for good
@@ -15,6 +17,9 @@
 -- Returns {recorded, state}: recorded is 1 if this call recorded the page,
 -- 0 if it was recorded before or the run no longer takes results; state is
 -- the run's state after the call ("" if the run does not exist).
+if KEYS[5] then
+  redis.call('DEL', KEYS[5])
+end
 local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'total', 'done', 'failed')
 local st = run[1]
 if not st then
