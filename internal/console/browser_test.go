@@ -209,7 +209,7 @@ func TestBrowserScreenshot(t *testing.T) {
 		t.Skip("set BATCHMR_CONSOLE_SCREENSHOTS to a directory to take the console's screenshots")
 	}
 	ctx := tab(t, 60*time.Second)
-	f := newFleet(t, console.Config{})
+	f := newFleet(t, console.Config{SampleEvery: 250 * time.Millisecond, History: 80})
 	sem := f.semaphore("db", 6)
 	f.host(8, []string{"db"}, workJob("orders-report", sem, nil),
 		workJob("invoices", sem, func(i int) error {
