@@ -224,6 +224,11 @@ func TestReadOnlyServesNoMutations(t *testing.T) {
 	sem := f.semaphore("db", 2)
 	f.host(1, []string{"db"}, workJob("slow", sem, nil))
 	id := f.start("slow", workArgs{N: 5, SleepMS: 10_000})
+	// The first permit writes the limit.
+	waitFor(t, 5*time.Second, "the worker to hold a permit", func() bool {
+		st, _ := sem.Stats(context.Background())
+		return st.Held == 1
+	})
 	for _, path := range []string{runPath(id), "/semaphore?name=db", "/runs", "/jobs"} {
 		code, body := f.get(path)
 		if code != http.StatusOK || strings.Contains(body, `method="post"`) || strings.Contains(body, `name="csrf"`) {

@@ -87,7 +87,7 @@ func (c *Console) sampleOnce(ctx context.Context) {
 	}
 	c.mu.Unlock()
 	for _, name := range names {
-		if _, err := c.stats(ctx, name); err != nil && ctx.Err() == nil {
+		if _, err := c.stats(ctx, name, true); err != nil && ctx.Err() == nil {
 			c.log.Warn("console: sampling a semaphore", "semaphore", name, "error", err)
 		}
 	}
@@ -126,8 +126,9 @@ func (c *Console) handle(name string) (*semaphore.Semaphore, error) {
 	return s, nil
 }
 
-// stats reads the semaphore's Stats and records them as a sample.
-func (c *Console) stats(ctx context.Context, name string) (semaphore.Stats, error) {
+// stats reads the semaphore's Stats and, if record, adds them to its
+// chart (only Sample does, so that the chart's samples are evenly spaced).
+func (c *Console) stats(ctx context.Context, name string, record bool) (semaphore.Stats, error) {
 	s, err := c.handle(name)
 	if err != nil {
 		return semaphore.Stats{}, err
@@ -136,7 +137,7 @@ func (c *Console) stats(ctx context.Context, name string) (semaphore.Stats, erro
 	if err != nil {
 		return st, err
 	}
-	if st.Limit == 0 {
+	if st.Limit == 0 || !record {
 		return st, nil // nothing to chart: not in use yet
 	}
 	c.mu.Lock()
@@ -220,7 +221,7 @@ func (c *Console) semaphoresData(ctx context.Context, _ *http.Request) (string, 
 	}
 	var v semaphoresView
 	for _, name := range names {
-		st, err := c.stats(ctx, name)
+		st, err := c.stats(ctx, name, false)
 		if err != nil {
 			return "Semaphores", "/semaphores/live", nil, err
 		}
@@ -241,20 +242,35 @@ func (c *Console) known(ctx context.Context, name string) (semaphore.Stats, erro
 	if name == "" || strings.ContainsAny(name, "{}") {
 		return semaphore.Stats{}, notFound("No semaphore %q.", name)
 	}
-	st, err := c.stats(ctx, name)
+	names, err := c.announced(ctx)
+	if err != nil {
+		return semaphore.Stats{}, err
+	}
+	if slices.Contains(names, name) || c.cached(name) {
+		return c.stats(ctx, name, false)
+	}
+	// A name from the request: look with a handle of its own, kept only
+	// if the semaphore exists, so that made-up names cost nothing.
+	s, err := semaphore.New(c.cfg.Redis, name, semaphore.Options{Limit: 1, Prefix: c.cfg.SemaphorePrefix, Logger: c.log})
+	if err != nil {
+		return semaphore.Stats{}, notFound("No semaphore %q: %v", name, err)
+	}
+	st, err := s.Stats(ctx)
+	_ = s.Close()
 	if err != nil {
 		return st, err
 	}
 	if st.Limit == 0 {
-		names, err := c.announced(ctx)
-		if err != nil {
-			return st, err
-		}
-		if !slices.Contains(names, name) {
-			return st, notFound("No semaphore %q: Redis has no limit for it and no live worker uses it.", name)
-		}
+		return st, notFound("No semaphore %q: Redis has no limit for it and no live worker uses it.", name)
 	}
-	return st, nil
+	return c.stats(ctx, name, false)
+}
+
+func (c *Console) cached(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.sems[name]
+	return ok
 }
 
 func (c *Console) semaphoreData(ctx context.Context, r *http.Request) (string, string, any, error) {
