@@ -7,6 +7,7 @@
 #   BATCHMR_TEST_REDIS_URL           redis://127.0.0.1:PORT/0      (standalone)
 #   BATCHMR_TEST_REDIS_CLUSTER_ADDR  127.0.0.1:PORT                (one-node cluster)
 #   BATCHMR_TEST_DATABASE_URL        postgres://postgres@127.0.0.1:PORT/batchmr_test?sslmode=disable
+#   BATCHMR_TEST_CHROMIUM            /usr/bin/chromium             (the console's browser tests)
 #
 # Everything lives in one private temp dir on random loopback ports, so
 # parallel runs don't collide and any Redis/Postgres already on the machine
@@ -22,6 +23,42 @@ say() { echo "$prog: $*" >&2; }
 die() { say "$*"; exit 1; }
 
 [[ $# -gt 0 ]] || die "usage: scripts/with-servers.sh COMMAND [ARGS...]"
+
+# --- Chromium, for the web console's browser tests ------------------------------
+
+# The browser tests skip only when BATCHMR_TEST_CHROMIUM is unset, so make
+# test finds Chromium (installing Debian's as root) and sets it. A value the
+# caller set is kept as it is: the tests fail if it does not work.
+find_chromium() {
+	local c
+	for c in chromium chromium-browser google-chrome; do
+		[[ -n "$c" ]] && command -v "$c" >/dev/null 2>&1 && { command -v "$c"; return 0; }
+	done
+	return 1
+}
+if [[ -n "${BATCHMR_TEST_CHROMIUM:-}" ]]; then
+	chromium_bin=$BATCHMR_TEST_CHROMIUM
+elif ! chromium_bin=$(find_chromium); then
+	if [[ $(id -u) -eq 0 ]]; then
+		say "installing chromium (apt-get)..."
+		apt_log=$(mktemp)
+		if ! { apt-get -o DPkg::Lock::Timeout=600 update &&
+			DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 \
+				install -y --no-install-recommends chromium; } >"$apt_log" 2>&1; then
+			cat "$apt_log" >&2
+			rm -f "$apt_log"
+			die "apt-get install chromium failed (log above)"
+		fi
+		rm -f "$apt_log"
+		chromium_bin=$(find_chromium) || die "still no chromium after apt-get install chromium"
+	else
+		say "chromium not found: the console's browser tests will skip (run 'sudo apt-get install chromium', or set BATCHMR_TEST_CHROMIUM)"
+		chromium_bin=""
+	fi
+fi
+if [[ -n "$chromium_bin" ]]; then
+	export BATCHMR_TEST_CHROMIUM=$chromium_bin
+fi
 
 # A developer pointing at their own servers needs none of the machinery below,
 # not even locally installed server binaries.

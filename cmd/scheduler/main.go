@@ -1,7 +1,8 @@
 // Command scheduler starts and follows runs of any batchmr job: on a
 // schedule (serve), by hand (run); it lists the jobs workers announce
 // (jobs), inspects, lists, cancels and resumes runs, and shows and sets
-// the fleet's semaphores (permits). It is built with no job: every job it knows comes
+// the fleet's semaphores (permits); it serves a web console of all that
+// (ui). It is built with no job: every job it knows comes
 // from the catalogue in Redis, which workers fill as they start.
 package main
 
@@ -30,6 +31,7 @@ Usage:
   scheduler retry RUN [--wait]
   scheduler permits get [NAME] [--verbose]
   scheduler permits set NAME N
+  scheduler ui [--listen 127.0.0.1:8080] [--read-only]
 
 Examples:
   scheduler jobs
@@ -37,6 +39,7 @@ Examples:
   scheduler serve --schedule 'orders-report=@every 10m'
   scheduler retry orders-report:20261121T060000Z --wait
   scheduler permits set db 12
+  scheduler ui --read-only
 
 Every command reads --redis-url (env REDIS_URL); 'scheduler COMMAND --help'
 says more. Exit status: 0 done, 1 failed (the message says why and what to
@@ -68,6 +71,8 @@ func main() {
 		code = retry(ctx, args)
 	case "permits":
 		code = permits(ctx, args)
+	case "ui":
+		code = ui(ctx, args)
 	case "-h", "--help", "-help", "help":
 		fmt.Print(usage)
 	default:

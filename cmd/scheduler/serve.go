@@ -7,11 +7,14 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/internal/schedules"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/robfig/cron/v3"
 )
@@ -118,6 +121,8 @@ func serve(ctx context.Context, args []string) int {
 		}
 	}
 	log.Info("scheduler: serving", "schedules", []string(specs))
+	published := make(chan struct{})
+	go func() { publish(ctx, c, log, scheds); close(published) }()
 	for {
 		// The earliest next tick of any schedule.
 		now := time.Now()
@@ -129,6 +134,7 @@ func serve(ctx context.Context, args []string) int {
 		}
 		select {
 		case <-ctx.Done():
+			<-published
 			log.Info("scheduler: stopped")
 			return 0
 		case <-time.After(time.Until(due)):
@@ -142,6 +148,38 @@ func serve(ctx context.Context, args []string) int {
 					log.Warn("scheduler: ticks missed", "job", s.job, "after", due, "until", time.Now())
 				}
 			}
+		}
+	}
+}
+
+// publishEvery is how often serve republishes its schedules, for the web
+// console's next ticks; they drop out three beats after serve stops.
+const publishEvery = 5 * time.Second
+
+// publish keeps the schedules, with their next ticks, in Redis until ctx
+// is done, then withdraws them. Failing to is logged, never fatal: the
+// copy is only for display.
+func publish(ctx context.Context, c *conn, log *slog.Logger, scheds []*schedule) {
+	host, _ := os.Hostname()
+	process := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), strconv.FormatInt(time.Now().UnixNano()%1e6, 36))
+	tick := time.NewTicker(publishEvery)
+	defer tick.Stop()
+	for {
+		list := make([]schedules.Schedule, len(scheds))
+		now := time.Now()
+		for i, s := range scheds {
+			list[i] = schedules.Schedule{Job: s.job, Spec: s.spec, Next: s.next(now)}
+		}
+		if err := schedules.Publish(ctx, c.rdb, app.Prefix, process, 3*publishEvery, list); err != nil && ctx.Err() == nil {
+			log.Warn("scheduler: could not publish the schedules for the console", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			wctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = schedules.Withdraw(wctx, c.rdb, app.Prefix, process)
+			cancel()
+			return
+		case <-tick.C:
 		}
 	}
 }

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/internal/console"
+)
+
+const uiUsage = `scheduler ui [--listen ADDR] [--read-only]: serve the web console until
+SIGTERM: runs with their progress (pages/s, ETA) and failed pages, cancel
+and retry; the jobs of the catalogue with their workers and next cron
+ticks; the semaphores with their holders, waiters and a live chart of the
+last five minutes, and a form to change their limits.
+
+It listens on loopback by default: anyone who can reach it can read every
+run's errors and results. Mutations (cancel, retry, set limit) are POSTs
+checked against cross-site requests; when BATCHMR_UI_TOKEN is set they
+also need that token (a login form, or "Authorization: Bearer TOKEN").
+--read-only serves no mutations at all. To expose the console beyond this
+host, set a token and put it behind TLS.
+
+Examples:
+  scheduler ui
+  BATCHMR_UI_TOKEN=$(openssl rand -hex 16) scheduler ui --listen 0.0.0.0:8080
+  scheduler ui --read-only
+
+Flags:
+`
+
+func ui(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("ui", flag.ContinueOnError)
+	url := redisFlag(fs)
+	listen := fs.String("listen", "127.0.0.1:8080", "address to serve the console on (loopback by default)")
+	readOnly := fs.Bool("read-only", false, "serve no mutations: no cancel, retry or set limit")
+	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
+	pos := parse(fs, uiUsage, args)
+	want(pos, 0, 0, "")
+	log, err := app.Logger(*logFormat, "info")
+	if err != nil {
+		app.Usage("%v", err)
+	}
+	token := os.Getenv("BATCHMR_UI_TOKEN")
+	c := connect(ctx, *url)
+	defer c.close()
+	con, err := console.New(console.Config{Redis: c.rdb, MapReduce: c.mr, Prefix: app.Prefix,
+		SemaphorePrefix: app.Prefix + ":sem", ReadOnly: *readOnly, Token: token, Logger: log})
+	if err != nil {
+		app.Fail("ui: %v", err)
+	}
+	defer con.Close()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		app.Fail("ui: %v: choose another --listen address", err)
+	}
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !isLoopback(host) && token == "" && !*readOnly {
+		log.Warn("scheduler: the console listens beyond loopback with no BATCHMR_UI_TOKEN: anyone who reaches it can cancel runs and change limits; set a token or use --read-only", "listen", ln.Addr().String())
+	}
+	go con.Sample(ctx)
+	srv := &http.Server{Handler: con, ReadHeaderTimeout: 10 * time.Second, ErrorLog: nil}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	fmt.Fprintf(os.Stderr, "scheduler: console on http://%s/ (Ctrl-C stops it)\n", ln.Addr())
+	select {
+	case err := <-done:
+		app.Fail("ui: %v", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("scheduler: console shutdown", "error", err)
+	}
+	return 0
+}
+
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,353 @@
+// Package console is the web console `scheduler ui` serves: runs, jobs and
+// semaphores of a batchmr deployment, server-rendered with html/template
+// from what Redis holds, updated live by polling fragment endpoints, with
+// cancel, retry and set-limit as CSRF-checked POSTs.
+//
+//	con, err := console.New(console.Config{Redis: rdb, MapReduce: mr, SemaphorePrefix: "batchmr:sem"})
+//	go con.Sample(ctx) // the semaphores' charts
+//	defer con.Close()
+//	http.ListenAndServe("127.0.0.1:8080", con)
+//
+// Everything read from Redis is rendered through html/template, which
+// escapes it for its context: nothing from Redis is ever template.HTML.
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Config configures a Console. Redis and MapReduce are required.
+type Config struct {
+	// Redis is the deployment's Redis: semaphores and published schedules
+	// are read from it.
+	Redis redis.UniversalClient
+	// MapReduce reads runs and the catalogue, and cancels and retries runs.
+	// It needs no jobs of its own.
+	MapReduce *mapreduce.Client
+	// Prefix is the key prefix of runs and the catalogue (mapreduce's
+	// Config.Prefix), where `scheduler serve` publishes its schedules.
+	// Default "batchmr".
+	Prefix string
+	// SemaphorePrefix is the semaphores' key prefix (semaphore's
+	// Options.Prefix). Default semaphore.DefaultPrefix.
+	SemaphorePrefix string
+	// ReadOnly serves no mutation: no buttons or forms, and every POST is
+	// refused with 403.
+	ReadOnly bool
+	// Token, when set, is required for every mutation: from the login
+	// form (which sets a cookie) or an "Authorization: Bearer" header.
+	Token string
+	// SampleEvery is how often Sample reads each semaphore's Stats for the
+	// charts. Default 1s.
+	SampleEvery time.Duration
+	// History is how many samples each chart keeps. Default 300 (five
+	// minutes at the default SampleEvery).
+	History int
+	// Logger receives errors reading Redis. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Console is an http.Handler serving the console. It is safe for
+// concurrent use.
+type Console struct {
+	cfg    Config
+	log    *slog.Logger
+	mux    *http.ServeMux
+	pages  map[string]*template.Template
+	secret []byte // per process: derives the CSRF and session tokens
+	csrf   string
+
+	mu       sync.Mutex
+	sems     map[string]*semaphore.Semaphore
+	history  map[string]*ring
+	closed   bool
+	sampling sync.WaitGroup
+}
+
+// New returns a console over cfg's deployment, or an error naming what is
+// missing from cfg.
+func New(cfg Config) (*Console, error) {
+	if cfg.Redis == nil || cfg.MapReduce == nil {
+		return nil, errors.New("console: New: Config.Redis and Config.MapReduce are required")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "batchmr"
+	}
+	if cfg.SemaphorePrefix == "" {
+		cfg.SemaphorePrefix = semaphore.DefaultPrefix
+	}
+	if cfg.SampleEvery < 0 || cfg.History < 0 {
+		return nil, errors.New("console: New: SampleEvery and History must not be negative: leave them zero for the defaults")
+	}
+	if cfg.SampleEvery == 0 {
+		cfg.SampleEvery = time.Second
+	}
+	if cfg.History == 0 {
+		cfg.History = 300
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Console{cfg: cfg, log: cfg.Logger, secret: make([]byte, 32),
+		sems: map[string]*semaphore.Semaphore{}, history: map[string]*ring{}}
+	if _, err := rand.Read(c.secret); err != nil {
+		return nil, fmt.Errorf("console: New: drawing the CSRF secret: %w", err)
+	}
+	c.csrf = c.derive("csrf")
+	if err := c.parseTemplates(); err != nil {
+		return nil, err
+	}
+	c.routes()
+	return c, nil
+}
+
+// Close stops Sample and releases the semaphore handles.
+func (c *Console) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	sems := c.sems
+	c.sems = map[string]*semaphore.Semaphore{}
+	c.mu.Unlock()
+	c.sampling.Wait()
+	var errs []error
+	for _, s := range sems {
+		errs = append(errs, s.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Console) derive(what string) string {
+	m := hmac.New(sha256.New, c.secret)
+	m.Write([]byte(what))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func (c *Console) routes() {
+	m := http.NewServeMux()
+	static, _ := fs.Sub(staticFS, "static")
+	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	m.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/runs", http.StatusSeeOther)
+	})
+	m.HandleFunc("GET /runs", c.page("runs", c.runsData))
+	m.HandleFunc("GET /runs/live", c.fragment("runs", c.runsData))
+	m.HandleFunc("GET /run", c.page("run", c.runData))
+	m.HandleFunc("GET /run/live", c.fragment("run", c.runData))
+	m.HandleFunc("GET /jobs", c.page("jobs", c.jobsData))
+	m.HandleFunc("GET /jobs/live", c.fragment("jobs", c.jobsData))
+	m.HandleFunc("GET /semaphores", c.page("semaphores", c.semaphoresData))
+	m.HandleFunc("GET /semaphores/live", c.fragment("semaphores", c.semaphoresData))
+	m.HandleFunc("GET /semaphore", c.page("semaphore", c.semaphoreData))
+	m.HandleFunc("GET /semaphore/live", c.fragment("semaphore", c.semaphoreData))
+	m.HandleFunc("GET /login", c.page("login", c.loginData))
+	m.HandleFunc("POST /login", c.mutation(false, c.login))
+	m.HandleFunc("POST /run/cancel", c.mutation(true, c.cancel))
+	m.HandleFunc("POST /run/retry", c.mutation(true, c.retry))
+	m.HandleFunc("POST /semaphore/limit", c.mutation(true, c.setLimit))
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		c.fail(w, r, http.StatusNotFound, "No page at "+r.URL.Path+": the console has runs, jobs and semaphores.")
+	})
+	c.mux = m
+}
+
+// ServeHTTP serves the console's pages, fragments, assets and mutations.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	// Nothing is loaded from elsewhere, nothing runs inline, and no other
+	// site may frame the console (clickjacking its buttons).
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "same-origin")
+	c.mux.ServeHTTP(w, r)
+}
+
+// statusError is an error with the HTTP status it deserves.
+type statusError struct {
+	code int
+	msg  string
+}
+
+func (e *statusError) Error() string { return e.msg }
+
+func notFound(format string, args ...any) error {
+	return &statusError{http.StatusNotFound, fmt.Sprintf(format, args...)}
+}
+
+func badRequest(format string, args ...any) error {
+	return &statusError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+}
+
+// view is what every page's template gets.
+type view struct {
+	Page      string // the template's name, for the navigation
+	Title     string
+	Live      string // the URL of the page's live fragment
+	CSRF      string
+	ReadOnly  bool
+	CanMutate bool   // not read-only, and the token (if any) was given
+	NeedLogin bool   // a token is required and was not given
+	Notice    string // what the last mutation did
+	Problem   string // why the last mutation was refused
+	Data      any
+}
+
+// loader reads what a page shows; it returns a *statusError for the
+// request's own faults (an unknown run: 404).
+type loader func(ctx context.Context, r *http.Request) (title, live string, data any, err error)
+
+func (c *Console) view(r *http.Request, name string) *view {
+	authed := c.authorized(r)
+	return &view{Page: name, CSRF: c.csrf, ReadOnly: c.cfg.ReadOnly,
+		CanMutate: !c.cfg.ReadOnly && authed, NeedLogin: !c.cfg.ReadOnly && !authed,
+		Notice: notices[r.URL.Query().Get("done")]}
+}
+
+// notices are the messages a mutation's redirect may ask for: a fixed
+// set, so that a link cannot make the console say anything else.
+var notices = map[string]string{
+	"cancelled": "Run cancelled.",
+	"retried":   "Run resumed: its failed pages run again.",
+	"limit":     "Limit changed.",
+	"login":     "Logged in: you can change things now.",
+}
+
+func (c *Console) page(name string, load loader) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v := c.view(r, name)
+		if err := c.load(r, v, load); err != nil {
+			c.failWith(w, r, err)
+			return
+		}
+		c.render(w, http.StatusOK, name, "layout", v)
+	}
+}
+
+func (c *Console) fragment(name string, load loader) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v := c.view(r, name)
+		if err := c.load(r, v, load); err != nil {
+			var se *statusError
+			code := http.StatusBadGateway
+			if errors.As(err, &se) {
+				code = se.code
+			}
+			http.Error(w, err.Error(), code)
+			return
+		}
+		c.render(w, http.StatusOK, name, "live", v)
+	}
+}
+
+func (c *Console) load(r *http.Request, v *view, load loader) error {
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	title, live, data, err := load(ctx, r)
+	v.Title, v.Live, v.Data = title, live, data
+	return err
+}
+
+func (c *Console) render(w http.ResponseWriter, code int, name, tmpl string, v *view) {
+	var b strings.Builder
+	if err := c.pages[name].ExecuteTemplate(&b, tmpl, v); err != nil {
+		c.log.Error("console: rendering a page", "page", name, "error", err)
+		http.Error(w, "console: rendering "+name+" failed: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// failWith renders err as an error page: its own status for a
+// *statusError, 502 (Redis did not answer as it should) for the rest.
+func (c *Console) failWith(w http.ResponseWriter, r *http.Request, err error) {
+	var se *statusError
+	if errors.As(err, &se) {
+		c.fail(w, r, se.code, se.msg)
+		return
+	}
+	c.log.Error("console: reading Redis", "path", r.URL.Path, "error", err)
+	c.fail(w, r, http.StatusBadGateway, "Reading Redis failed: "+err.Error())
+}
+
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	v := c.view(r, "error")
+	v.Title = http.StatusText(code)
+	v.Data = msg
+	c.render(w, code, "error", "layout", v)
+}
+
+func (c *Console) parseTemplates() error {
+	funcs := template.FuncMap{
+		"ago":      ago,
+		"until":    until,
+		"clock":    clock,
+		"duration": duration,
+	}
+	c.pages = map[string]*template.Template{}
+	for _, name := range []string{"runs", "run", "jobs", "semaphores", "semaphore", "login", "error"} {
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return fmt.Errorf("console: parsing the %s page: %w", name, err)
+		}
+		c.pages[name] = t
+	}
+	return nil
+}
+
+func clock(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+func duration(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return duration(time.Since(t)) + " ago"
+}
+
+func until(t time.Time) string {
+	if d := time.Until(t); d > 0 {
+		return "in " + duration(d)
+	}
+	return "due now"
+}

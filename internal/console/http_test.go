@@ -1,0 +1,369 @@
+package console_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/console"
+	"github.com/batchmr/batchmr/internal/schedules"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+)
+
+// noRedirects is a client that shows redirects instead of following them.
+var noRedirects = &http.Client{
+	Timeout:       10 * time.Second,
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+}
+
+// get fetches path and returns the status and body.
+func (f *fleet) get(path string) (int, string) {
+	f.t.Helper()
+	resp, err := noRedirects.Get(f.srv.URL + path)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// post submits form to path as the console's own page would (same
+// Origin), with extra headers, and returns the response with its body read.
+func (f *fleet) post(path string, form url.Values, header ...string) (*http.Response, string) {
+	f.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, f.srv.URL+path, strings.NewReader(form.Encode()))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", f.srv.URL)
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := noRedirects.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+var csrfRE = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+
+// csrf returns the CSRF token a page's forms carry.
+func (f *fleet) csrf(path string) string {
+	f.t.Helper()
+	_, body := f.get(path)
+	m := csrfRE.FindStringSubmatch(body)
+	if m == nil {
+		f.t.Fatalf("%s has no form with a CSRF token:\n%s", path, body)
+	}
+	return m[1]
+}
+
+func runPath(id string) string { return "/run?" + url.Values{"id": {id}}.Encode() }
+
+// slowRun starts a run that stays active until cancelled: one page at a
+// time, ten seconds each.
+func slowRun(f *fleet) string {
+	f.host(1, nil, workJob("slow", nil, nil))
+	return f.start("slow", workArgs{N: 5, SleepMS: 10_000})
+}
+
+func TestUnknownRunsSemaphoresAndPagesAre404Pages(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	for _, path := range []string{runPath("nosuch:run"), runPath("not-a-run-id"), runPath(""),
+		"/semaphore?name=nosuch", "/semaphore?name=", "/semaphore?name=%7Bx%7D", "/no/such/page"} {
+		code, body := f.get(path)
+		if code != http.StatusNotFound || !strings.Contains(body, "<html") {
+			t.Errorf("GET %s: %d, want a 404 page; body:\n%s", path, code, body)
+		}
+	}
+	if code, _ := f.get("/run/live?id=nosuch:run"); code != http.StatusNotFound {
+		t.Errorf("the live fragment of an unknown run: %d, want 404", code)
+	}
+	csrf := f.csrf("/login")
+	if resp, body := f.post("/run/cancel", url.Values{"csrf": {csrf}, "id": {"nosuch:run"}}); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("cancelling an unknown run: %d, want 404; body:\n%s", resp.StatusCode, body)
+	}
+	if resp, body := f.post("/semaphore/limit", url.Values{"csrf": {csrf}, "name": {"nosuch"}, "limit": {"3"}}); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("setting the limit of an unknown semaphore: %d, want 404; body:\n%s", resp.StatusCode, body)
+	}
+	if n, _ := f.rdb.Exists(context.Background(), f.prefix+":sem:{nosuch}:limit").Result(); n != 0 {
+		t.Errorf("the unknown semaphore got a limit in Redis")
+	}
+}
+
+func TestJobErrorsAndResultsFromRedisAreEscaped(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	const evil = `<script>alert("pwned")</script>`
+	f.host(2, nil, workJob("evil", nil, func(i int) error {
+		if i == 1 {
+			return &pageError{evil}
+		}
+		return nil
+	}))
+	id := f.start("evil", workArgs{N: 3})
+	if st, _ := f.mr.Wait(context.Background(), id); st == nil || st.State != mapreduce.StateFailed {
+		t.Fatalf("the run should fail on its page 1: %+v", st)
+	}
+	for _, path := range []string{runPath(id), "/run/live?id=" + url.QueryEscape(id), "/runs"} {
+		code, body := f.get(path)
+		if code != http.StatusOK {
+			t.Fatalf("GET %s: %d", path, code)
+		}
+		if strings.Contains(body, "<script>alert") {
+			t.Errorf("GET %s renders the job's error unescaped:\n%s", path, body)
+		}
+		if path != "/runs" && !strings.Contains(body, `&lt;script&gt;alert(&#34;pwned&#34;)&lt;/script&gt;`) {
+			t.Errorf("GET %s does not show the page's error, escaped:\n%s", path, body)
+		}
+	}
+}
+
+type pageError struct{ msg string }
+
+func (e *pageError) Error() string { return e.msg }
+
+func TestMutationsFromAnotherSiteOrWithoutTheCSRFTokenAreRefused(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	id := slowRun(f)
+	csrf := f.csrf(runPath(id))
+	for _, c := range []struct {
+		name   string
+		form   url.Values
+		header []string
+	}{
+		{"no token", url.Values{"id": {id}}, nil},
+		{"a wrong token", url.Values{"id": {id}, "csrf": {strings.Repeat("0", len(csrf))}}, nil},
+		{"another site's Origin", url.Values{"id": {id}, "csrf": {csrf}}, []string{"Origin", "https://evil.example"}},
+		{"a cross-site fetch", url.Values{"id": {id}, "csrf": {csrf}}, []string{"Sec-Fetch-Site", "cross-site"}},
+	} {
+		resp, body := f.post("/run/cancel", c.form, c.header...)
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "Refused") {
+			t.Errorf("cancel with %s: %d, want 403 Refused; body:\n%s", c.name, resp.StatusCode, body)
+		}
+	}
+	if st := f.status(id); st.State.Ended() {
+		t.Fatalf("a refused cancel cancelled the run: %s", st.State)
+	}
+	if code, _ := f.get("/run/cancel?id=" + url.QueryEscape(id)); code != http.StatusMethodNotAllowed && code != http.StatusNotFound {
+		t.Errorf("GET of a mutation: %d, want 405 or 404", code)
+	}
+	resp, _ := f.post("/run/cancel", url.Values{"id": {id}, "csrf": {csrf}})
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("cancel from the console's own page: %d, want 303", resp.StatusCode)
+	}
+	if st := f.status(id); st.State != mapreduce.StateCancelled {
+		t.Fatalf("after the cancel the run is %s", st.State)
+	}
+	if loc := resp.Header.Get("Location"); !strings.HasPrefix(loc, "/run?") {
+		t.Errorf("the cancel redirects to %q, want the run's page", loc)
+	}
+}
+
+func TestTheTokenIsRequiredForMutationsWhenSet(t *testing.T) {
+	t.Parallel()
+	const token = "s3cret-token"
+	f := newFleet(t, console.Config{Token: token})
+	id := slowRun(f)
+	_, page := f.get(runPath(id))
+	if strings.Contains(page, `id="cancel"`) || !strings.Contains(page, "/login?next=") {
+		t.Errorf("without the token the run's page should offer a login, not a Cancel button:\n%s", page)
+	}
+	csrf := f.csrf("/login")
+	form := url.Values{"id": {id}, "csrf": {csrf}}
+	if resp, body := f.post("/run/cancel", form); resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, `name="token"`) {
+		t.Errorf("cancel without the token: %d, want 401 and a login form; body:\n%s", resp.StatusCode, body)
+	}
+	if resp, _ := f.post("/run/cancel", form, "Authorization", "Bearer wrong"); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("cancel with a wrong bearer token: %d, want 401", resp.StatusCode)
+	}
+	if resp, _ := f.post("/login", url.Values{"csrf": {csrf}, "token": {"wrong"}}); resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
+		t.Errorf("login with a wrong token: %d, cookies %v; want 401 and none", resp.StatusCode, resp.Cookies())
+	}
+	if st := f.status(id); st.State.Ended() {
+		t.Fatalf("a cancel without the token cancelled the run: %s", st.State)
+	}
+	resp, _ := f.post("/login", url.Values{"csrf": {csrf}, "token": {token}, "next": {runPath(id)}})
+	if resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) != 1 {
+		t.Fatalf("login with the token: %d, cookies %v; want 303 and a session cookie", resp.StatusCode, resp.Cookies())
+	}
+	ck := resp.Cookies()[0]
+	if ck.Value == token || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode {
+		t.Errorf("the session cookie %+v should be HttpOnly, SameSite=Strict, and not the token itself", ck)
+	}
+	if loc := resp.Header.Get("Location"); !strings.HasPrefix(loc, "/run?") {
+		t.Errorf("login redirects to %q, want back to the run", loc)
+	}
+	if resp, _ := f.post("/run/cancel", form, "Cookie", ck.Name+"="+ck.Value); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("cancel with the session cookie: %d, want 303", resp.StatusCode)
+	}
+	if st := f.status(id); st.State != mapreduce.StateCancelled {
+		t.Fatalf("after the cancel with the session cookie the run is %s", st.State)
+	}
+	if resp, _ := f.post("/run/retry", form, "Authorization", "Bearer "+token); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("retry with the bearer token: %d, want 303", resp.StatusCode)
+	}
+}
+
+func TestReadOnlyServesNoMutations(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{ReadOnly: true})
+	sem := f.semaphore("db", 2)
+	f.host(1, []string{"db"}, workJob("slow", sem, nil))
+	id := f.start("slow", workArgs{N: 5, SleepMS: 10_000})
+	// The first permit writes the limit.
+	waitFor(t, 5*time.Second, "the worker to hold a permit", func() bool {
+		st, _ := sem.Stats(context.Background())
+		return st.Held == 1
+	})
+	for _, path := range []string{runPath(id), "/semaphore?name=db", "/runs", "/jobs"} {
+		code, body := f.get(path)
+		if code != http.StatusOK || strings.Contains(body, `method="post"`) || strings.Contains(body, `name="csrf"`) {
+			t.Errorf("GET %s: %d; a read-only console should serve no form:\n%s", path, code, body)
+		}
+		if !strings.Contains(body, "read-only") {
+			t.Errorf("GET %s does not say the console is read-only", path)
+		}
+	}
+	for path, form := range map[string]url.Values{
+		"/run/cancel":      {"id": {id}},
+		"/run/retry":       {"id": {id}},
+		"/semaphore/limit": {"name": {"db"}, "limit": {"7"}},
+	} {
+		if resp, body := f.post(path, form); resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "read-only") {
+			t.Errorf("POST %s: %d, want 403 read-only; body:\n%s", path, resp.StatusCode, body)
+		}
+	}
+	if st := f.status(id); st.State.Ended() {
+		t.Errorf("a read-only console cancelled the run: %s", st.State)
+	}
+	if st, _ := sem.Stats(context.Background()); st.Limit != 2 {
+		t.Errorf("a read-only console changed the limit to %d", st.Limit)
+	}
+}
+
+func TestBadLimitsAreRefusedWithAMessageAndChangeNothing(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	sem := f.semaphore("db", 3)
+	f.host(1, []string{"db"}, workJob("work", sem, nil))
+	// The limit is written with the first permit.
+	id := f.start("work", workArgs{N: 1})
+	if _, err := f.mr.Wait(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	csrf := f.csrf("/semaphore?name=db")
+	for _, bad := range []string{"0", "-1", "abc", "", "2.5", "9999999999999999999999"} {
+		resp, body := f.post("/semaphore/limit", url.Values{"csrf": {csrf}, "name": {"db"}, "limit": {bad}})
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "refused") || !strings.Contains(body, "Nothing changed") {
+			t.Errorf("limit %q: %d, want 400 and a message; body:\n%s", bad, resp.StatusCode, body)
+		}
+		if st, _ := sem.Stats(context.Background()); st.Limit != 3 {
+			t.Fatalf("limit %q changed the limit to %d", bad, st.Limit)
+		}
+	}
+	resp, _ := f.post("/semaphore/limit", url.Values{"csrf": {csrf}, "name": {"db"}, "limit": {" 5 "}})
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("limit 5: %d, want 303", resp.StatusCode)
+	}
+	if st, _ := sem.Stats(context.Background()); st.Limit != 5 {
+		t.Fatalf("after setting 5 the limit is %d", st.Limit)
+	}
+	_, body := f.get(resp.Header.Get("Location"))
+	if !strings.Contains(body, "Limit changed") || !strings.Contains(body, `data-limit="5"`) {
+		t.Errorf("the semaphore's page after the change:\n%s", body)
+	}
+}
+
+func TestRunsPageFiltersByJobAndState(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	f.host(2, nil, workJob("alpha", nil, nil), workJob("beta", nil, func(int) error { return &pageError{"no"} }))
+	a := f.start("alpha", workArgs{N: 2})
+	b := f.start("beta", workArgs{N: 2})
+	for _, id := range []string{a, b} {
+		if _, err := f.mr.Wait(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for query, want := range map[string][]string{
+		"":                        {a, b},
+		"?job=alpha":              {a},
+		"?state=failed":           {b},
+		"?job=alpha&state=failed": nil,
+		"?state=active":           nil,
+		"?job=beta&state=failed":  {b},
+		"?job=&state=succeeded":   {a},
+	} {
+		code, body := f.get("/runs" + query)
+		if code != http.StatusOK {
+			t.Fatalf("GET /runs%s: %d", query, code)
+		}
+		for _, id := range []string{a, b} {
+			listed := strings.Contains(body, `data-run="`+id+`"`)
+			if wanted := strings.Contains(strings.Join(want, " "), id); listed != wanted {
+				t.Errorf("GET /runs%s lists %s: %v, want %v", query, id, listed, wanted)
+			}
+		}
+	}
+	if code, body := f.get("/runs?state=bogus"); code != http.StatusBadRequest || !strings.Contains(body, "No state") {
+		t.Errorf("an unknown state: %d, want 400 and a message; body:\n%s", code, body)
+	}
+}
+
+func TestJobsPageShowsEachJobsWorkersAndNextTick(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	f.host(1, nil, workJob("nightly", nil, nil), workJob("adhoc", nil, nil))
+	next := time.Now().Add(42 * time.Minute)
+	if err := schedules.Publish(context.Background(), f.rdb, f.prefix, "serve-1", time.Minute,
+		[]schedules.Schedule{{Job: "nightly", Spec: "0 3 * * *", Next: next}}); err != nil {
+		t.Fatal(err)
+	}
+	ws, _ := f.mr.Workers(context.Background())
+	_, body := f.get("/jobs")
+	for _, want := range []string{`data-job="nightly"`, `data-job="adhoc"`, ws[0].ID, "0 3 * * *", "in 4", next.UTC().Format("15:04:05Z"), "not scheduled"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the jobs page lacks %q:\n%s", want, body)
+		}
+	}
+}
+
+func TestSemaphorePageShowsHoldersWaitersAndAChart(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	sem := f.semaphore("db", 1)
+	f.host(3, []string{"db"}, workJob("work", sem, nil))
+	f.start("work", workArgs{N: 6, SleepMS: 10_000})
+	waitFor(t, 5*time.Second, "one holder and two waiters", func() bool {
+		st, _ := sem.Stats(context.Background())
+		return st.Held == 1 && len(st.Waiters) == 2
+	})
+	waitFor(t, 5*time.Second, "the chart", func() bool {
+		_, body := f.get("/semaphore/live?name=db")
+		return strings.Contains(body, `<polyline class="held"`)
+	})
+	_, body := f.get("/semaphore?name=db")
+	for _, want := range []string{`data-held="1"`, `data-waiters="2"`, `class="holder"`, "Oldest wait", `id="set-limit"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the semaphore's page lacks %q:\n%s", want, body)
+		}
+	}
+	_, list := f.get("/semaphores")
+	if !strings.Contains(list, `data-semaphore="db"`) {
+		t.Errorf("the semaphores page does not list db:\n%s", list)
+	}
+}

@@ -1,0 +1,195 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+)
+
+// maxRuns is how many runs the runs page lists, newest first.
+const maxRuns = 200
+
+// maxFailures is how many failed pages a run's page lists.
+const maxFailures = 100
+
+var states = []mapreduce.State{mapreduce.StateSplitting, mapreduce.StateMapping, mapreduce.StateReducing,
+	mapreduce.StateSucceeded, mapreduce.StateFailed, mapreduce.StateCancelled}
+
+// runRow is a run as the pages show it.
+type runRow struct {
+	*mapreduce.Status
+	Pages    int     // recorded: done and failed
+	Percent  float64 // of the total, 0 while splitting
+	Rate     string  // pages/s since the run (or its last retry) started
+	ETA      string  // at that rate; empty when ended or unknown
+	Took     string
+	Link     string
+	Cancel   bool // can be cancelled
+	Retry    bool // can be retried
+	Splitted bool // the total is known
+}
+
+func row(st *mapreduce.Status, now time.Time) runRow {
+	r := runRow{Status: st, Pages: st.Done + st.Failed, Splitted: st.Total >= 0,
+		Link:   "/run?" + url.Values{"id": {st.ID}}.Encode(),
+		Cancel: !st.State.Ended(), Retry: st.State == mapreduce.StateFailed || st.State == mapreduce.StateCancelled}
+	if st.Total > 0 {
+		r.Percent = min(100, float64(r.Pages)*100/float64(st.Total))
+	} else if st.Total == 0 && st.State.Ended() {
+		r.Percent = 100
+	}
+	start, end := st.Created, now
+	if !st.Retried.IsZero() {
+		start = st.Retried
+	}
+	if !st.Finished.IsZero() {
+		end = st.Finished
+		r.Took = duration(st.Finished.Sub(st.Created))
+	}
+	if el := end.Sub(start).Seconds(); el > 0 && r.Pages > 0 {
+		rate := float64(r.Pages) / el
+		r.Rate = fmt.Sprintf("%.1f", rate)
+		if !st.State.Ended() && st.Total > r.Pages {
+			r.ETA = duration(time.Duration(float64(st.Total-r.Pages) / rate * float64(time.Second)))
+		}
+	}
+	return r
+}
+
+type runsView struct {
+	Job, State string
+	Jobs       []string
+	States     []mapreduce.State
+	Runs       []runRow
+	More       int // runs past maxRuns, not listed
+	Empty      string
+}
+
+func (c *Console) runsData(ctx context.Context, r *http.Request) (string, string, any, error) {
+	q := r.URL.Query()
+	v := runsView{Job: q.Get("job"), State: q.Get("state"), States: states}
+	live := "/runs/live?" + url.Values{"job": {v.Job}, "state": {v.State}}.Encode()
+	if v.State != "" && v.State != "active" && !slices.Contains(states, mapreduce.State(v.State)) {
+		return "Runs", live, v, badRequest("No state %q: use one of splitting, mapping, reducing, succeeded, failed, cancelled or active.", v.State)
+	}
+	catalogue, err := c.cfg.MapReduce.Jobs(ctx)
+	if err != nil {
+		return "Runs", live, v, err
+	}
+	for _, j := range catalogue {
+		v.Jobs = append(v.Jobs, j.Name)
+	}
+	jobs := v.Jobs
+	if v.Job != "" {
+		jobs = []string{v.Job}
+	}
+	var list []*mapreduce.Status
+	for _, job := range jobs {
+		l, err := c.cfg.MapReduce.Runs(ctx, job)
+		if err != nil {
+			if v.Job != "" {
+				return "Runs", live, v, badRequest("No runs for job %q: %v", v.Job, err)
+			}
+			return "Runs", live, v, err
+		}
+		list = append(list, l...)
+	}
+	slices.SortStableFunc(list, func(a, b *mapreduce.Status) int { return b.Created.Compare(a.Created) })
+	now := time.Now()
+	for _, st := range list {
+		switch {
+		case v.State == "active" && st.State.Ended(),
+			v.State != "" && v.State != "active" && string(st.State) != v.State:
+			continue
+		case len(v.Runs) == maxRuns:
+			v.More++
+			continue
+		}
+		v.Runs = append(v.Runs, row(st, now))
+	}
+	if len(v.Runs) == 0 {
+		switch {
+		case len(catalogue) == 0:
+			v.Empty = "The catalogue is empty: no worker has announced a job yet. Start a worker that runs your jobs."
+		default:
+			v.Empty = "No runs match."
+		}
+	}
+	return "Runs", live, v, nil
+}
+
+type runView struct {
+	runRow
+	Failures      []mapreduce.PageFailure
+	FailuresTotal int
+}
+
+func (c *Console) runData(ctx context.Context, r *http.Request) (string, string, any, error) {
+	id := r.FormValue("id") // the query, or a cancel's or retry's form
+	live := "/run/live?" + url.Values{"id": {id}}.Encode()
+	st, err := c.cfg.MapReduce.Status(ctx, id)
+	if err != nil {
+		if errors.Is(err, mapreduce.ErrRunNotFound) || id == "" || isBadID(err) {
+			return "Run not found", live, nil, notFound("No run %q: it never started, or it expired after its retention.", id)
+		}
+		return "Run", live, nil, err
+	}
+	v := runView{runRow: row(st, time.Now())}
+	v.Failures, v.FailuresTotal, err = c.cfg.MapReduce.Failures(ctx, id, maxFailures)
+	if err != nil && !errors.Is(err, mapreduce.ErrRunNotFound) {
+		return "Run " + id, live, nil, err
+	}
+	return "Run " + id, live, v, nil
+}
+
+// isBadID reports whether err is mapreduce refusing a malformed run ID,
+// which the console treats as an unknown run.
+func isBadID(err error) bool { return strings.Contains(err.Error(), "is not a run ID") }
+
+// runMutation cancels or retries the run named by the form, then shows it.
+func (c *Console) runMutation(w http.ResponseWriter, r *http.Request, verb, done string, do func(context.Context, string) error) {
+	id := r.PostFormValue("id")
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := c.cfg.MapReduce.Status(ctx, id); err != nil {
+		if errors.Is(err, mapreduce.ErrRunNotFound) || id == "" || isBadID(err) {
+			c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No run %q to %s: it never started, or it expired after its retention.", id, verb))
+			return
+		}
+		c.failWith(w, r, err)
+		return
+	}
+	link := "/run?" + url.Values{"id": {id}}.Encode()
+	if err := do(ctx, id); err != nil {
+		code := http.StatusConflict
+		if !errors.Is(err, mapreduce.ErrRunEnded) && !errors.Is(err, mapreduce.ErrRunNotEnded) &&
+			!errors.Is(err, mapreduce.ErrRunSucceeded) && !errors.Is(err, mapreduce.ErrRunActive) {
+			code = http.StatusBadGateway
+		}
+		v := c.view(r, "run")
+		v.Problem = fmt.Sprintf("Could not %s the run: %v", verb, err)
+		if lerr := c.load(r, v, c.runData); lerr != nil {
+			c.failWith(w, r, lerr)
+			return
+		}
+		c.render(w, code, "run", "layout", v)
+		return
+	}
+	c.log.Info("console: run changed", "run", id, "action", verb)
+	http.Redirect(w, r, withDone(link, done), http.StatusSeeOther)
+}
+
+func (c *Console) cancel(w http.ResponseWriter, r *http.Request) {
+	c.runMutation(w, r, "cancel", "cancelled", c.cfg.MapReduce.Cancel)
+}
+
+func (c *Console) retry(w http.ResponseWriter, r *http.Request) {
+	c.runMutation(w, r, "retry", "retried", c.cfg.MapReduce.Retry)
+}

@@ -1,0 +1,319 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/semaphore"
+)
+
+// sample is one reading of a semaphore's Stats.
+type sample struct {
+	at                   time.Time
+	limit, held, waiters int
+}
+
+// ring keeps a semaphore's last samples, oldest first.
+type ring struct {
+	buf  []sample
+	next int
+	full bool
+}
+
+func (r *ring) add(s sample) {
+	r.buf[r.next] = s
+	r.next = (r.next + 1) % len(r.buf)
+	r.full = r.full || r.next == 0
+}
+
+func (r *ring) samples() []sample {
+	if !r.full {
+		return slices.Clone(r.buf[:r.next])
+	}
+	return append(slices.Clone(r.buf[r.next:]), r.buf[:r.next]...)
+}
+
+// Sample reads the Stats of every semaphore live workers announce, every
+// Config.SampleEvery, into the charts' history, until ctx is done or
+// Close is called. Errors are logged and the next tick tries again.
+func (c *Console) Sample(ctx context.Context) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.sampling.Add(1)
+	c.mu.Unlock()
+	defer c.sampling.Done()
+	t := time.NewTicker(c.cfg.SampleEvery)
+	defer t.Stop()
+	for {
+		c.sampleOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		closed := c.closed
+		c.mu.Unlock()
+		if closed {
+			return
+		}
+	}
+}
+
+func (c *Console) sampleOnce(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.SampleEvery+time.Second)
+	defer cancel()
+	names, err := c.announced(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("console: sampling semaphores: listing workers", "error", err)
+		}
+		return
+	}
+	c.mu.Lock()
+	for name := range c.history {
+		if !slices.Contains(names, name) {
+			names = append(names, name) // keep charting it while it has history
+		}
+	}
+	c.mu.Unlock()
+	for _, name := range names {
+		if _, err := c.stats(ctx, name, true); err != nil && ctx.Err() == nil {
+			c.log.Warn("console: sampling a semaphore", "semaphore", name, "error", err)
+		}
+	}
+}
+
+// announced returns the semaphores live workers announce, sorted.
+func (c *Console) announced(ctx context.Context) ([]string, error) {
+	workers, err := c.cfg.MapReduce.Workers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, w := range workers {
+		names = append(names, w.Semaphores...)
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
+}
+
+// handle returns this console's handle on the named semaphore.
+func (c *Console) handle(name string) (*semaphore.Semaphore, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.sems[name]; ok {
+		return s, nil
+	}
+	if c.closed {
+		return nil, fmt.Errorf("console: closed")
+	}
+	// The limit given is never written: Stats and SetLimit do not use it.
+	s, err := semaphore.New(c.cfg.Redis, name, semaphore.Options{Limit: 1, Prefix: c.cfg.SemaphorePrefix, Logger: c.log})
+	if err != nil {
+		return nil, err
+	}
+	c.sems[name] = s
+	return s, nil
+}
+
+// stats reads the semaphore's Stats and, if record, adds them to its
+// chart (only Sample does, so that the chart's samples are evenly spaced).
+func (c *Console) stats(ctx context.Context, name string, record bool) (semaphore.Stats, error) {
+	s, err := c.handle(name)
+	if err != nil {
+		return semaphore.Stats{}, err
+	}
+	st, err := s.Stats(ctx)
+	if err != nil {
+		return st, err
+	}
+	if st.Limit == 0 || !record {
+		return st, nil // nothing to chart: not in use yet
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.history[name]
+	if h == nil {
+		h = &ring{buf: make([]sample, c.cfg.History)}
+		c.history[name] = h
+	}
+	h.add(sample{at: time.Now(), limit: st.Limit, held: st.Held, waiters: len(st.Waiters)})
+	return st, nil
+}
+
+// process sums up what one process holds and waits for.
+type process struct {
+	Name           string
+	Holds, Held    int // permits, and their weight
+	LongestHold    time.Duration
+	Waits, Waiting int // queued requests, and their weight
+	OldestWait     time.Duration
+}
+
+func byProcess(st semaphore.Stats) []*process {
+	var out []*process
+	get := func(name string) *process {
+		for _, p := range out {
+			if p.Name == name {
+				return p
+			}
+		}
+		p := &process{Name: name}
+		out = append(out, p)
+		return p
+	}
+	for _, h := range st.Holders {
+		p := get(h.Process)
+		p.Holds++
+		p.Held += h.Weight
+		p.LongestHold = max(p.LongestHold, h.HeldFor)
+	}
+	for _, q := range st.Waiters {
+		p := get(q.Process)
+		p.Waits++
+		p.Waiting += q.Weight
+		p.OldestWait = max(p.OldestWait, q.Age)
+	}
+	return out
+}
+
+type semRow struct {
+	semaphore.Stats
+	Link      string
+	Processes []*process
+	Waiting   int // the waiters' weight
+	Chart     chart
+}
+
+func (c *Console) semRow(st semaphore.Stats) semRow {
+	r := semRow{Stats: st, Link: "/semaphore?" + url.Values{"name": {st.Name}}.Encode(), Processes: byProcess(st)}
+	for _, q := range st.Waiters {
+		r.Waiting += q.Weight
+	}
+	c.mu.Lock()
+	var hist []sample
+	if h := c.history[st.Name]; h != nil {
+		hist = h.samples()
+	}
+	c.mu.Unlock()
+	r.Chart = drawChart(hist, time.Duration(c.cfg.History)*c.cfg.SampleEvery)
+	return r
+}
+
+type semaphoresView struct {
+	Semaphores []semRow
+}
+
+func (c *Console) semaphoresData(ctx context.Context, _ *http.Request) (string, string, any, error) {
+	names, err := c.announced(ctx)
+	if err != nil {
+		return "Semaphores", "/semaphores/live", nil, err
+	}
+	var v semaphoresView
+	for _, name := range names {
+		st, err := c.stats(ctx, name, false)
+		if err != nil {
+			return "Semaphores", "/semaphores/live", nil, err
+		}
+		v.Semaphores = append(v.Semaphores, c.semRow(st))
+	}
+	return "Semaphores", "/semaphores/live", v, nil
+}
+
+type semaphoreView struct {
+	semRow
+	Input string // the limit the form shows: the one refused, or the current one
+}
+
+// known returns the semaphore's stats, or a 404 error when Redis has no
+// limit for it and no live worker uses it (what `scheduler permits get`
+// calls no semaphore).
+func (c *Console) known(ctx context.Context, name string) (semaphore.Stats, error) {
+	if name == "" || strings.ContainsAny(name, "{}") {
+		return semaphore.Stats{}, notFound("No semaphore %q.", name)
+	}
+	names, err := c.announced(ctx)
+	if err != nil {
+		return semaphore.Stats{}, err
+	}
+	if slices.Contains(names, name) || c.cached(name) {
+		return c.stats(ctx, name, false)
+	}
+	// A name from the request: look with a handle of its own, kept only
+	// if the semaphore exists, so that made-up names cost nothing.
+	s, err := semaphore.New(c.cfg.Redis, name, semaphore.Options{Limit: 1, Prefix: c.cfg.SemaphorePrefix, Logger: c.log})
+	if err != nil {
+		return semaphore.Stats{}, notFound("No semaphore %q: %v", name, err)
+	}
+	st, err := s.Stats(ctx)
+	_ = s.Close()
+	if err != nil {
+		return st, err
+	}
+	if st.Limit == 0 {
+		return st, notFound("No semaphore %q: Redis has no limit for it and no live worker uses it.", name)
+	}
+	return c.stats(ctx, name, false)
+}
+
+func (c *Console) cached(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.sems[name]
+	return ok
+}
+
+func (c *Console) semaphoreData(ctx context.Context, r *http.Request) (string, string, any, error) {
+	name := r.FormValue("name")
+	live := "/semaphore/live?" + url.Values{"name": {name}}.Encode()
+	st, err := c.known(ctx, name)
+	if err != nil {
+		return "Semaphore not found", live, nil, err
+	}
+	return "Semaphore " + name, live, semaphoreView{semRow: c.semRow(st), Input: strconv.Itoa(st.Limit)}, nil
+}
+
+func (c *Console) setLimit(w http.ResponseWriter, r *http.Request) {
+	name, input := r.PostFormValue("name"), strings.TrimSpace(r.PostFormValue("limit"))
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := c.known(ctx, name); err != nil {
+		c.failWith(w, r, err)
+		return
+	}
+	link := "/semaphore?" + url.Values{"name": {name}}.Encode()
+	n, err := strconv.Atoi(input)
+	if err == nil && n >= 1 {
+		var s *semaphore.Semaphore
+		if s, err = c.handle(name); err == nil {
+			err = s.SetLimit(ctx, n)
+		}
+		if err != nil {
+			c.failWith(w, r, err)
+			return
+		}
+		c.log.Info("console: semaphore limit set", "semaphore", name, "limit", n)
+		http.Redirect(w, r, withDone(link, "limit"), http.StatusSeeOther)
+		return
+	}
+	v := c.view(r, "semaphore")
+	v.Problem = fmt.Sprintf("The limit %q was refused: give a whole number of at least 1. Nothing changed.", input)
+	if err := c.load(r, v, c.semaphoreData); err != nil {
+		c.failWith(w, r, err)
+		return
+	}
+	sv := v.Data.(semaphoreView)
+	sv.Input = input
+	v.Data = sv
+	c.render(w, http.StatusBadRequest, "semaphore", "layout", v)
+}
