@@ -88,6 +88,7 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	fs.DurationVar(&cfg.ReconcileEvery, "reconcile-every", app.EnvDuration("WORKER_RECONCILE_EVERY", 30*time.Second), "how often to repair runs left behind by crashes (env WORKER_RECONCILE_EVERY)")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", app.EnvDuration("WORKER_POLL_INTERVAL", time.Second), "how often an idle worker looks for tasks; lower starts steps sooner at the cost of Redis calls (env WORKER_POLL_INTERVAL)")
 	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", app.EnvDuration("WORKER_MAX_CLOCK_OFFSET", 3*time.Second), "how far this host's clock may be from Redis's before the worker refuses to start (env WORKER_MAX_CLOCK_OFFSET)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", app.Env("METRICS_ADDR", ""), "host:port to serve Prometheus /metrics, /healthz and /readyz on, e.g. 127.0.0.1:9090; empty: none (env METRICS_ADDR)")
 	fs.StringVar(&cfg.Version, "version-label", app.Env("WORKER_VERSION", ""), "free text shown with this worker in 'scheduler jobs', e.g. a build ID (env WORKER_VERSION)")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
 	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
