@@ -3,7 +3,8 @@
 // the whole fleet looks like, read from Redis at scrape time (a Fleet
 // collector), so that one scrape target shows every semaphore's queue and
 // every active run. docs/metrics.md lists every series with its labels and
-// example alerts.
+// example alerts. A job's name is the label batchmr_job, not job:
+// Prometheus gives every series a job label of its own, the scrape job's.
 //
 // A worker started with worker.Main or worker.Run serves them on
 // --metrics-addr; a process of your own wires them up like this:

@@ -75,19 +75,19 @@ var (
 	descSemOldestHold = prometheus.NewDesc("batchmr_semaphore_oldest_hold_seconds",
 		"How long the oldest permit has been held; 0 with no holders.", []string{"semaphore"}, nil)
 	descJobWorkers = prometheus.NewDesc("batchmr_job_workers",
-		"Live workers announcing the job in the catalogue; 0 means its runs would not progress.", []string{"job"}, nil)
+		"Live workers announcing the job in the catalogue; 0 means its runs would not progress.", []string{"batchmr_job"}, nil)
 	descRuns = prometheus.NewDesc("batchmr_runs",
-		"Runs of the job within their retention, by state.", []string{"job", "state"}, nil)
+		"Runs of the job within their retention, by state.", []string{"batchmr_job", "state"}, nil)
 	descRunPages = prometheus.NewDesc("batchmr_run_pages",
-		"Pages of an active run (absent while it splits: the total is not known yet).", []string{"job", "run"}, nil)
+		"Pages of an active run (absent while it splits: the total is not known yet).", []string{"batchmr_job", "run"}, nil)
 	descRunDone = prometheus.NewDesc("batchmr_run_pages_done",
-		"Pages of an active run recorded as succeeded.", []string{"job", "run"}, nil)
+		"Pages of an active run recorded as succeeded.", []string{"batchmr_job", "run"}, nil)
 	descRunFailed = prometheus.NewDesc("batchmr_run_pages_failed",
-		"Pages of an active run recorded as failed for good.", []string{"job", "run"}, nil)
+		"Pages of an active run recorded as failed for good.", []string{"batchmr_job", "run"}, nil)
 	descRunUpdated = prometheus.NewDesc("batchmr_run_last_update_timestamp_seconds",
-		"When an active run last changed (a page recorded, a state change), as a Unix time.", []string{"job", "run", "state"}, nil)
+		"When an active run last changed (a page recorded, a state change), as a Unix time.", []string{"batchmr_job", "run", "state"}, nil)
 	descRunStarted = prometheus.NewDesc("batchmr_run_start_timestamp_seconds",
-		"When an active run was created or last retried, as a Unix time.", []string{"job", "run"}, nil)
+		"When an active run was created or last retried, as a Unix time.", []string{"batchmr_job", "run"}, nil)
 )
 
 // Describe implements prometheus.Collector.

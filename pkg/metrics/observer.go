@@ -71,33 +71,33 @@ func NewObserver() *Observer {
 			Name:    "batchmr_page_duration_seconds",
 			Help:    "Time one attempt of a page (its Map and the recording of its outcome) took in this process, by job and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 4, 10), // 5ms to 22m
-		}, []string{"job", "outcome"}),
+		}, []string{"batchmr_job", "outcome"}),
 		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "batchmr_step_duration_seconds",
 			Help:    "Time one attempt of a run's split or reduce took in this process, by job, step and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 4, 10),
-		}, []string{"job", "step", "outcome"}),
+		}, []string{"batchmr_job", "step", "outcome"}),
 		pagesDone: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "batchmr_pages_done_total",
 			Help: "Pages whose result this process recorded, by job.",
-		}, []string{"job"}),
+		}, []string{"batchmr_job"}),
 		pagesFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "batchmr_pages_failed_total",
 			Help: "Pages this process recorded as failed for good (their retries spent), by job.",
-		}, []string{"job"}),
+		}, []string{"batchmr_job"}),
 		stepsActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "batchmr_steps_in_progress",
 			Help: "Steps at work in this process now, by job and step (split, map, reduce).",
-		}, []string{"job", "step"}),
+		}, []string{"batchmr_job", "step"}),
 		runDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "batchmr_run_duration_seconds",
 			Help:    "Time from a run's creation (or last retry) to its end, for the runs this process ended, by job and state.",
 			Buckets: prometheus.ExponentialBuckets(0.1, 4, 11), // 100ms to 29h
-		}, []string{"job", "state"}),
+		}, []string{"batchmr_job", "state"}),
 		runsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "batchmr_runs_ended_total",
 			Help: "Runs this process ended (each run is ended by one process of the fleet), by job and state.",
-		}, []string{"job", "state"}),
+		}, []string{"batchmr_job", "state"}),
 	}
 }
 

@@ -145,7 +145,7 @@ func TestMetricsShowARunsProgressPagesAndPermitsWithTheirRealValues(t *testing.T
 	}
 	// The job is in the catalogue once the worker announced it.
 	waitFor(t, "the worker to announce its job", func() bool {
-		v, ok := scrapeMetrics(t, base).value("batchmr_job_workers", "job="+ordersreport.Name)
+		v, ok := scrapeMetrics(t, base).value("batchmr_job_workers", "batchmr_job="+ordersreport.Name)
 		return ok && v == 1
 	})
 	run, err := ordersreport.Job.Start(ctx, mr, ordersreport.Args{PageSize: 50, SlowMS: 20}, mapreduce.StartOptions{})
@@ -185,10 +185,10 @@ func TestMetricsShowARunsProgressPagesAndPermitsWithTheirRealValues(t *testing.T
 	var after scrape
 	waitFor(t, "the run's end in /metrics", func() bool {
 		after = scrapeMetrics(t, base)
-		v, _ := after.value("batchmr_runs_ended_total", "job="+ordersreport.Name, "state=succeeded")
+		v, _ := after.value("batchmr_runs_ended_total", "batchmr_job="+ordersreport.Name, "state=succeeded")
 		return v == 1
 	})
-	job := "job=" + ordersreport.Name
+	job := "batchmr_job=" + ordersreport.Name
 	if got := after.must(t, "batchmr_pages_done_total", job); got != float64(st.Total) {
 		t.Errorf("batchmr_pages_done_total = %v, want the run's %d pages", got, st.Total)
 	}
