@@ -25,13 +25,15 @@ Usage:
 
 Example:
   REDIS_URL=redis://localhost:6379/0 DATABASE_URL=postgres://app@localhost/shop \
-    %[1]s --concurrency 20 --db-permits 8
+    %[1]s --concurrency 20 --db-permits 8 --metrics-addr 127.0.0.1:9090
 
 Start as many workers as you like, on as many machines: together they never
 run more than a semaphore's limit of queries at once. --db-permits and
 --permits set a limit only if Redis has none yet; change it live with
 'scheduler permits set db N'. Start runs with 'scheduler run JOB': the
 worker announces its jobs, so the scheduler needs no rebuild.
+--metrics-addr serves Prometheus /metrics (the whole fleet's semaphores and
+runs, and this worker's own work), /healthz and /readyz (docs/metrics.md).
 SIGTERM or SIGINT: stop taking tasks, let in-flight ones finish (or hand
 them back after --shutdown-timeout), release permits, exit 0.
 

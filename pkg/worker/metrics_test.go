@@ -305,3 +305,21 @@ var noopJob = mapreduce.Job[int, int, int, int]{
 	Split: func(ctx context.Context, _ int, emit func(int) error) error { return emit(0) },
 	Map:   func(ctx context.Context, p int) (int, error) { return p, nil },
 }
+
+// A metrics address that cannot be listened on stops the worker from
+// starting, with an error naming the flag and the fix.
+func TestRunRefusesAMetricsAddrInUse(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = worker.Run(ctx, worker.Config{RedisURL: testenv.RedisURL(t), Prefix: testenv.Prefix(t),
+		MetricsAddr: taken.Addr().String()}, noopJob)
+	if err == nil || !strings.Contains(err.Error(), "--metrics-addr "+taken.Addr().String()) || !strings.Contains(err.Error(), "free port") {
+		t.Fatalf("worker.Run with --metrics-addr in use = %v; want an error naming the flag and the fix", err)
+	}
+}
