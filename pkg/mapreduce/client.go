@@ -39,6 +39,10 @@ type Config struct {
 	// page before Reconcile inspects its unrecorded pages one by one.
 	// Default 2 minutes.
 	StuckAfter time.Duration
+	// Observer, if not nil, is told when a step starts work in this
+	// process and how it ended, and of each run this process ends (see
+	// Observer). Nil: none.
+	Observer Observer
 }
 
 // Client starts, inspects and cancels runs of any job, and runs the jobs of
@@ -332,6 +336,7 @@ func (c *Client) finish(ctx context.Context, id, nonce string, to State, result 
 	s, _ := res[1].(string)
 	if n == 1 {
 		c.logOutcome(ctx, id, to, msg)
+		c.observeEnd(ctx, id, to)
 	}
 	return n == 1, State(s), nil
 }

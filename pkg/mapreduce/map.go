@@ -15,7 +15,7 @@ import (
 // recorded, or of a run that no longer takes results, is not processed
 // again. Errors are returned to asynq, which retries them; on the last
 // attempt the page is recorded as failed first, so that the run can go on.
-func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
+func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 	p, err := decodeMapPayload(t)
 	if err != nil {
 		return err
@@ -49,6 +49,8 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 		return nil // a duplicate delivery
 	}
 
+	wctx, endStep := c.startStep(wctx, StepMap, p.Run, p.Index)
+	defer func() { endStep(wctx, err) }()
 	result, mapErr := r.mapPage(wctx, p.page())
 	stop()
 	if cause := context.Cause(wctx); mapErr != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {

@@ -18,7 +18,7 @@ import (
 // a run in the reducing state is reduced, and only the first outcome is
 // recorded: a duplicate reduce task, or one that overlapped a slow first
 // one, cannot change the result.
-func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
+func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 	pl, err := decodeRunPayload(t)
 	if err != nil {
 		return err
@@ -48,6 +48,9 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 	args, _ := vals[1].(string)
 	total, _ := strconv.Atoi(fmt.Sprint(vals[2]))
 	failedPages, _ := strconv.Atoi(fmt.Sprint(vals[3]))
+	ctx, endStep := c.startStep(ctx, StepReduce, run, -1)
+	stepCtx := ctx // the reduce's watched context, once it has one
+	defer func() { endStep(stepCtx, err) }()
 	pages := c.storedPages(ctx, k, total)
 	rctx, cancel := afterWork(ctx)
 	defer cancel()
@@ -62,6 +65,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) error {
 	var result []byte
 	if r.hasReduce() {
 		wctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, run), run)
+		stepCtx = wctx
 		result, err = r.reduce(wctx, []byte(args), pages)
 		stop()
 		if cause := context.Cause(wctx); err != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {

@@ -15,7 +15,7 @@ import (
 // their task IDs make the enqueues no-ops, and pages already recorded are
 // not enqueued at all. Only when every page is enqueued does it write the
 // total, which is what lets the last recorded page trigger the reduce.
-func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
+func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	pl, err := decodeRunPayload(t)
 	if err != nil {
 		return err
@@ -54,6 +54,8 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) error {
 	}
 	bits := []byte(recorded.Val())
 
+	ctx, endStep := c.startStep(ctx, StepSplit, run, -1)
+	defer func() { endStep(ctx, err) }()
 	ctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, run), run)
 	defer stop()
 	type item struct {

@@ -53,6 +53,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	began := time.Now()
 	w := &waiter{weight: n, ctx: ctx, ch: make(chan wakeup, 2)}
 	// Enlisted before the first call, so that a grant arriving before the
 	// call returns finds its waiter.
@@ -101,6 +102,9 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 				s.giveUp(w) // idempotent: makes sure no place lingers in Redis
 				return nil, m.err
 			default:
+				if o := s.opts.Observer; o != nil {
+					o.Granted(s.name, n, time.Since(began))
+				}
 				return m.permit, nil
 			}
 		case <-ctx.Done():

@@ -42,6 +42,10 @@ type Options struct {
 	// Logger receives warnings about Redis errors in the background
 	// (refreshes, wake-ups). Default slog.Default().
 	Logger *slog.Logger
+
+	// Observer, if not nil, is told of every grant, release and lost lease
+	// of this handle's permits (see Observer). Nil: none.
+	Observer Observer
 }
 
 // withDefaults validates o and fills in its defaults.

@@ -23,11 +23,13 @@ const (
 // A Permit is a granted share of the semaphore, held until Release. Its
 // lease is refreshed in the background while it is held.
 type Permit struct {
-	sem    *Semaphore
-	token  string
-	fence  int64
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	sem     *Semaphore
+	token   string
+	fence   int64
+	weight  int
+	granted time.Time // when this process received the grant
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
 
 	mu    sync.Mutex
 	state permitState
@@ -36,7 +38,7 @@ type Permit struct {
 
 func newPermit(s *Semaphore, w *waiter, token string, fence int64, until time.Time) *Permit {
 	ctx, cancel := context.WithCancelCause(w.ctx)
-	return &Permit{sem: s, token: token, fence: fence, ctx: ctx, cancel: cancel, until: until}
+	return &Permit{sem: s, token: token, fence: fence, weight: w.weight, granted: time.Now(), ctx: ctx, cancel: cancel, until: until}
 }
 
 // Context returns a context that is done when the permit is released, when
@@ -90,6 +92,7 @@ func (p *Permit) Release(ctx context.Context) error {
 		return fmt.Errorf("semaphore %q: release: %w", name, ErrClosed)
 	}
 	p.sem.forgetHolder(p)
+	p.sem.observeReleased(p)
 	answer := p.sem.giveBack(ctx, p.token, p.leaseEnd)
 	var done <-chan struct{} // nil, never ready, if ctx is already done
 	if ctx.Err() == nil {
@@ -139,6 +142,10 @@ func (p *Permit) lose(cause error) bool {
 	}
 	p.mu.Unlock()
 	if held {
+		// Observed first, so that whoever sees the context done sees the loss counted.
+		if o := p.sem.opts.Observer; o != nil && errors.Is(cause, ErrLeaseLost) {
+			o.LeaseLost(p.sem.name, p.weight)
+		}
 		p.cancel(cause)
 	}
 	return held
@@ -174,4 +181,11 @@ func (p *Permit) extend(until time.Time) {
 		p.until = until
 	}
 	p.mu.Unlock()
+}
+
+// observeReleased tells the Observer that p is no longer held here.
+func (s *Semaphore) observeReleased(p *Permit) {
+	if o := s.opts.Observer; o != nil {
+		o.Released(s.name, p.weight, time.Since(p.granted))
+	}
 }

@@ -257,6 +257,7 @@ func (s *Semaphore) Close() error {
 		if !p.lose(ErrClosed) {
 			continue
 		}
+		s.observeReleased(p)
 		results = append(results, s.giveBack(ctx, tok, p.leaseEnd))
 	}
 	if dispatching {

@@ -3,6 +3,7 @@ package worker
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -56,6 +57,15 @@ type Config struct {
 	// the worker's clock. A running worker checks again every minute and
 	// logs an error when its clock has drifted past it. Default 3s.
 	MaxClockOffset time.Duration
+	// MetricsAddr is the host:port on which the worker serves Prometheus
+	// metrics on /metrics, liveness on /healthz (200 while the process
+	// runs, through Redis and database outages) and readiness on /readyz
+	// (200 when Redis, and the database if the worker has one, answer a
+	// ping within 1s; 503 naming what failed otherwise) (--metrics-addr,
+	// METRICS_ADDR). docs/metrics.md lists the metrics. Empty: none of
+	// them is served. The endpoints have no authentication: listen on
+	// loopback or a private network, e.g. 127.0.0.1:9090.
+	MetricsAddr string
 	// Version is free text shown with the worker in 'scheduler jobs'
 	// (--version-label, WORKER_VERSION).
 	Version string
@@ -63,7 +73,8 @@ type Config struct {
 	// and above for asynq). Default: text on stderr at info level.
 	Logger *slog.Logger
 
-	now func() time.Time // the worker's clock; tests skew it (export_test.go)
+	now             func() time.Time // the worker's clock; tests skew it (export_test.go)
+	metricsListener net.Listener     // overrides MetricsAddr; tests listen on a free port (export_test.go)
 }
 
 func (c Config) withDefaults() Config {

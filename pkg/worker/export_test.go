@@ -1,10 +1,20 @@
 package worker
 
-import "time"
+import (
+	"net"
+	"time"
+)
 
 // WithClock returns cfg with the worker's clock replaced by now, as a host
 // with a skewed clock would have it.
 func WithClock(cfg Config, now func() time.Time) Config {
 	cfg.now = now
+	return cfg
+}
+
+// WithMetricsListener returns cfg with the worker serving its metrics and
+// health endpoints on ln, in place of Config.MetricsAddr.
+func WithMetricsListener(cfg Config, ln net.Listener) Config {
+	cfg.metricsListener = ln
 	return cfg
 }

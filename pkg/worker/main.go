@@ -25,13 +25,15 @@ Usage:
 
 Example:
   REDIS_URL=redis://localhost:6379/0 DATABASE_URL=postgres://app@localhost/shop \
-    %[1]s --concurrency 20 --db-permits 8
+    %[1]s --concurrency 20 --db-permits 8 --metrics-addr 127.0.0.1:9090
 
 Start as many workers as you like, on as many machines: together they never
 run more than a semaphore's limit of queries at once. --db-permits and
 --permits set a limit only if Redis has none yet; change it live with
 'scheduler permits set db N'. Start runs with 'scheduler run JOB': the
 worker announces its jobs, so the scheduler needs no rebuild.
+--metrics-addr serves Prometheus /metrics (the whole fleet's semaphores and
+runs, and this worker's own work), /healthz and /readyz (docs/metrics.md).
 SIGTERM or SIGINT: stop taking tasks, let in-flight ones finish (or hand
 them back after --shutdown-timeout), release permits, exit 0.
 
@@ -88,6 +90,7 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	fs.DurationVar(&cfg.ReconcileEvery, "reconcile-every", app.EnvDuration("WORKER_RECONCILE_EVERY", 30*time.Second), "how often to repair runs left behind by crashes (env WORKER_RECONCILE_EVERY)")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", app.EnvDuration("WORKER_POLL_INTERVAL", time.Second), "how often an idle worker looks for tasks; lower starts steps sooner at the cost of Redis calls (env WORKER_POLL_INTERVAL)")
 	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", app.EnvDuration("WORKER_MAX_CLOCK_OFFSET", 3*time.Second), "how far this host's clock may be from Redis's before the worker refuses to start (env WORKER_MAX_CLOCK_OFFSET)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", app.Env("METRICS_ADDR", ""), "host:port to serve Prometheus /metrics, /healthz and /readyz on, e.g. 127.0.0.1:9090; empty: none (env METRICS_ADDR)")
 	fs.StringVar(&cfg.Version, "version-label", app.Env("WORKER_VERSION", ""), "free text shown with this worker in 'scheduler jobs', e.g. a build ID (env WORKER_VERSION)")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
 	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/metrics"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -92,6 +94,18 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	if err := clockError(off, cfg.MaxClockOffset); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
+	var ln net.Listener
+	if ln = cfg.metricsListener; ln == nil && cfg.MetricsAddr != "" {
+		// Bound before anything else starts, so that a port in use fails
+		// the start with a message, not a log line later.
+		if ln, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+			return nil, fmt.Errorf("worker: --metrics-addr %s: %w: choose a free port, or leave it empty to serve no metrics", cfg.MetricsAddr, err)
+		}
+	}
+	if ln != nil {
+		w.closes = append(w.closes, func() { _ = ln.Close() })
+	}
+	obs := metrics.NewObserver()
 	w.env = &Env{Redis: w.rdb, Logger: log, Semaphores: map[string]*semaphore.Semaphore{}}
 	if cfg.DatabaseURL != "" {
 		// A connection per task at work, and a few for splits and reduces.
@@ -102,7 +116,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Permits)) {
 		sem, err := semaphore.New(w.rdb, name, semaphore.Options{Limit: cfg.Permits[name], Lease: cfg.Lease,
-			Prefix: cfg.Prefix + ":sem", Logger: log})
+			Prefix: cfg.Prefix + ":sem", Logger: log, Observer: obs})
 		if err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
@@ -110,7 +124,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		// Closed (in reverse) before the pool and Redis: releases what is still held.
 		w.closes = append(w.closes, func() { _ = sem.Close() })
 	}
-	mr, err := mapreduce.New(w.rdb, mapreduce.Config{Jobs: registry, Prefix: cfg.Prefix, Logger: log})
+	mr, err := mapreduce.New(w.rdb, mapreduce.Config{Jobs: registry, Prefix: cfg.Prefix, Logger: log, Observer: obs})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
@@ -129,6 +143,13 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		Logger:            asynqLogger{log},
 		LogLevel:          asynq.WarnLevel,
 	})
+	if ln != nil {
+		sems := make([]*semaphore.Semaphore, 0, len(w.env.Semaphores))
+		for _, name := range slices.Sorted(maps.Keys(w.env.Semaphores)) {
+			sems = append(sems, w.env.Semaphores[name])
+		}
+		w.serveMetrics(ln, obs, mr, sems)
+	}
 	mux := asynq.NewServeMux()
 	mr.Register(mux)
 	if err := w.srv.Start(mux); err != nil {

@@ -1,0 +1,89 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/metrics"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// readyTimeout bounds each check of /readyz: a server that does not answer
+// within it counts as down.
+const readyTimeout = time.Second
+
+// serveMetrics serves /metrics, /healthz and /readyz on ln until the
+// worker stops.
+func (w *running) serveMetrics(ln net.Listener, obs *metrics.Observer, mr *mapreduce.Client, sems []*semaphore.Semaphore) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		obs,
+		metrics.NewFleet(mr, sems, metrics.FleetOptions{Logger: w.cfg.Logger}),
+	)
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slogPrinter{w}}))
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
+		// Liveness: the process serves requests. It does not depend on
+		// Redis or the database, so that an outage of either does not get
+		// every worker restarted: the worker rides it out by itself.
+		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = fmt.Fprintln(rw, "ok")
+	})
+	mux.HandleFunc("GET /readyz", w.ready)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			w.cfg.Logger.Error("worker: the metrics server stopped", "addr", ln.Addr().String(), "error", err)
+		}
+	}()
+	w.closes = append(w.closes, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	w.cfg.Logger.Info("worker: serving /metrics, /healthz and /readyz", "addr", ln.Addr().String())
+}
+
+// ready answers /readyz: 200 when Redis answers a PING and, for a worker
+// with a database, the database answers one too, each within readyTimeout;
+// 503 with a line per failed check otherwise.
+func (w *running) ready(rw http.ResponseWriter, r *http.Request) {
+	var failed []string
+	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+	defer cancel()
+	if err := w.rdb.Ping(ctx).Err(); err != nil {
+		failed = append(failed, fmt.Sprintf("redis: %v", err))
+	}
+	if w.env.DB != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+		defer cancel()
+		if err := w.env.DB.Ping(ctx); err != nil {
+			failed = append(failed, fmt.Sprintf("database: %v", err))
+		}
+	}
+	rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if len(failed) > 0 {
+		rw.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = fmt.Fprintf(rw, "not ready:\n%s\n", strings.Join(failed, "\n"))
+		return
+	}
+	_, _ = fmt.Fprintln(rw, "ok")
+}
+
+// slogPrinter passes promhttp's errors to the worker's logger.
+type slogPrinter struct{ w *running }
+
+func (p slogPrinter) Println(v ...any) {
+	p.w.cfg.Logger.Warn("worker: serving /metrics: " + strings.TrimSuffix(fmt.Sprintln(v...), "\n"))
+}
