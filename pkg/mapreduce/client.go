@@ -245,7 +245,8 @@ func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 		case errors.Is(err, ErrRunNotFound), ctx.Err() != nil, !rediserr.Transient(err):
 			return last, err
 		default:
-			c.log.Warn("mapreduce: wait: reading the run's status failed; retrying", "run", id, "error", err)
+			job, _ := jobOf(id)
+			c.log.Warn("mapreduce: wait: reading the run's status failed; retrying", attrRun, id, attrJob, job, "error", err)
 		}
 		select {
 		case <-ctx.Done():

@@ -35,6 +35,11 @@ worker announces its jobs, so the scheduler needs no rebuild.
 SIGTERM or SIGINT: stop taking tasks, let in-flight ones finish (or hand
 them back after --shutdown-timeout), release permits, exit 0.
 
+Logs go to stderr, one record a line: --log-format json for a log
+collector. Records of a page carry its run, job, step, page, attempt and
+task; asynq's own carry component=asynq. --log-level warn keeps only what
+needs a look; debug adds asynq's internals.
+
 Environment: every flag has the variable named in its description;
 BATCHMR_PREFIX (default batchmr) starts every Redis key and queue name of a
 deployment, so several share one Redis.
@@ -89,8 +94,8 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", app.EnvDuration("WORKER_POLL_INTERVAL", time.Second), "how often an idle worker looks for tasks; lower starts steps sooner at the cost of Redis calls (env WORKER_POLL_INTERVAL)")
 	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", app.EnvDuration("WORKER_MAX_CLOCK_OFFSET", 3*time.Second), "how far this host's clock may be from Redis's before the worker refuses to start (env WORKER_MAX_CLOCK_OFFSET)")
 	fs.StringVar(&cfg.Version, "version-label", app.Env("WORKER_VERSION", ""), "free text shown with this worker in 'scheduler jobs', e.g. a build ID (env WORKER_VERSION)")
-	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
-	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
+	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json, on stderr (env LOG_FORMAT)")
+	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged, asynq's included (env LOG_LEVEL)")
 	names := make([]string, len(jobs))
 	for i, j := range jobs {
 		names[i] = j.JobName()

@@ -127,7 +127,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		ShutdownTimeout:   cfg.ShutdownTimeout,
 		BaseContext:       func() context.Context { return NewContext(context.Background(), w.env) },
 		Logger:            asynqLogger{log},
-		LogLevel:          asynq.WarnLevel,
+		LogLevel:          asynqLevel(log),
 	})
 	mux := asynq.NewServeMux()
 	mr.Register(mux)
@@ -148,7 +148,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		defer close(w.done)
 		_ = mr.Announce(bg, info)
 	}()
-	log.Info("worker: started", "id", info.ID, "jobs", registry.Names(), "queues", queues,
+	log.Info("worker: started", "worker", info.ID, "jobs", registry.Names(), "queues", queues,
 		"concurrency", cfg.Concurrency, "permits", cfg.Permits)
 	return w, nil
 }
