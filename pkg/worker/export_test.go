@@ -8,3 +8,6 @@ func WithClock(cfg Config, now func() time.Time) Config {
 	cfg.now = now
 	return cfg
 }
+
+// AsynqLevel is the asynq.LogLevel a worker with log gives asynq.
+var AsynqLevel = asynqLevel
