@@ -27,7 +27,10 @@ type Config struct {
 	// Prefix starts every Redis key batchmr writes for runs. Default
 	// "batchmr". asynq's own keys (tasks, queues) are asynq's: "asynq:…".
 	Prefix string
-	// Logger receives warnings and errors. Default slog.Default().
+	// Logger receives the Client's logs: each failed attempt of a task
+	// (warn), each run's end (info; warn when it failed), outages and
+	// repairs, and each task done (debug). The steps it runs get it, with
+	// their attributes, from Logger(ctx). Default slog.Default().
 	Logger *slog.Logger
 	// EnqueueConcurrency is how many map tasks one split enqueues at once.
 	// Default 16.

@@ -52,15 +52,22 @@ func (c *Client) stepLogger(ctx context.Context, t *asynq.Task) *slog.Logger {
 // learns why pages fail. A task handed back to a worker that runs its job
 // is not a failure, and runner logs it.
 func logFailure(ctx context.Context, t *asynq.Task, err error) {
-	step, _ := strings.CutPrefix(t.Type(), "batchmr:")
-	if t.Type() == typeMap {
-		step = "page"
-	}
+	step := stepName(t)
 	msg := "mapreduce: " + step + " failed; retrying"
 	if errors.Is(err, asynq.SkipRetry) {
 		msg = "mapreduce: " + step + " failed for good: its retries are spent"
 	}
 	Logger(ctx).LogAttrs(ctx, slog.LevelWarn, msg, slog.Any("error", err))
+}
+
+// stepName names what task t does in log messages: "page" for a map
+// task, "split" or "reduce".
+func stepName(t *asynq.Task) string {
+	if t.Type() == typeMap {
+		return "page"
+	}
+	step, _ := strings.CutPrefix(t.Type(), "batchmr:")
+	return step
 }
 
 // logOutcome logs that this process ended run in state, with msg (the

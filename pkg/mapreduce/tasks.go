@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -64,9 +65,10 @@ func (c *Client) Queues(weights map[string]int) (map[string]int, error) {
 }
 
 // processTask runs one task of a run with a context whose Logger carries
-// the task's attributes, and logs its failure.
+// the task's attributes, and logs its failure (warn) or its end (debug).
 func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 	ctx = ContextWithLogger(ctx, c.stepLogger(ctx, t))
+	start := time.Now()
 	var err error
 	switch t.Type() {
 	case typeSplit:
@@ -78,7 +80,10 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 	default:
 		err = fmt.Errorf("mapreduce: task type %q is not batchmr's (%s, %s, %s): %w", t.Type(), typeSplit, typeMap, typeReduce, asynq.SkipRetry)
 	}
-	if err != nil && !errors.Is(err, errNotHosted) {
+	switch {
+	case err == nil:
+		Logger(ctx).LogAttrs(ctx, slog.LevelDebug, "mapreduce: "+stepName(t)+" done", slog.Duration("took", time.Since(start)))
+	case !errors.Is(err, errNotHosted):
 		logFailure(ctx, t, err)
 	}
 	return err

@@ -119,6 +119,7 @@ func TestAJobsFunctionsLogWithTheirRunJobStepPageAttemptAndTask(t *testing.T) {
 	steps := map[string]int{}
 	attempts := map[float64][]float64{} // page -> attempts that logged "mapped"
 	var asynqDebug, workerStarted bool
+	done := map[float64]int{} // page -> "done" records
 	for _, r := range logs.records(t) {
 		switch msg, _ := r["msg"].(string); {
 		case strings.HasPrefix(msg, "stamped: "):
@@ -145,6 +146,12 @@ func TestAJobsFunctionsLogWithTheirRunJobStepPageAttemptAndTask(t *testing.T) {
 			if r["run"] != id || r["page"] != 1.0 || r["attempt"] != 1.0 || r["error"] == nil {
 				t.Errorf("the page's failure logged as %v; want run, page 1, attempt 1 and the error", r)
 			}
+		case msg == "mapreduce: page done":
+			page, _ := r["page"].(float64)
+			done[page]++
+			if r["level"] != "DEBUG" || r["run"] != id || r["took"] == nil {
+				t.Errorf("a page's end logged as %v; want debug, with its run and how long it took", r)
+			}
 		case msg == "worker: started":
 			workerStarted = true
 			if _, ok := r["run"]; ok {
@@ -156,6 +163,9 @@ func TestAJobsFunctionsLogWithTheirRunJobStepPageAttemptAndTask(t *testing.T) {
 	}
 	if steps["split"] != 1 || steps["map"] != 4 || steps["reduce"] != 1 {
 		t.Errorf("records by step: %v; want 1 split, 4 map (3 pages, one retried), 1 reduce", steps)
+	}
+	if len(done) != 3 || done[0] != 1 || done[1] != 1 || done[2] != 1 {
+		t.Errorf("pages logged done: %v; want each of 0, 1, 2 once, at debug", done)
 	}
 	if got := attempts[1]; len(got) != 2 || got[0] != 1 || got[1] != 2 {
 		t.Errorf("page 1 logged attempts %v, want [1 2]", got)

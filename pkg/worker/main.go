@@ -38,7 +38,7 @@ them back after --shutdown-timeout), release permits, exit 0.
 Logs go to stderr, one record a line: --log-format json for a log
 collector. Records of a page carry its run, job, step, page, attempt and
 task; asynq's own carry component=asynq. --log-level warn keeps only what
-needs a look; debug adds asynq's internals.
+needs a look; debug adds a line per page and asynq's internals.
 
 Environment: every flag has the variable named in its description;
 BATCHMR_PREFIX (default batchmr) starts every Redis key and queue name of a
