@@ -542,6 +542,8 @@ func TestBadInputGetsOneLineAndANonZeroExit(t *testing.T) {
 		// The live worker runs the job's own Validate at start-up.
 		{[]string{"serve", "--schedule", "sum=@daily", "--args", `sum={"n": 5, "page_size": -5}`}, 2, `invalid arguments for job "sum": page_size -5: use at least 1`},
 		{[]string{"serve", "--schedule", "sum=@daily", "--args", `other={}`}, 2, "other has no --schedule"},
+		{[]string{"serve", "--schedule", "sum=@daily", "--log-level", "verbose"}, 2, `--log-level "verbose" (env LOG_LEVEL): use debug, info, warn or error`},
+		{[]string{"serve", "--schedule", "sum=@daily", "--log-format", "xml"}, 2, `--log-format "xml" (env LOG_FORMAT): use text or json`},
 	} {
 		_, errs, code := s.run(tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) || !oneLine(errs) {

@@ -58,9 +58,10 @@ func serve(ctx context.Context, args []string) int {
 	fs.Var(&specs, "schedule", "JOB=SPEC: run JOB on SPEC (repeatable)")
 	fs.Var(&jobArgs, "args", "JOB=JSON: the arguments of JOB's scheduled runs (repeatable)")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
+	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged (env LOG_LEVEL)")
 	pos := parse(fs, serveUsage, args)
 	want(pos, 0, 0, "")
-	log, err := app.Logger(*logFormat, "info")
+	log, err := app.Logger(*logFormat, *logLevel)
 	if err != nil {
 		app.Usage("%v", err)
 	}
@@ -190,9 +191,9 @@ func fire(ctx context.Context, mr *mapreduce.Client, log *slog.Logger, s *schedu
 	id, err := mr.StartJSON(ctx, s.job, s.args, mapreduce.StartOptions{Key: key})
 	switch {
 	case err == nil:
-		log.Info("scheduler: started a run", "run", id, "tick", tick)
+		log.Info("scheduler: started a run", "run", id, "job", s.job, "tick", tick)
 	case errors.Is(err, mapreduce.ErrRunExists):
-		log.Info("scheduler: the tick's run was started by another replica", "run", id)
+		log.Info("scheduler: the tick's run was started by another replica", "run", id, "job", s.job, "tick", tick)
 	case errors.Is(err, mapreduce.ErrRunActive):
 		log.Warn("scheduler: tick skipped: the job's previous run is still going", "job", s.job, "tick", tick, "error", trim(err))
 	case errors.Is(err, mapreduce.ErrInvalidArgs):

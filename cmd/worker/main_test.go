@@ -127,7 +127,9 @@ func TestBadFlagsAreOneLineNamingTheFlagAndExitTwo(t *testing.T) {
 		{[]string{"--shutdown-timeout", "-1s"}, "", "--shutdown-timeout -1s is negative"},
 		{[]string{"--concurrency", "0"}, "", "--concurrency 0: use at least 1"},
 		{[]string{"--weight", "orders-report=x"}, "", "use NAME=N"},
-		{[]string{"--log-level", "loud"}, "", "--log-level"},
+		{[]string{"--log-level", "loud"}, "", `--log-level "loud" (env LOG_LEVEL): use debug, info, warn or error`},
+		{nil, "LOG_LEVEL=warning", `--log-level "warning" (env LOG_LEVEL): use debug, info, warn or error`},
+		{[]string{"--log-format", "xml"}, "", `--log-format "xml" (env LOG_FORMAT): use text or json`},
 		{[]string{"stray"}, "", `unexpected argument "stray"`},
 	} {
 		cmd := exec.Command(bin, tc.args...)
@@ -145,7 +147,8 @@ func TestBadFlagsAreOneLineNamingTheFlagAndExitTwo(t *testing.T) {
 		}
 	}
 	out, err := exec.Command(bin, "--help").Output()
-	if err != nil || !strings.Contains(string(out), "Example") || !strings.Contains(string(out), "WORKER_RECONCILE_EVERY") || !strings.Contains(string(out), "orders-report") {
+	if err != nil || !strings.Contains(string(out), "Example") || !strings.Contains(string(out), "WORKER_RECONCILE_EVERY") || !strings.Contains(string(out), "orders-report") ||
+		!strings.Contains(string(out), "--log-level") || !strings.Contains(string(out), "component=asynq") {
 		t.Errorf("worker --help: %v\n%s", err, out)
 	}
 }

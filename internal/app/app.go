@@ -79,20 +79,29 @@ func commandName() string {
 	return name
 }
 
-// Logger returns a slog logger writing text or JSON to stderr.
+// Logger returns a slog logger writing to stderr in format (text or json)
+// the records at level (debug, info, warn or error) and above; both in any
+// case. It returns an error naming the flag, its variable and the values
+// allowed for anything else, such as "warning" or "DEBUG+2".
 func Logger(format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	return NewLogger(os.Stderr, format, level)
+}
+
+// NewLogger is Logger writing to w.
+func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	lv, ok := map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo,
+		"warn": slog.LevelWarn, "error": slog.LevelError}[strings.ToLower(level)]
+	if !ok {
+		return nil, fmt.Errorf("--log-level %q (env LOG_LEVEL): use debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
+	switch strings.ToLower(format) {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
-	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+	return nil, fmt.Errorf("--log-format %q (env LOG_FORMAT): use text or json", format)
 }
 
 // quiet drops go-redis's own log lines ("failed to dial after 5

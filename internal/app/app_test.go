@@ -77,3 +77,35 @@ func TestPostgresPoolCancelsAQueryOnTheServerAndKeepsItsConnection(t *testing.T)
 		t.Errorf("the connection after the cancel: %d, %v; want it usable", one, err)
 	}
 }
+
+// --log-level and --log-format take exactly the values their help names,
+// in any case; anything else is refused naming the flag, its variable and
+// those values. The level drops what is below it.
+func TestLoggerTakesTheNamedLevelsAndFormatsAndRefusesOthers(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	log, err := app.NewLogger(&b, "JSON", "Warn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("dropped")
+	log.Warn("kept")
+	if out := b.String(); strings.Contains(out, "dropped") || !strings.Contains(out, `"msg":"kept"`) {
+		t.Errorf("a JSON logger at warn wrote %q", out)
+	}
+	for _, lv := range []string{"debug", "info", "warn", "error"} {
+		if _, err := app.NewLogger(&b, "text", lv); err != nil {
+			t.Errorf("level %q: %v", lv, err)
+		}
+	}
+	for _, tc := range []struct{ format, level, want string }{
+		{"text", "warning", `--log-level "warning" (env LOG_LEVEL): use debug, info, warn or error`},
+		{"text", "DEBUG+2", `--log-level "DEBUG+2" (env LOG_LEVEL): use debug, info, warn or error`},
+		{"text", "", `--log-level "" (env LOG_LEVEL): use debug, info, warn or error`},
+		{"logfmt", "info", `--log-format "logfmt" (env LOG_FORMAT): use text or json`},
+	} {
+		if _, err := app.NewLogger(&b, tc.format, tc.level); err == nil || err.Error() != tc.want {
+			t.Errorf("NewLogger(%q, %q): %v; want %q", tc.format, tc.level, err, tc.want)
+		}
+	}
+}

@@ -414,7 +414,7 @@ func (c *Client) checkArgs(ctx context.Context, job string, args json.RawMessage
 	if err != nil {
 		c.rdb.LRem(context.WithoutCancel(ctx), list, 1, req)
 		if errors.Is(err, redis.Nil) {
-			c.log.Warn("mapreduce: no worker checked the run's arguments in time; the split will", "job", job)
+			c.log.Warn("mapreduce: no worker checked the run's arguments in time; the split will", attrJob, job)
 			return nil
 		}
 		return err

@@ -27,7 +27,10 @@ type Config struct {
 	// Prefix starts every Redis key batchmr writes for runs. Default
 	// "batchmr". asynq's own keys (tasks, queues) are asynq's: "asynq:…".
 	Prefix string
-	// Logger receives warnings and errors. Default slog.Default().
+	// Logger receives the Client's logs: each failed attempt of a task
+	// (warn), each run's end (info; warn when it failed), outages and
+	// repairs, and each task done (debug). The steps it runs get it, with
+	// their attributes, from Logger(ctx). Default slog.Default().
 	Logger *slog.Logger
 	// EnqueueConcurrency is how many map tasks one split enqueues at once.
 	// Default 16.
@@ -249,7 +252,8 @@ func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 		case errors.Is(err, ErrRunNotFound), ctx.Err() != nil, !rediserr.Transient(err):
 			return last, err
 		default:
-			c.log.Warn("mapreduce: wait: reading the run's status failed; retrying", "run", id, "error", err)
+			job, _ := jobOf(id)
+			c.log.Warn("mapreduce: wait: reading the run's status failed; retrying", attrRun, id, attrJob, job, "error", err)
 		}
 		select {
 		case <-ctx.Done():

@@ -1,12 +1,16 @@
 package mapreduce
 
-import "context"
+import (
+	"context"
+	"log/slog"
+)
 
 type ctxKey int
 
 const (
 	runIDKey ctxKey = iota
 	pageIndexKey
+	loggerKey
 )
 
 // RunID returns the ID of the run whose Split, Map or Reduce is running
@@ -22,4 +26,29 @@ func RunID(ctx context.Context) (string, bool) {
 func PageIndex(ctx context.Context) (int, bool) {
 	i, ok := ctx.Value(pageIndexKey).(int)
 	return i, ok
+}
+
+// Logger returns the logger for code running with ctx; it is never nil.
+// In a job's Split, Map or Reduce (and in what they call with their
+// context, such as pgsource) it is the Client's logger (Config.Logger; in
+// a worker, the worker's) with the step's attributes: run, job, step
+// ("split", "map" or "reduce"), page (a Map's page index), attempt (1 for
+// the first) and task (asynq's task ID), so that every line a step logs
+// says which run, page and attempt it is about. Elsewhere it is the logger
+// of ContextWithLogger, or slog.Default().
+func Logger(ctx context.Context) *slog.Logger {
+	if l, ok := ctx.Value(loggerKey).(*slog.Logger); ok && l != nil {
+		return l
+	}
+	return slog.Default()
+}
+
+// ContextWithLogger returns a copy of ctx whose Logger is l; a nil l
+// leaves ctx as it is. A worker gives its tasks a context so; tests of a
+// job's functions can do the same to capture what they log.
+func ContextWithLogger(ctx context.Context, l *slog.Logger) context.Context {
+	if l == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, loggerKey, l)
 }

@@ -65,7 +65,8 @@
 //     is retried with JobOptions.TransientBackoff without spending the
 //     job's retries, and handlers wait out a Redis outage before they
 //     return. Every failed attempt is logged with its run, job, page and
-//     attempt.
+//     attempt, and Logger(ctx) gives a job's functions a logger with the
+//     same attributes.
 //   - Starts with the same StartOptions.Key make one run, so scheduler
 //     replicas firing on the same tick start it once.
 //   - Cancel stops a run: queued pages do not start, handlers at work see

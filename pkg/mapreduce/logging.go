@@ -10,37 +10,64 @@ import (
 	"github.com/hibiken/asynq"
 )
 
-// logFailure logs a failed attempt of task t, with its run, job, page
-// (or step), attempt number (1 for the first), task ID and error. asynq
-// does not log handler errors, so this is where an operator learns why
-// pages fail. A task handed back to a worker that runs its job is not a
-// failure, and runner logs it.
-func (c *Client) logFailure(ctx context.Context, t *asynq.Task, err error) {
+// Attribute keys of batchmr's log records, the same in every package and
+// command, so that one query finds every line about a run, a page or a
+// semaphore. docs/operations.md lists them.
+const (
+	attrRun     = "run"     // a run's ID
+	attrJob     = "job"     // a job's name
+	attrStep    = "step"    // split, map or reduce
+	attrPage    = "page"    // a page's index, from 0
+	attrAttempt = "attempt" // a task's attempt, from 1
+	attrTask    = "task"    // asynq's task ID
+)
+
+// stepLogger returns c's logger with the attributes of task t, run with
+// ctx: its run, job, step, page (map only), attempt and task ID, as far as
+// t's payload and ctx tell them.
+func (c *Client) stepLogger(ctx context.Context, t *asynq.Task) *slog.Logger {
 	step, _ := strings.CutPrefix(t.Type(), "batchmr:")
-	attrs := make([]slog.Attr, 0, 7)
+	attrs := make([]any, 0, 6)
 	var p mapPayload // split and reduce payloads are its first fields
 	if json.Unmarshal(t.Payload(), &p) == nil && p.Run != "" {
 		job, _ := jobOf(p.Run)
-		attrs = append(attrs, slog.String("run", p.Run), slog.String("job", job))
+		attrs = append(attrs, slog.String(attrRun, p.Run), slog.String(attrJob, job))
 	}
+	attrs = append(attrs, slog.String(attrStep, step))
 	if t.Type() == typeMap {
-		step = "page"
-		attrs = append(attrs, slog.Int("page", p.Index))
-	} else {
-		attrs = append(attrs, slog.String("step", step))
+		attrs = append(attrs, slog.Int(attrPage, p.Index))
 	}
 	if n, ok := asynq.GetRetryCount(ctx); ok {
-		attrs = append(attrs, slog.Int("attempt", n+1))
+		attrs = append(attrs, slog.Int(attrAttempt, n+1))
 	}
 	if id, ok := asynq.GetTaskID(ctx); ok {
-		attrs = append(attrs, slog.String("task", id))
+		attrs = append(attrs, slog.String(attrTask, id))
 	}
-	attrs = append(attrs, slog.Any("error", err))
+	return c.log.With(attrs...)
+}
+
+// logFailure logs a failed attempt of the task run with ctx (whose Logger
+// carries the task's run, job, step, page, attempt and task ID) with its
+// error. asynq does not log handler errors, so this is where an operator
+// learns why pages fail. A task handed back to a worker that runs its job
+// is not a failure, and runner logs it.
+func logFailure(ctx context.Context, t *asynq.Task, err error) {
+	step := stepName(t)
 	msg := "mapreduce: " + step + " failed; retrying"
 	if errors.Is(err, asynq.SkipRetry) {
 		msg = "mapreduce: " + step + " failed for good: its retries are spent"
 	}
-	c.log.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+	Logger(ctx).LogAttrs(ctx, slog.LevelWarn, msg, slog.Any("error", err))
+}
+
+// stepName names what task t does in log messages: "page" for a map
+// task, "split" or "reduce".
+func stepName(t *asynq.Task) string {
+	if t.Type() == typeMap {
+		return "page"
+	}
+	step, _ := strings.CutPrefix(t.Type(), "batchmr:")
+	return step
 }
 
 // logOutcome logs that this process ended run in state, with msg (the
@@ -48,7 +75,7 @@ func (c *Client) logFailure(ctx context.Context, t *asynq.Task, err error) {
 // its outcome.
 func (c *Client) logOutcome(ctx context.Context, run string, state State, msg string) {
 	job, _ := jobOf(run)
-	level, attrs := slog.LevelInfo, []slog.Attr{slog.String("run", run), slog.String("job", job), slog.String("state", string(state))}
+	level, attrs := slog.LevelInfo, []slog.Attr{slog.String(attrRun, run), slog.String(attrJob, job), slog.String("state", string(state))}
 	if state == StateFailed {
 		level = slog.LevelWarn
 	}

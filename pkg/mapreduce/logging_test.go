@@ -39,7 +39,8 @@ func (s *syncBuffer) records(t *testing.T) []map[string]any {
 }
 
 // asynq does not log handler errors, so batchmr does: every failed attempt
-// of a page is one log line with its run, job, page, attempt and error,
+// of a page is one log line with its run, job, step, page, attempt, task
+// and error,
 // and the process that records the run's outcome logs it.
 func TestEveryPageFailureIsLoggedWithRunJobPageAttemptAndError(t *testing.T) {
 	t.Parallel()
@@ -64,8 +65,8 @@ func TestEveryPageFailureIsLoggedWithRunJobPageAttemptAndError(t *testing.T) {
 	for _, r := range logs.records(t) {
 		switch r["msg"] {
 		case "mapreduce: page failed; retrying", "mapreduce: page failed for good: its retries are spent":
-			if r["run"] != id || r["job"] != "logged" || r["error"] == nil {
-				t.Errorf("page failure logged without its run, job or error: %v", r)
+			if task, _ := r["task"].(string); r["run"] != id || r["job"] != "logged" || r["step"] != "map" || task == "" || r["error"] == nil {
+				t.Errorf("page failure logged without its run, job, step, task or error: %v", r)
 			}
 			page, _ := r["page"].(float64)
 			attempt, _ := r["attempt"].(float64)

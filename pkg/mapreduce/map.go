@@ -20,7 +20,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 	if err != nil {
 		return err
 	}
-	r, err := c.runner(t, p.Run)
+	r, err := c.runner(ctx, t, p.Run)
 	if err != nil {
 		return err
 	}

@@ -235,9 +235,10 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	if err != nil {
 		return false, fmt.Errorf("enqueuing a copy of orphaned task %s: %w", t.ID, err)
 	}
-	attrs := []any{"run", p.Run, "task", t.ID, "copy", id, "type", t.Type}
+	job, _ := jobOf(p.Run)
+	attrs := []any{attrRun, p.Run, attrJob, job, attrTask, t.ID, "copy", id, "type", t.Type}
 	if t.Type == typeMap {
-		attrs = append(attrs, "page", p.Index)
+		attrs = append(attrs, attrPage, p.Index)
 	}
 	c.log.Warn("mapreduce: a task asynq shows as active has no live worker (killed, cut off from Redis, or with a skewed clock): enqueued a copy", attrs...)
 	return true, nil

@@ -24,7 +24,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 		return err
 	}
 	run := pl.Run
-	r, err := c.runner(t, run)
+	r, err := c.runner(ctx, t, run)
 	if err != nil {
 		return err
 	}

@@ -21,7 +21,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 		return err
 	}
 	run := pl.Run
-	r, err := c.runner(t, run)
+	r, err := c.runner(ctx, t, run)
 	if err != nil {
 		return err
 	}
@@ -163,6 +163,6 @@ func bitSet(bits []byte, i int) bool {
 // Retry has resumed it since (nonce).
 func (c *Client) failRun(ctx context.Context, run, nonce string, err error) {
 	if _, _, ferr := c.finish(ctx, run, nonce, StateFailed, nil, err.Error(), ""); ferr != nil {
-		c.log.Error("mapreduce: could not mark the run failed; the reconciler will retry", "run", run, "reason", err, "error", ferr)
+		Logger(ctx).Error("mapreduce: could not mark the run failed; the reconciler will retry", "reason", err, "error", ferr)
 	}
 }

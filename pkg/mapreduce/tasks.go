@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -63,8 +64,11 @@ func (c *Client) Queues(weights map[string]int) (map[string]int, error) {
 	return qs, nil
 }
 
-// processTask runs one task of a run, and logs its failure.
+// processTask runs one task of a run with a context whose Logger carries
+// the task's attributes, and logs its failure (warn) or its end (debug).
 func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
+	ctx = ContextWithLogger(ctx, c.stepLogger(ctx, t))
+	start := time.Now()
 	var err error
 	switch t.Type() {
 	case typeSplit:
@@ -76,8 +80,11 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 	default:
 		err = fmt.Errorf("mapreduce: task type %q is not batchmr's (%s, %s, %s): %w", t.Type(), typeSplit, typeMap, typeReduce, asynq.SkipRetry)
 	}
-	if err != nil && !errors.Is(err, errNotHosted) {
-		c.logFailure(ctx, t, err)
+	switch {
+	case err == nil:
+		Logger(ctx).LogAttrs(ctx, slog.LevelDebug, "mapreduce: "+stepName(t)+" done", slog.Duration("took", time.Since(start)))
+	case !errors.Is(err, errNotHosted):
+		logFailure(ctx, t, err)
 	}
 	return err
 }
@@ -197,12 +204,12 @@ func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
 // RetryDelay offers again after a few seconds, so the run neither fails nor
 // loses retries. It is logged, since it means a queue is shared by workers
 // that host different jobs.
-func (c *Client) runner(t *asynq.Task, run string) (jobRunner, error) {
+func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunner, error) {
 	job, _ := jobOf(run)
 	r, ok := c.jobs.lookup(job)
 	if !ok {
-		c.log.Warn("mapreduce: handed back a task of a job this worker does not run; a worker that runs it will take it",
-			"job", job, "run", run, "task", t.Type(), "runs", c.jobs.Names())
+		Logger(ctx).Warn("mapreduce: handed back a task of a job this worker does not run; a worker that runs it will take it",
+			"runs", c.jobs.Names())
 		return nil, fmt.Errorf("mapreduce: %s task of run %s: job %q: %w (it runs: %s)", t.Type(), run, job, errNotHosted, strings.Join(c.jobs.Names(), ", "))
 	}
 	return r, nil

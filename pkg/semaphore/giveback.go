@@ -88,7 +88,7 @@ func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, deadline
 		}
 		if attempt == 1 {
 			s.log.Warn("semaphore: giving a permit back failed; retrying in the background until Redis answers or its lease runs out",
-				"token", token, "error", err, "lease_left", time.Until(deadline()).Round(time.Millisecond))
+				"permit", token, "error", err, "lease_left", time.Until(deadline()).Round(time.Millisecond))
 		}
 		first = nil
 		if s.stopped() {
@@ -102,7 +102,7 @@ func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, deadline
 		}
 		if !time.Now().Before(deadline()) {
 			s.log.Info("semaphore: stopped giving a permit back: its lease is over, so Redis has dropped it by itself",
-				"token", token, "attempts", attempt, "last_error", err)
+				"permit", token, "attempts", attempt, "last_error", err)
 			return
 		}
 	}
@@ -117,8 +117,8 @@ func (s *Semaphore) logGiveBack(token string, attempts int, was int64, err error
 		if closing {
 			msg = "semaphore: could not give a permit back before Close; it returns when its lease runs out"
 		}
-		s.log.Warn(msg, "token", token, "attempts", attempts, "error", err)
+		s.log.Warn(msg, "permit", token, "attempts", attempts, "error", err)
 	case err == nil && attempts > 1:
-		s.log.Info("semaphore: gave a permit back once Redis answered again", "token", token, "attempts", attempts, "was_held", was == releaseHeld)
+		s.log.Info("semaphore: gave a permit back once Redis answered again", "permit", token, "attempts", attempts, "was_held", was == releaseHeld)
 	}
 }

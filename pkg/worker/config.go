@@ -69,8 +69,14 @@ type Config struct {
 	// Version is free text shown with the worker in 'scheduler jobs'
 	// (--version-label, WORKER_VERSION).
 	Version string
-	// Logger receives the worker's logs, asynq's included (at warn level
-	// and above for asynq). Default: text on stderr at info level.
+	// Logger receives the worker's logs, asynq's included, at the levels
+	// its handler enables (--log-level, LOG_LEVEL; --log-format,
+	// LOG_FORMAT). A job's functions get it with the step's attributes
+	// from Logger(ctx). asynq's records carry component=asynq, and asynq
+	// logs at the lowest of debug, info, warn and error that the handler
+	// enables when the worker starts. Default: slog.Default() (Main: text
+	// on stderr at info level). docs/operations.md lists what is logged
+	// at which level, and the attribute keys.
 	Logger *slog.Logger
 
 	now             func() time.Time // the worker's clock; tests skew it (export_test.go)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -37,10 +38,13 @@ type Env struct {
 
 type envKey struct{}
 
-// NewContext returns a copy of ctx that carries env, as the worker's task
-// handlers get it. Tests of a job's functions use it to run them with
-// servers of their own.
+// NewContext returns a copy of ctx that carries env, and env.Logger as
+// mapreduce.Logger's, as the worker's task handlers get it. Tests of a
+// job's functions use it to run them with servers of their own.
 func NewContext(ctx context.Context, env *Env) context.Context {
+	if env != nil {
+		ctx = mapreduce.ContextWithLogger(ctx, env.Logger)
+	}
 	return context.WithValue(ctx, envKey{}, env)
 }
 
@@ -105,10 +109,11 @@ func (e *Env) semaphore(name string) (*semaphore.Semaphore, error) {
 }
 
 // Logger returns the logger of the worker running the job whose function
-// received ctx, or slog.Default() outside a worker.
+// received ctx; it is never nil. In a job's Split, Map or Reduce it carries
+// the step's attributes: run, job, step, page (Map only), attempt and task
+// (see mapreduce.Logger, which returns the same logger). Elsewhere in a
+// worker it is the worker's logger (Config.Logger, Env.Logger), and
+// slog.Default() outside a worker.
 func Logger(ctx context.Context) *slog.Logger {
-	if env, ok := FromContext(ctx); ok && env.Logger != nil {
-		return env.Logger
-	}
-	return slog.Default()
+	return mapreduce.Logger(ctx)
 }

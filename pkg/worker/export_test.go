@@ -18,3 +18,6 @@ func WithMetricsListener(cfg Config, ln net.Listener) Config {
 	cfg.metricsListener = ln
 	return cfg
 }
+
+// AsynqLevel is the asynq.LogLevel a worker with log gives asynq.
+var AsynqLevel = asynqLevel

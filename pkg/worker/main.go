@@ -37,6 +37,11 @@ runs, and this worker's own work), /healthz and /readyz (docs/metrics.md).
 SIGTERM or SIGINT: stop taking tasks, let in-flight ones finish (or hand
 them back after --shutdown-timeout), release permits, exit 0.
 
+Logs go to stderr, one record a line: --log-format json for a log
+collector. Records of a page carry its run, job, step, page, attempt and
+task; asynq's own carry component=asynq. --log-level warn keeps only what
+needs a look; debug adds a line per page and asynq's internals.
+
 Environment: every flag has the variable named in its description;
 BATCHMR_PREFIX (default batchmr) starts every Redis key and queue name of a
 deployment, so several share one Redis.
@@ -92,8 +97,8 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", app.EnvDuration("WORKER_MAX_CLOCK_OFFSET", 3*time.Second), "how far this host's clock may be from Redis's before the worker refuses to start (env WORKER_MAX_CLOCK_OFFSET)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", app.Env("METRICS_ADDR", ""), "host:port to serve Prometheus /metrics, /healthz and /readyz on, e.g. 127.0.0.1:9090; empty: none (env METRICS_ADDR)")
 	fs.StringVar(&cfg.Version, "version-label", app.Env("WORKER_VERSION", ""), "free text shown with this worker in 'scheduler jobs', e.g. a build ID (env WORKER_VERSION)")
-	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
-	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
+	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json, on stderr (env LOG_FORMAT)")
+	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged, asynq's included (env LOG_LEVEL)")
 	names := make([]string, len(jobs))
 	for i, j := range jobs {
 		names[i] = j.JobName()

@@ -141,7 +141,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		ShutdownTimeout:   cfg.ShutdownTimeout,
 		BaseContext:       func() context.Context { return NewContext(context.Background(), w.env) },
 		Logger:            asynqLogger{log},
-		LogLevel:          asynq.WarnLevel,
+		LogLevel:          asynqLevel(log),
 	})
 	if ln != nil {
 		sems := make([]*semaphore.Semaphore, 0, len(w.env.Semaphores))
@@ -169,7 +169,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		defer close(w.done)
 		_ = mr.Announce(bg, info)
 	}()
-	log.Info("worker: started", "id", info.ID, "jobs", registry.Names(), "queues", queues,
+	log.Info("worker: started", "worker", info.ID, "jobs", registry.Names(), "queues", queues,
 		"concurrency", cfg.Concurrency, "permits", cfg.Permits)
 	return w, nil
 }

@@ -25,6 +25,7 @@ type proc struct {
 	cmd *exec.Cmd
 	mu  sync.Mutex
 	log strings.Builder
+	eof chan struct{} // closed once stderr is read to its end
 }
 
 func (p *proc) output() string {
@@ -35,7 +36,7 @@ func (p *proc) output() string {
 
 func startProc(t *testing.T, bin string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(bin, args...)}
+	p := &proc{cmd: exec.Command(bin, args...), eof: make(chan struct{})}
 	p.cmd.Env = env
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
@@ -45,6 +46,7 @@ func startProc(t *testing.T, bin string, env []string, args ...string) *proc {
 		t.Fatal(err)
 	}
 	go func() {
+		defer close(p.eof)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			p.mu.Lock()

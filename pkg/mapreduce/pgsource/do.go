@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -43,11 +44,13 @@ const checkerName = "batchmr-pgsource-check"
 // still runs a query, cancels it if it does (pg_cancel_backend), and waits
 // until it no longer does before the permit goes back. A pool set up by
 // ConfigurePool cancels on the server instead, so this check is rare. If
-// the server cannot be reached at all, Do logs a warning (slog.Default())
-// and gives the permit back at once: a query cannot run on a server that
+// the server cannot be reached at all, Do logs a warning and gives the
+// permit back at once: a query cannot run on a server that
 // is down. If it stays unreachable otherwise (a cut network), Do tries for
 // up to the permit's lease (see settle) and then gives it back, logging
-// that the query may still run.
+// that the query may still run. It logs to mapreduce.Logger(ctx): in a
+// job's Split, Map or Reduce, the worker's logger with the step's run,
+// job, page and attempt.
 //
 // Do returns fn's error, with ctx's cause when ctx ended the call, joined
 // with the release's error (errors.Is(err, semaphore.ErrLeaseLost): the
@@ -70,7 +73,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 	}
 	pctx := p.Context()
 	if pctx.Err() == nil {
-		err = onOneConn(pctx, db, sem.Lease(), fn)
+		err = onOneConn(pctx, mapreduce.Logger(ctx).With("semaphore", sem.Name()), db, sem.Lease(), fn)
 		if err != nil && pctx.Err() != nil && !errors.Is(err, pctx.Err()) {
 			// A cancel on the server reads as a query error
 			// (SQLSTATE 57014): say why the query was cancelled.
@@ -91,8 +94,9 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 
 // onOneConn runs fn on a connection of db and returns the connection to
 // the pool only once no query of fn's may still run on the server (its
-// connection is returned first so that closing the pool waits for that).
-func onOneConn(ctx context.Context, db *pgxpool.Pool, bound time.Duration, fn func(context.Context, *pgx.Conn) error) error {
+// connection is returned first so that closing the pool waits for that),
+// logging to log when it cannot make sure.
+func onOneConn(ctx context.Context, log *slog.Logger, db *pgxpool.Pool, bound time.Duration, fn func(context.Context, *pgx.Conn) error) error {
 	conn, err := db.Acquire(ctx)
 	if err != nil {
 		return err
@@ -112,7 +116,7 @@ func onOneConn(ctx context.Context, db *pgxpool.Pool, bound time.Duration, fn fu
 			cancel()
 		}
 		if c.IsClosed() {
-			settle(db.Config().ConnConfig, c.PgConn().PID(), bound)
+			settle(log, db.Config().ConnConfig, c.PgConn().PID(), bound)
 		}
 		conn.Release()
 	}()
@@ -123,7 +127,7 @@ func onOneConn(ctx context.Context, db *pgxpool.Pool, bound time.Duration, fn fu
 // pg_stat_activity on a connection of its own, and cancels the query while
 // it still runs.
 //
-// It gives up, with a warning, when the server refuses connections (it is
+// It gives up, with a warning on log, when the server refuses connections (it is
 // down, and a query cannot run on a server that is down), and after bound
 // when the server cannot be reached otherwise: a cut network or an
 // unresponsive server, where the query may still run. bound is the permit's
@@ -131,7 +135,7 @@ func onOneConn(ctx context.Context, db *pgxpool.Pool, bound time.Duration, fn fu
 // cannot hear from: a crashed worker's permit, whose queries may still run
 // just the same, comes back after one lease. Holding on longer would take
 // a permit from the fleet for as long as the network stays cut.
-func settle(cfg *pgx.ConnConfig, pid uint32, bound time.Duration) {
+func settle(log *slog.Logger, cfg *pgx.ConnConfig, pid uint32, bound time.Duration) {
 	deadline := time.Now().Add(bound)
 	cfg = cfg.Copy()
 	cfg.RuntimeParams["application_name"] = checkerName
@@ -143,12 +147,12 @@ func settle(cfg *pgx.ConnConfig, pid uint32, bound time.Duration) {
 			return
 		}
 		if isRefused(err) {
-			slog.Default().Warn("pgsource: Postgres refuses connections, so a cancelled query cannot still run there: giving its permit back",
+			log.Warn("pgsource: Postgres refuses connections, so a cancelled query cannot still run there: giving its permit back",
 				"pid", pid, "error", err)
 			return
 		}
 		if time.Until(deadline) < backoff {
-			slog.Default().Warn("pgsource: could not make sure a cancelled query ended on the server within the permit's lease: giving the permit back, the query may still run",
+			log.Warn("pgsource: could not make sure a cancelled query ended on the server within the permit's lease: giving the permit back, the query may still run",
 				"pid", pid, "lease", bound, "error", err)
 			return
 		}

@@ -102,8 +102,9 @@ func (p *pgProxy) cut() {
 // proxiedQuery starts a long query through p under a fresh semaphore of
 // lease, on a pool of pgx's defaults (which abandons a cancelled query's
 // connection, so that Do must check on it through p), and returns once
-// Postgres runs it. Its query is ended directly when the test ends.
-func proxiedQuery(t *testing.T, p *pgProxy, lease time.Duration) (sem *semaphore.Semaphore, cancel func(), done <-chan error) {
+// Postgres runs it. Its query is ended directly when the test ends. The
+// query's context derives from base.
+func proxiedQuery(t *testing.T, base context.Context, p *pgProxy, lease time.Duration) (sem *semaphore.Semaphore, cancel func(), done <-chan error) {
 	t.Helper()
 	name := appName(t)
 	cfg, err := pgxpool.ParseConfig(p.url(t))
@@ -132,7 +133,7 @@ func proxiedQuery(t *testing.T, p *pgProxy, lease time.Duration) (sem *semaphore
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sem.Close() })
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(base)
 	errc := make(chan error, 1)
 	go func() { errc <- pgsource.Exec(ctx, pool, sem, longQuery) }()
 	a := &activity{app: name}
@@ -148,7 +149,7 @@ func TestAPermitWhoseQueryCannotBeCheckedOnIsHeldForOneLease(t *testing.T) {
 	t.Parallel()
 	const lease = time.Second
 	p := startPgProxy(t)
-	sem, cancel, done := proxiedQuery(t, p, lease)
+	sem, cancel, done := proxiedQuery(t, context.Background(), p, lease)
 	p.cut()
 	cancel()
 	cancelled := time.Now()
@@ -178,7 +179,7 @@ func TestAPermitGoesBackAtOnceWhenTheServerRefusesConnections(t *testing.T) {
 	t.Parallel()
 	const lease = 30 * time.Second
 	p := startPgProxy(t)
-	sem, cancel, done := proxiedQuery(t, p, lease)
+	sem, cancel, done := proxiedQuery(t, context.Background(), p, lease)
 	p.refuse()
 	cancel()
 	select {
