@@ -114,3 +114,44 @@ func (c *Client) observeEnd(ctx context.Context, run string, state State) {
 	}
 	o.RunEnded(job, run, state, took)
 }
+
+// Observers returns an Observer that tells each of obs in turn (nil ones
+// are skipped): a step runs with the context the last of them returned,
+// each having seen the context of the one before, and its end is told to
+// them in the reverse order, as nested spans end. With none it returns
+// nil; with one, that one.
+func Observers(obs ...Observer) Observer {
+	var list multiObserver
+	for _, o := range obs {
+		if o != nil {
+			list = append(list, o)
+		}
+	}
+	switch len(list) {
+	case 0:
+		return nil
+	case 1:
+		return list[0]
+	}
+	return list
+}
+
+type multiObserver []Observer
+
+func (m multiObserver) Step(ctx context.Context, s Step) (context.Context, func(err error)) {
+	ends := make([]func(error), len(m))
+	for i, o := range m {
+		ctx, ends[i] = o.Step(ctx, s)
+	}
+	return ctx, func(err error) {
+		for i := len(ends) - 1; i >= 0; i-- {
+			ends[i](err)
+		}
+	}
+}
+
+func (m multiObserver) RunEnded(job, run string, state State, took time.Duration) {
+	for _, o := range m {
+		o.RunEnded(job, run, state, took)
+	}
+}

@@ -3,6 +3,7 @@ package mapreduce_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -171,5 +172,43 @@ func TestObserverSeesAStepCutShortByCancelEndWithErrRunCancelled(t *testing.T) {
 	}
 	if len(log.ended) != 1 || log.ended[0].state != mapreduce.StateCancelled {
 		t.Errorf("RunEnded calls %+v, want one, cancelled", log.ended)
+	}
+}
+
+// recordingObserver notes the order in which it sees steps start and end.
+type recordingObserver struct {
+	name string
+	log  *[]string
+}
+
+type obsKey string
+
+func (r recordingObserver) Step(ctx context.Context, s mapreduce.Step) (context.Context, func(error)) {
+	*r.log = append(*r.log, r.name+" starts, after "+fmt.Sprint(ctx.Value(obsKey("last"))))
+	return context.WithValue(ctx, obsKey("last"), r.name), func(err error) { *r.log = append(*r.log, r.name+" ends: "+fmt.Sprint(err)) }
+}
+
+func (r recordingObserver) RunEnded(job, run string, state mapreduce.State, took time.Duration) {
+	*r.log = append(*r.log, r.name+" "+string(state))
+}
+
+// Observers nests its observers as spans nest: each sees the context the
+// one before returned, and they end in the reverse order.
+func TestObserversNestTheirStepsAndEndThemInReverse(t *testing.T) {
+	if mapreduce.Observers() != nil || mapreduce.Observers(nil, nil) != nil {
+		t.Error("Observers of none is not nil")
+	}
+	var log []string
+	a, b := recordingObserver{"a", &log}, recordingObserver{"b", &log}
+	if got := mapreduce.Observers(nil, a); got != mapreduce.Observer(a) {
+		t.Errorf("Observers of one = %v, want that one", got)
+	}
+	o := mapreduce.Observers(a, nil, b)
+	ctx, end := o.Step(context.Background(), mapreduce.Step{Kind: mapreduce.StepMap})
+	end(errors.New("boom"))
+	o.RunEnded("j", "j:1", mapreduce.StateSucceeded, time.Second)
+	want := []string{"a starts, after <nil>", "b starts, after a", "b ends: boom", "a ends: boom", "a succeeded", "b succeeded"}
+	if fmt.Sprint(log) != fmt.Sprint(want) || ctx.Value(obsKey("last")) != "b" {
+		t.Errorf("calls %q (step context from %v), want %q (from b)", log, ctx.Value(obsKey("last")), want)
 	}
 }

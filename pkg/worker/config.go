@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
 // Config configures a worker. Every field has a command-line flag and an
@@ -69,6 +71,11 @@ type Config struct {
 	// Version is free text shown with the worker in 'scheduler jobs'
 	// (--version-label, WORKER_VERSION).
 	Version string
+	// Observer also learns of every step this worker runs and every run
+	// it ends, besides the worker's own metrics: for tracing, give it
+	// mrotel.New(mrotel.Options{...}) (package
+	// github.com/batchmr/batchmr/pkg/mapreduce/mrotel). Nil: none.
+	Observer mapreduce.Observer
 	// Logger receives the worker's logs, asynq's included, at the levels
 	// its handler enables (--log-level, LOG_LEVEL; --log-format,
 	// LOG_FORMAT). A job's functions get it with the step's attributes

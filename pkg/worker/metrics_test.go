@@ -12,10 +12,14 @@ import (
 	"github.com/batchmr/batchmr/examples/pagination/ordersreport"
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/mapreduce/mrotel"
 	"github.com/batchmr/batchmr/pkg/worker"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // startMetricsWorker runs a worker in this process, serving its metrics on
@@ -137,8 +141,12 @@ func TestMetricsShowARunsProgressPagesAndPermitsWithTheirRealValues(t *testing.T
 		t.Fatal(err)
 	}
 	const limit = 3
+	// A tracer beside the metrics: Config.Observer sees the same steps.
+	spans := tracetest.NewSpanRecorder()
+	tracer := mrotel.New(mrotel.Options{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))})
 	base := startMetricsWorker(t, worker.Config{RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURLIn(t, schema),
-		Prefix: prefix, Concurrency: 6, Permits: map[string]int{worker.DBSemaphore: limit}, PollInterval: 20 * time.Millisecond}, ordersreport.Job)
+		Prefix: prefix, Concurrency: 6, Permits: map[string]int{worker.DBSemaphore: limit}, PollInterval: 20 * time.Millisecond,
+		Observer: tracer}, ordersreport.Job)
 	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
@@ -197,6 +205,15 @@ func TestMetricsShowARunsProgressPagesAndPermitsWithTheirRealValues(t *testing.T
 	}
 	if got := after.must(t, "batchmr_run_duration_seconds", job, "state=succeeded"); got != 1 {
 		t.Errorf("batchmr_run_duration_seconds has %v observations, want 1", got)
+	}
+	maps := 0
+	for _, s := range spans.Ended() {
+		if s.Name() == "batchmr.map" && s.Status().Code != codes.Error { // failed attempts are retried
+			maps++
+		}
+	}
+	if maps != st.Total {
+		t.Errorf("Config.Observer saw %d map steps succeed (spans), want the run's %d pages", maps, st.Total)
 	}
 	if got := after.must(t, "batchmr_runs", job, "state=succeeded"); got != 1 {
 		t.Errorf("batchmr_runs{state=succeeded} = %v, want 1", got)

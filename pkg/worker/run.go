@@ -124,7 +124,8 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		// Closed (in reverse) before the pool and Redis: releases what is still held.
 		w.closes = append(w.closes, func() { _ = sem.Close() })
 	}
-	mr, err := mapreduce.New(w.rdb, mapreduce.Config{Jobs: registry, Prefix: cfg.Prefix, Logger: log, Observer: obs})
+	mr, err := mapreduce.New(w.rdb, mapreduce.Config{Jobs: registry, Prefix: cfg.Prefix, Logger: log,
+		Observer: mapreduce.Observers(obs, cfg.Observer)})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
