@@ -27,10 +27,18 @@ also need that token (a login form, or "Authorization: Bearer TOKEN").
 --read-only serves no mutations at all. To expose the console beyond this
 host, set a token and put it behind TLS.
 
+It answers only requests addressed to localhost or an IP address, so that
+no web page can reach it through a name of its own (DNS rebinding). When
+browsers reach it by a name (a reverse proxy, a DNS name), give that URL
+with --public-url: its host is then served, forms from its origin are
+accepted though the proxy rewrote the Host header, and with https the
+login cookie is Secure.
+
 Examples:
   scheduler ui
   BATCHMR_UI_TOKEN=$(openssl rand -hex 16) scheduler ui --listen 0.0.0.0:8080
   scheduler ui --read-only
+  scheduler ui --listen 127.0.0.1:8080 --public-url https://batchmr.example.com   # behind a TLS proxy
 
 Flags:
 `
@@ -41,17 +49,23 @@ func ui(ctx context.Context, args []string) int {
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve the console on (loopback by default)")
 	readOnly := fs.Bool("read-only", false, "serve no mutations: no cancel, retry or set limit")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
+	publicURL := fs.String("public-url", app.Env("BATCHMR_UI_PUBLIC_URL", ""), "the URL browsers use when it is a name, e.g. https://batchmr.example.com behind a proxy (env BATCHMR_UI_PUBLIC_URL)")
 	pos := parse(fs, uiUsage, args)
 	want(pos, 0, 0, "")
 	log, err := app.Logger(*logFormat, "info")
 	if err != nil {
 		app.Usage("%v", err)
 	}
+	if *publicURL != "" {
+		if err := console.CheckPublicURL(*publicURL); err != nil {
+			app.Usage("--public-url: %v", err)
+		}
+	}
 	token := os.Getenv("BATCHMR_UI_TOKEN")
 	c := connect(ctx, *url)
 	defer c.close()
 	con, err := console.New(console.Config{Redis: c.rdb, MapReduce: c.mr, Prefix: app.Prefix,
-		SemaphorePrefix: app.Prefix + ":sem", ReadOnly: *readOnly, Token: token, Logger: log})
+		SemaphorePrefix: app.Prefix + ":sem", ReadOnly: *readOnly, Token: token, PublicURL: *publicURL, Logger: log})
 	if err != nil {
 		app.Fail("ui: %v", err)
 	}

@@ -24,7 +24,9 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -61,6 +63,16 @@ type Config struct {
 	// Token, when set, is required for every mutation: from the login
 	// form (which sets a cookie) or an "Authorization: Bearer" header.
 	Token string
+	// PublicURL is the URL browsers reach the console at when that is a
+	// name and not the address it listens on: a reverse proxy, a DNS name
+	// (https://console.example.com). The console answers only requests
+	// addressed to localhost, an IP address or this URL's host, so that a
+	// web page cannot reach it through a name it controls (DNS
+	// rebinding); forms posted from this URL's origin are the console's
+	// own even when a proxy rewrote the Host header; and with https the
+	// session cookie is Secure. Empty: browsers use an IP address or
+	// localhost.
+	PublicURL string
 	// SampleEvery is how often Sample reads each semaphore's Stats for the
 	// charts. Default 1s.
 	SampleEvery time.Duration
@@ -80,6 +92,11 @@ type Console struct {
 	pages  map[string]*template.Template
 	secret []byte // per process: derives the CSRF and session tokens
 	csrf   string
+	// cross refuses cross-origin POSTs (Sec-Fetch-Site, else Origin
+	// against Host), trusting PublicURL's origin.
+	cross      *http.CrossOriginProtection
+	publicHost string // PublicURL's host name, lower case; "" if none
+	secure     bool   // PublicURL is https: cookies are Secure
 
 	mu       sync.Mutex
 	sems     map[string]*semaphore.Semaphore
@@ -118,6 +135,18 @@ func New(cfg Config) (*Console, error) {
 		return nil, fmt.Errorf("console: New: drawing the CSRF secret: %w", err)
 	}
 	c.csrf = c.derive("csrf")
+	c.cross = http.NewCrossOriginProtection()
+	if cfg.PublicURL != "" {
+		u, err := parsePublicURL(cfg.PublicURL)
+		if err != nil {
+			return nil, fmt.Errorf("console: New: %w", err)
+		}
+		if err := c.cross.AddTrustedOrigin(u.Scheme + "://" + u.Host); err != nil {
+			return nil, fmt.Errorf("console: New: public URL %q: %w", cfg.PublicURL, err)
+		}
+		c.publicHost = strings.ToLower(u.Hostname())
+		c.secure = u.Scheme == "https"
+	}
 	if err := c.parseTemplates(); err != nil {
 		return nil, err
 	}
@@ -183,7 +212,46 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "same-origin")
+	if !c.hostAllowed(r.Host) {
+		c.fail(w, r, http.StatusMisdirectedRequest, fmt.Sprintf("Refused: this console answers to localhost, IP addresses and the host of its public URL, and was reached as %q. If that is the name you use for it, start it with --public-url (for instance --public-url https://%s).", r.Host, r.Host))
+		return
+	}
 	c.mux.ServeHTTP(w, r)
+}
+
+// CheckPublicURL reports what is wrong with s as Config.PublicURL.
+func CheckPublicURL(s string) error {
+	_, err := parsePublicURL(s)
+	return err
+}
+
+func parsePublicURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return nil, fmt.Errorf("public URL %q: give the scheme and host browsers use, and nothing more, such as https://console.example.com", s)
+	}
+	return u, nil
+}
+
+// hostAllowed reports whether a request addressed to host (the Host
+// header) may be served. A page of another site can make a browser send
+// requests here through a name it controls that resolves to this address
+// (DNS rebinding), and they would pass for the console's own; such a
+// name is never localhost, an IP address or the public URL's host.
+func (c *Console) hostAllowed(host string) bool {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	name = strings.ToLower(strings.TrimSuffix(strings.TrimPrefix(name, "["), "]"))
+	switch {
+	case name == "":
+		return false
+	case name == "localhost", net.ParseIP(name) != nil:
+		return true
+	default:
+		return c.publicHost != "" && name == c.publicHost
+	}
 }
 
 // statusError is an error with the HTTP status it deserves.

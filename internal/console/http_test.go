@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -147,7 +148,9 @@ func TestMutationsFromAnotherSiteOrWithoutTheCSRFTokenAreRefused(t *testing.T) {
 	}{
 		{"no token", url.Values{"id": {id}}, nil},
 		{"a wrong token", url.Values{"id": {id}, "csrf": {strings.Repeat("0", len(csrf))}}, nil},
-		{"another site's Origin", url.Values{"id": {id}, "csrf": {csrf}}, []string{"Origin", "https://evil.example"}},
+		// A browser sends Sec-Fetch-Site, which decides; one too old to
+		// has only Origin.
+		{"another site's Origin and no Sec-Fetch-Site", url.Values{"id": {id}, "csrf": {csrf}}, []string{"Origin", "https://evil.example", "Sec-Fetch-Site", ""}},
 		{"a cross-site fetch", url.Values{"id": {id}, "csrf": {csrf}}, []string{"Sec-Fetch-Site", "cross-site"}},
 	} {
 		resp, body := f.post("/run/cancel", c.form, c.header...)
@@ -238,12 +241,15 @@ func TestReadOnlyServesNoMutations(t *testing.T) {
 			t.Errorf("GET %s does not say the console is read-only", path)
 		}
 	}
+	// Well-formed POSTs, with the CSRF token and from the console's own
+	// origin: only read-only refuses them.
+	csrf := f.csrf("/login")
 	for path, form := range map[string]url.Values{
-		"/run/cancel":      {"id": {id}},
-		"/run/retry":       {"id": {id}},
-		"/semaphore/limit": {"name": {"db"}, "limit": {"7"}},
+		"/run/cancel":      {"csrf": {csrf}, "id": {id}},
+		"/run/retry":       {"csrf": {csrf}, "id": {id}},
+		"/semaphore/limit": {"csrf": {csrf}, "name": {"db"}, "limit": {"7"}},
 	} {
-		if resp, body := f.post(path, form); resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "read-only") {
+		if resp, body := f.post(path, form); resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "it changes nothing") {
 			t.Errorf("POST %s: %d, want 403 read-only; body:\n%s", path, resp.StatusCode, body)
 		}
 	}
@@ -365,5 +371,112 @@ func TestSemaphorePageShowsHoldersWaitersAndAChart(t *testing.T) {
 	_, list := f.get("/semaphores")
 	if !strings.Contains(list, `data-semaphore="db"`) {
 		t.Errorf("the semaphores page does not list db:\n%s", list)
+	}
+}
+
+// request sends method to path addressed to host (the Host header), with
+// form (for a POST) and headers given as pairs.
+func (f *fleet) request(method, path, host string, form url.Values, header ...string) (*http.Response, string) {
+	f.t.Helper()
+	req, err := http.NewRequest(method, f.srv.URL+path, strings.NewReader(form.Encode()))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	req.Host = host
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := noRedirects.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// A web page can make a browser reach the console through a name of the
+// page's own that resolves to the console's address (DNS rebinding): its
+// requests are then same-origin for the browser. The console answers
+// only localhost, IP addresses and its public URL's host, so such a page
+// can neither read the CSRF token nor cancel a run.
+func TestRequestsAddressedToAnotherNameAreRefused(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	id := slowRun(f)
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(f.srv.URL, "http://"))
+	evil := "evil.example:" + port
+	for _, path := range []string{"/runs", runPath(id), "/login", "/semaphores"} {
+		if resp, body := f.request(http.MethodGet, path, evil, nil); resp.StatusCode != http.StatusMisdirectedRequest || strings.Contains(body, `name="csrf"`) {
+			t.Errorf("GET %s as %s: %d, want 421 and no form; body:\n%s", path, evil, resp.StatusCode, body)
+		}
+	}
+	csrf := f.csrf("/login") // as if it had been read some other way
+	resp, body := f.request(http.MethodPost, "/run/cancel", evil, url.Values{"csrf": {csrf}, "id": {id}},
+		"Origin", "http://"+evil, "Sec-Fetch-Site", "same-origin")
+	if resp.StatusCode != http.StatusMisdirectedRequest || !strings.Contains(body, "--public-url") {
+		t.Errorf("POST /run/cancel as %s: %d, want 421 naming --public-url; body:\n%s", evil, resp.StatusCode, body)
+	}
+	if st := f.status(id); st.State.Ended() {
+		t.Fatalf("a request addressed to %s cancelled the run: %s", evil, st.State)
+	}
+	for _, host := range []string{"localhost:" + port, "127.0.0.1:" + port, "[::1]:" + port, "LOCALHOST"} {
+		if resp, _ := f.request(http.MethodGet, "/runs", host, nil); resp.StatusCode != http.StatusOK {
+			t.Errorf("GET /runs as %s: %d, want 200", host, resp.StatusCode)
+		}
+	}
+}
+
+// Behind a reverse proxy the browser's origin is the public URL's while
+// the proxy may rewrite the Host header to the console's own address:
+// forms from that origin are the console's, and its login cookie is
+// Secure. Cross-site posts are still refused.
+func TestBehindAProxyFormsFromThePublicURLAreAccepted(t *testing.T) {
+	t.Parallel()
+	const public = "https://batchmr.example.com"
+	f := newFleet(t, console.Config{PublicURL: public, Token: "s3cret"})
+	id := slowRun(f)
+	direct := strings.TrimPrefix(f.srv.URL, "http://")
+	if resp, _ := f.request(http.MethodGet, "/runs", "batchmr.example.com", nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /runs as the public URL's host: %d, want 200", resp.StatusCode)
+	}
+	csrf := f.csrf("/login")
+	resp, _ := f.request(http.MethodPost, "/login", direct, url.Values{"csrf": {csrf}, "token": {"s3cret"}, "next": {"/runs"}},
+		"Origin", public)
+	var session *http.Cookie
+	for _, ck := range resp.Cookies() {
+		if ck.Name == "batchmr_ui_session" {
+			session = ck
+		}
+	}
+	if resp.StatusCode != http.StatusSeeOther || session == nil || !session.Secure {
+		t.Fatalf("login through the proxy: %d, cookie %+v; want 303 and a Secure session cookie", resp.StatusCode, session)
+	}
+	cancel := url.Values{"csrf": {csrf}, "id": {id}}
+	if resp, body := f.request(http.MethodPost, "/run/cancel", direct, cancel, "Origin", "https://elsewhere.example", "Cookie", session.Name+"="+session.Value); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a cancel from another origin: %d, want 403; body:\n%s", resp.StatusCode, body)
+	}
+	if st := f.status(id); st.State.Ended() {
+		t.Fatalf("a cross-origin post cancelled the run: %s", st.State)
+	}
+	if resp, body := f.request(http.MethodPost, "/run/cancel", direct, cancel, "Origin", public, "Cookie", session.Name+"="+session.Value); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("a cancel from the public URL through the proxy: %d, want 303; body:\n%s", resp.StatusCode, body)
+	}
+	if st := f.status(id); st.State != mapreduce.StateCancelled {
+		t.Errorf("the run after a cancel through the proxy: %s, want cancelled", st.State)
+	}
+}
+
+func TestABadPublicURLIsRefusedWithTheFix(t *testing.T) {
+	for _, bad := range []string{"batchmr.example.com", "ftp://x", "https://", "https://x/console", "https://x?a=1"} {
+		if err := console.CheckPublicURL(bad); err == nil || !strings.Contains(err.Error(), "https://console.example.com") {
+			t.Errorf("CheckPublicURL(%q) = %v, want an error with an example", bad, err)
+		}
+	}
+	if err := console.CheckPublicURL("https://batchmr.example.com:8443"); err != nil {
+		t.Errorf("a good public URL refused: %v", err)
 	}
 }

@@ -34,23 +34,6 @@ func (c *Console) session() string { return c.derive("session:" + c.cfg.Token) }
 
 func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
 
-// sameOrigin reports whether r comes from a page of the console itself:
-// browsers send Sec-Fetch-Site and, on POSTs, Origin; a request with
-// neither (curl) passes here and is left to the CSRF token.
-func sameOrigin(r *http.Request) bool {
-	switch r.Header.Get("Sec-Fetch-Site") {
-	case "", "same-origin", "none":
-	default:
-		return false
-	}
-	origin := r.Header.Get("Origin")
-	if origin == "" {
-		return true
-	}
-	u, err := url.Parse(origin)
-	return err == nil && u.Host == r.Host && (u.Scheme == "http" || u.Scheme == "https")
-}
-
 // mutation wraps a POST handler in the checks every change needs: not
 // read-only, from the console's own pages (origin and CSRF token), and,
 // when needsToken, with the token.
@@ -60,7 +43,7 @@ func (c *Console) mutation(needsToken bool, h http.HandlerFunc) http.HandlerFunc
 		switch {
 		case c.cfg.ReadOnly:
 			c.fail(w, r, http.StatusForbidden, "The console is read-only (scheduler ui --read-only): it changes nothing.")
-		case !sameOrigin(r):
+		case c.cross.Check(r) != nil:
 			c.fail(w, r, http.StatusForbidden, "Refused: the request came from another site. Use the console's own pages.")
 		case r.ParseForm() != nil || !equal(r.PostFormValue("csrf"), c.csrf):
 			c.fail(w, r, http.StatusForbidden, "Refused: the form's CSRF token is missing or stale (the console restarted?). Reload the page and try again.")
@@ -97,7 +80,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: c.session(), Path: "/",
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || c.secure})
 	http.Redirect(w, r, withDone(next, "login"), http.StatusSeeOther)
 }
 
