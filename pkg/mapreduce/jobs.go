@@ -7,8 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"path/filepath"
 	"reflect"
+	"runtime"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -119,7 +123,8 @@ func (j *typedJob[A, P, R, O]) decodeArgs(b []byte) (A, error) {
 	return a, nil
 }
 
-func (j *typedJob[A, P, R, O]) split(ctx context.Context, args []byte, emit func([]byte) error) error {
+func (j *typedJob[A, P, R, O]) split(ctx context.Context, args []byte, emit func([]byte) error) (err error) {
+	defer recovered("Split", &err)
 	// Arguments that got past Start unchecked (no worker answered the
 	// check of a command-line start) fail the run here, before any page.
 	a, err := j.decodeArgs(args)
@@ -138,7 +143,8 @@ func (j *typedJob[A, P, R, O]) split(ctx context.Context, args []byte, emit func
 	})
 }
 
-func (j *typedJob[A, P, R, O]) mapPage(ctx context.Context, page []byte) ([]byte, error) {
+func (j *typedJob[A, P, R, O]) mapPage(ctx context.Context, page []byte) (_ []byte, err error) {
+	defer recovered("Map", &err)
 	var p P
 	if err := j.Options.Codec.Unmarshal(page, &p); err != nil {
 		return nil, &malformedError{fmt.Errorf("decoding a page of job %q: %w", j.Name, err)}
@@ -154,7 +160,8 @@ func (j *typedJob[A, P, R, O]) mapPage(ctx context.Context, page []byte) ([]byte
 	return b, nil
 }
 
-func (j *typedJob[A, P, R, O]) reduce(ctx context.Context, args []byte, pages iter.Seq2[storedPage, error]) ([]byte, error) {
+func (j *typedJob[A, P, R, O]) reduce(ctx context.Context, args []byte, pages iter.Seq2[storedPage, error]) (_ []byte, err error) {
+	defer recovered("Reduce", &err)
 	a, err := j.decodeArgs(args)
 	if err != nil {
 		return nil, err
@@ -189,6 +196,48 @@ func (j *typedJob[A, P, R, O]) reduce(ctx context.Context, args []byte, pages it
 		return nil, fmt.Errorf("encoding the result of job %q: %w", j.Name, err)
 	}
 	return b, nil
+}
+
+// recovered turns a panic of a job's function fn into *err, deferred: the
+// step then fails as if fn had returned the error, so it is retried,
+// recorded as failed on its last attempt, logged and observed like any
+// failure. Left to asynq, the panic became an error only after the
+// handler's own bookkeeping had unwound: the page was never recorded as
+// failed and observers counted a success.
+func recovered(fn string, err *error) {
+	if p := recover(); p != nil {
+		*err = &PanicError{Func: fn, Value: p, At: panicSite()}
+	}
+}
+
+// PanicError is the error of a Split, Map or Reduce that panicked.
+type PanicError struct {
+	Func  string // "Split", "Map" or "Reduce"
+	Value any    // what it panicked with
+	At    string // file:line of the panic, "" if unknown
+}
+
+func (e *PanicError) Error() string {
+	if e.At == "" {
+		return fmt.Sprintf("%s panicked: %v", e.Func, e.Value)
+	}
+	return fmt.Sprintf("%s panicked at %s: %v", e.Func, e.At, e.Value)
+}
+
+// panicSite returns the file:line a panic being recovered was raised at:
+// the first frame outside the runtime above recovered.
+func panicSite() string {
+	pcs := make([]uintptr, 32)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	for {
+		f, more := frames.Next()
+		if !strings.HasPrefix(f.Function, "runtime.") && f.File != "" {
+			return filepath.Base(f.File) + ":" + strconv.Itoa(f.Line)
+		}
+		if !more {
+			return ""
+		}
+	}
 }
 
 // malformedError marks input that no retry can fix.

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -210,5 +213,59 @@ func TestObserversNestTheirStepsAndEndThemInReverse(t *testing.T) {
 	want := []string{"a starts, after <nil>", "b starts, after a", "b ends: boom", "a ends: boom", "a succeeded", "b succeeded"}
 	if fmt.Sprint(log) != fmt.Sprint(want) || ctx.Value(obsKey("last")) != "b" {
 		t.Errorf("calls %q (step context from %v), want %q (from b)", log, ctx.Value(obsKey("last")), want)
+	}
+}
+
+// A Map that panics fails its attempt like a Map that returns an error:
+// retried, recorded as failed on its last attempt with where it panicked,
+// and observed as a failure, not a success.
+func TestAPanickingMapFailsItsPageLikeAnError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	j := sumJob("panics", cnt, e.opts(mapreduce.JobOptions{Semantics: mapreduce.CompleteSemantics, MapRetries: 1}))
+	inner := j.Map
+	j.Map = func(ctx context.Context, p span) (int, error) {
+		if p.Lo == 5 {
+			var m map[string]int
+			m["boom"]++ // a nil map: the kind of bug that panics
+		}
+		return inner(ctx, p)
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, j))
+	obs := &stepLog{}
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, Observer: obs,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.worker(c, 2)
+	id := mustStart(t, c, "panics", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	st := wait(t, c, id, 20*time.Second)
+	if st.State != mapreduce.StateSucceeded || st.Done != 3 || st.Failed != 1 {
+		t.Fatalf("state %s, done %d, failed %d (%s); want succeeded with one page failed", st.State, st.Done, st.Failed, st.Error)
+	}
+	cnt.mu.Lock()
+	defer cnt.mu.Unlock()
+	for _, pr := range cnt.reduced {
+		if pr.Index == 1 && (pr.Err == nil || !strings.Contains(pr.Err.Error(), "Map panicked at observer_test.go:") || !strings.Contains(pr.Err.Error(), "nil map")) {
+			t.Errorf("page 1's failure: %v, want Map panicked at observer_test.go:N with the panic's message", pr.Err)
+		}
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	ok, failed := 0, 0
+	for _, s := range obs.steps {
+		var pe *mapreduce.PanicError
+		switch {
+		case s.Kind != mapreduce.StepMap:
+		case s.err == nil:
+			ok++
+		case errors.As(s.err, &pe) && s.Page == 1:
+			failed++
+		}
+	}
+	if failed != 2 || ok != 3 {
+		t.Errorf("the observer saw %d map attempts succeed and %d fail, want 3 and 2 (the panicking page's two attempts)", ok, failed)
 	}
 }

@@ -7,7 +7,8 @@ import "time"
 // goroutines of those callers and of the handle's watchdog, never under a
 // lock of the handle, and must return quickly: a slow Observer slows the
 // Acquire, Release or refresh it is called from. They may be called
-// concurrently.
+// concurrently, and must not panic: a panic in Granted unwinds an Acquire
+// whose permit the handle then still holds and refreshes until Close.
 //
 // The calls are this process's view: a grant made by another process is
 // observed there, not here. Every permit that Granted reports is later
