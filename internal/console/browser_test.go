@@ -119,9 +119,13 @@ func TestBrowserRunsPageShowsALiveRunAdvance(t *testing.T) {
 	ctx := tab(t, 15*time.Second)
 	f := newFleet(t, console.Config{})
 	f.host(2, nil, workJob("live", nil, nil))
-	id := f.start("live", workArgs{N: 60, SleepMS: 100})
+	// Long enough (30 s) to be still going on a loaded machine whenever
+	// the page is read; cancelled at the end. No state filter, so that
+	// the row stays however the run goes.
+	id := f.start("live", workArgs{N: 600, SleepMS: 100})
+	t.Cleanup(func() { _ = f.mr.Cancel(context.Background(), id) })
 	row := `tr[data-run="` + id + `"]`
-	run(t, ctx, "loading the runs page", chromedp.Navigate(f.srv.URL+"/runs?state=active"), chromedp.WaitVisible(chromedp.CSS(row)))
+	run(t, ctx, "loading the runs page", chromedp.Navigate(f.srv.URL+"/runs"), chromedp.WaitVisible(chromedp.CSS(row)))
 	first := intAttr(t, ctx, row, "data-pages")
 	// The page is never reloaded: what changes is the live fragment.
 	deadline := time.Now().Add(5 * time.Second)

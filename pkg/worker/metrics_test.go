@@ -156,7 +156,9 @@ func TestMetricsShowARunsProgressPagesAndPermitsWithTheirRealValues(t *testing.T
 		v, ok := scrapeMetrics(t, base).value("batchmr_job_workers", "batchmr_job="+ordersreport.Name)
 		return ok && v == 1
 	})
-	run, err := ordersreport.Job.Start(ctx, mr, ordersreport.Args{PageSize: 50, SlowMS: 20}, mapreduce.StartOptions{})
+	// 40 pages of 100 ms under 3 permits: active for over a second, so a
+	// slow scrape on a loaded machine still finds it running.
+	run, err := ordersreport.Job.Start(ctx, mr, ordersreport.Args{PageSize: 50, SlowMS: 100}, mapreduce.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
