@@ -130,50 +130,12 @@ func stats(ctx context.Context, c *conn, name string) semaphore.Stats {
 	return st
 }
 
-// process sums up what one process holds and waits for.
-type process struct {
-	name           string
-	holds, held    int // permits, and their weight
-	longestHold    time.Duration
-	waits, waiting int // queued requests, and their weight
-	oldestWait     time.Duration
-}
-
-// byProcess sums up the holders and waiters of st per process, in the
-// order of their first grant, then of their first queued request.
-func byProcess(st semaphore.Stats) []*process {
-	var out []*process
-	get := func(name string) *process {
-		for _, p := range out {
-			if p.name == name {
-				return p
-			}
-		}
-		p := &process{name: name}
-		out = append(out, p)
-		return p
-	}
-	for _, h := range st.Holders {
-		p := get(h.Process)
-		p.holds++
-		p.held += h.Weight
-		p.longestHold = max(p.longestHold, h.HeldFor)
-	}
-	for _, q := range st.Waiters {
-		p := get(q.Process)
-		p.waits++
-		p.waiting += q.Weight
-		p.oldestWait = max(p.oldestWait, q.Age)
-	}
-	return out
-}
-
 func printStats(out io.Writer, st semaphore.Stats, verbose bool) {
 	waiting := 0
 	for _, q := range st.Waiters {
 		waiting += q.Weight
 	}
-	procs := byProcess(st)
+	procs := st.ByProcess()
 	limit := fmt.Sprintf("limit %d", st.Limit)
 	if st.Limit == 0 {
 		limit = "no limit set yet (the first worker to take a permit sets it)"
@@ -189,7 +151,7 @@ func printStats(out io.Writer, st semaphore.Stats, verbose bool) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "PROCESS\tHOLDS\tWEIGHT\tLONGEST HOLD\tWAITS\tWEIGHT\tOLDEST WAIT")
 	for _, p := range procs {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.name, p.holds, p.held, dur(p.holds, p.longestHold), p.waits, p.waiting, dur(p.waits, p.oldestWait))
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.Process, p.Holds, p.Held, dur(p.Holds, p.LongestHold), p.Waits, p.Waiting, dur(p.Waits, p.OldestWait))
 	}
 	_ = w.Flush()
 	if !verbose {

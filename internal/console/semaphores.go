@@ -151,52 +151,16 @@ func (c *Console) stats(ctx context.Context, name string, record bool) (semaphor
 	return st, nil
 }
 
-// process sums up what one process holds and waits for.
-type process struct {
-	Name           string
-	Holds, Held    int // permits, and their weight
-	LongestHold    time.Duration
-	Waits, Waiting int // queued requests, and their weight
-	OldestWait     time.Duration
-}
-
-func byProcess(st semaphore.Stats) []*process {
-	var out []*process
-	get := func(name string) *process {
-		for _, p := range out {
-			if p.Name == name {
-				return p
-			}
-		}
-		p := &process{Name: name}
-		out = append(out, p)
-		return p
-	}
-	for _, h := range st.Holders {
-		p := get(h.Process)
-		p.Holds++
-		p.Held += h.Weight
-		p.LongestHold = max(p.LongestHold, h.HeldFor)
-	}
-	for _, q := range st.Waiters {
-		p := get(q.Process)
-		p.Waits++
-		p.Waiting += q.Weight
-		p.OldestWait = max(p.OldestWait, q.Age)
-	}
-	return out
-}
-
 type semRow struct {
 	semaphore.Stats
 	Link      string
-	Processes []*process
+	Processes []semaphore.ProcessStats
 	Waiting   int // the waiters' weight
 	Chart     chart
 }
 
 func (c *Console) semRow(st semaphore.Stats) semRow {
-	r := semRow{Stats: st, Link: "/semaphore?" + url.Values{"name": {st.Name}}.Encode(), Processes: byProcess(st)}
+	r := semRow{Stats: st, Link: "/semaphore?" + url.Values{"name": {st.Name}}.Encode(), Processes: st.ByProcess()}
 	for _, q := range st.Waiters {
 		r.Waiting += q.Weight
 	}

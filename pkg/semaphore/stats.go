@@ -111,3 +111,41 @@ func parseInt(v any) int64 {
 }
 
 func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// ProcessStats sums up what one process holds and waits for.
+type ProcessStats struct {
+	Process        string
+	Holds, Held    int // permits, and their weight
+	LongestHold    time.Duration
+	Waits, Waiting int // queued requests, and their weight
+	OldestWait     time.Duration
+}
+
+// ByProcess sums up the holders and waiters of st per process, in the
+// order of their first grant, then of their first queued request.
+func (st Stats) ByProcess() []ProcessStats {
+	var out []ProcessStats
+	index := map[string]int{}
+	get := func(name string) *ProcessStats {
+		i, ok := index[name]
+		if !ok {
+			i = len(out)
+			index[name] = i
+			out = append(out, ProcessStats{Process: name})
+		}
+		return &out[i]
+	}
+	for _, h := range st.Holders {
+		p := get(h.Process)
+		p.Holds++
+		p.Held += h.Weight
+		p.LongestHold = max(p.LongestHold, h.HeldFor)
+	}
+	for _, q := range st.Waiters {
+		p := get(q.Process)
+		p.Waits++
+		p.Waiting += q.Weight
+		p.OldestWait = max(p.OldestWait, q.Age)
+	}
+	return out
+}
