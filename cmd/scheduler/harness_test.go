@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/testenv/testhost"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -64,73 +64,8 @@ func newFleet(t *testing.T) *fleet {
 // semaphores it uses — until stop is called or the test ends. It returns
 // once the catalogue lists the worker.
 func (f *fleet) host(sems []string, jobs ...mapreduce.AnyJob) (mapreduce.WorkerInfo, func()) {
-	t := f.t
-	t.Helper()
-	reg := mapreduce.NewJobs()
-	for _, j := range jobs {
-		if err := reg.Add(j); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mr, err := mapreduce.New(f.rdb, mapreduce.Config{Jobs: reg, Prefix: f.prefix, Logger: quiet, CancelPoll: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	queues, err := mr.Queues(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for q := range queues {
-		t.Cleanup(func() { deleteQueue(f.rdb, q) })
-	}
-	srv := asynq.NewServerFromRedisClient(f.rdb, asynq.Config{
-		Concurrency:              4,
-		Queues:                   queues,
-		TaskCheckInterval:        10 * time.Millisecond,
-		DelayedTaskCheckInterval: 50 * time.Millisecond,
-		RetryDelayFunc:           mr.RetryDelay,
-		IsFailure:                mr.IsFailure,
-		ShutdownTimeout:          2 * time.Second,
-		LogLevel:                 asynq.FatalLevel,
-	})
-	mux := asynq.NewServeMux()
-	mr.Register(mux)
-	if err := srv.Start(mux); err != nil {
-		t.Fatal(err)
-	}
-	info := mr.NewWorkerInfo()
-	info.Semaphores = sems
-	ctx, cancel := context.WithCancel(context.Background())
-	announced := make(chan struct{})
-	go func() {
-		defer close(announced)
-		if err := mr.Announce(ctx, info); err != nil {
-			t.Errorf("announce: %v", err)
-		}
-	}()
-	stop := sync.OnceFunc(func() {
-		cancel()
-		<-announced
-		srv.Shutdown()
-	})
-	t.Cleanup(stop)
-	waitFor(t, 5*time.Second, "the catalogue to list the worker", func() bool {
-		ws, _ := f.mr.Workers(context.Background())
-		return slices.ContainsFunc(ws, func(w mapreduce.WorkerInfo) bool { return w.ID == info.ID })
-	})
-	return info, stop
-}
-
-// deleteQueue removes an asynq queue's keys: asynq has no key prefix, but
-// every key of a queue carries the queue's name, which carries the test's
-// prefix.
-func deleteQueue(rdb *redis.Client, queue string) {
-	ctx := context.Background()
-	iter := rdb.Scan(ctx, 0, "asynq:{"+queue+"}:*", 1000).Iterator()
-	for iter.Next(ctx) {
-		rdb.Del(ctx, iter.Val())
-	}
-	rdb.SRem(ctx, "asynq:queues", queue)
+	f.t.Helper()
+	return testhost.Host(f.t, f.rdb, testhost.Options{Prefix: f.prefix, Semaphores: sems, Logger: quiet}, jobs...)
 }
 
 // sumArgs are the arguments of the tests' job.

@@ -7,15 +7,14 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"os"
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/console"
 	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/testenv/testhost"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -79,69 +78,8 @@ func (f *fleet) semaphore(name string, limit int) *semaphore.Semaphore {
 // concurrency on the jobs' queues, announced in the catalogue with sems —
 // until the test ends. It returns once the catalogue lists the worker.
 func (f *fleet) host(concurrency int, sems []string, jobs ...mapreduce.AnyJob) {
-	t := f.t
-	t.Helper()
-	reg := mapreduce.NewJobs()
-	for _, j := range jobs {
-		if err := reg.Add(j); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mr, err := mapreduce.New(f.rdb, mapreduce.Config{Jobs: reg, Prefix: f.prefix, Logger: quiet, CancelPoll: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	queues, err := mr.Queues(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for q := range queues {
-		t.Cleanup(func() { deleteQueue(f.rdb, q) })
-	}
-	srv := asynq.NewServerFromRedisClient(f.rdb, asynq.Config{
-		Concurrency:              concurrency,
-		Queues:                   queues,
-		TaskCheckInterval:        10 * time.Millisecond,
-		DelayedTaskCheckInterval: 50 * time.Millisecond,
-		RetryDelayFunc:           mr.RetryDelay,
-		IsFailure:                mr.IsFailure,
-		ShutdownTimeout:          2 * time.Second,
-		LogLevel:                 asynq.FatalLevel,
-	})
-	mux := asynq.NewServeMux()
-	mr.Register(mux)
-	if err := srv.Start(mux); err != nil {
-		t.Fatal(err)
-	}
-	info := mr.NewWorkerInfo()
-	info.Semaphores = sems
-	ctx, cancel := context.WithCancel(context.Background())
-	announced := make(chan struct{})
-	go func() {
-		defer close(announced)
-		if err := mr.Announce(ctx, info); err != nil {
-			t.Errorf("announce: %v", err)
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-announced
-		srv.Shutdown()
-	})
-	waitFor(t, 5*time.Second, "the catalogue to list the worker", func() bool {
-		ws, _ := f.mr.Workers(context.Background())
-		return slices.ContainsFunc(ws, func(w mapreduce.WorkerInfo) bool { return w.ID == info.ID })
-	})
-}
-
-// deleteQueue removes an asynq queue's keys, which carry the test's prefix.
-func deleteQueue(rdb *redis.Client, queue string) {
-	ctx := context.Background()
-	iter := rdb.Scan(ctx, 0, "asynq:{"+queue+"}:*", 1000).Iterator()
-	for iter.Next(ctx) {
-		rdb.Del(ctx, iter.Val())
-	}
-	rdb.SRem(ctx, "asynq:queues", queue)
+	f.t.Helper()
+	testhost.Host(f.t, f.rdb, testhost.Options{Prefix: f.prefix, Concurrency: concurrency, Semaphores: sems, Logger: quiet}, jobs...)
 }
 
 // workArgs are the arguments of the tests' job: N pages of SleepMS each.

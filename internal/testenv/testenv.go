@@ -245,11 +245,18 @@ func Postgres(t testing.TB) (*pgxpool.Pool, string) {
 func Queue(t testing.TB, rdb *redis.Client, prefix string) string {
 	t.Helper()
 	queue := strings.ReplaceAll(prefix, ":", "-")
+	RemoveQueue(t, rdb, queue)
+	return queue
+}
+
+// RemoveQueue removes asynq queue's keys when the test ends: asynq has no
+// key prefix of its own, but every key of a queue carries the queue's
+// name.
+func RemoveQueue(t testing.TB, rdb *redis.Client, queue string) {
 	t.Cleanup(func() {
 		deleteKeys(t, rdb, "asynq:{"+queue+"}:")
 		rdb.SRem(context.Background(), "asynq:queues", queue)
 	})
-	return queue
 }
 
 // JobQueue returns the asynq queue of job under prefix (a job's own queue
@@ -258,10 +265,7 @@ func Queue(t testing.TB, rdb *redis.Client, prefix string) string {
 func JobQueue(t testing.TB, rdb *redis.Client, prefix, job string) string {
 	t.Helper()
 	queue := prefix + ":" + job
-	t.Cleanup(func() {
-		deleteKeys(t, rdb, "asynq:{"+queue+"}:")
-		rdb.SRem(context.Background(), "asynq:queues", queue)
-	})
+	RemoveQueue(t, rdb, queue)
 	return queue
 }
 
