@@ -38,23 +38,7 @@ func (f *fleet) get(path string) (int, string) {
 // Origin), with extra headers, and returns the response with its body read.
 func (f *fleet) post(path string, form url.Values, header ...string) (*http.Response, string) {
 	f.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, f.srv.URL+path, strings.NewReader(form.Encode()))
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Origin", f.srv.URL)
-	req.Header.Set("Sec-Fetch-Site", "same-origin")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := noRedirects.Do(req)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
+	return f.request(http.MethodPost, path, "", form, append([]string{"Origin", f.srv.URL, "Sec-Fetch-Site", "same-origin"}, header...)...)
 }
 
 var csrfRE = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
@@ -374,8 +358,9 @@ func TestSemaphorePageShowsHoldersWaitersAndAChart(t *testing.T) {
 	}
 }
 
-// request sends method to path addressed to host (the Host header), with
-// form (for a POST) and headers given as pairs.
+// request sends method to path addressed to host (the Host header; ""
+// for the server's own address), with form (for a POST) and headers given
+// as pairs, and returns the response with its body read.
 func (f *fleet) request(method, path, host string, form url.Values, header ...string) (*http.Response, string) {
 	f.t.Helper()
 	req, err := http.NewRequest(method, f.srv.URL+path, strings.NewReader(form.Encode()))
