@@ -23,10 +23,15 @@ type Job[A, P, R, O any] struct {
 	// Split streams the run's pages by calling emit once per page, in a
 	// deterministic order: a split that fails part-way is retried from the
 	// start, and the page at position i must be the same page each time.
-	// emit enqueues the page's map task; it blocks while the enqueue queue
-	// is full, so a split of a million pages never holds them all. It
-	// returns an error when the page cannot be enqueued or the run was
-	// cancelled (ErrRunCancelled); Split should then return that error.
+	// emit enqueues the page's map task; it blocks while the run's window
+	// (JobOptions.Window) is full, so a run of ten million pages holds only
+	// a window of tasks in Redis, and Split runs, emitting as pages are
+	// recorded, for most of the run. A split that runs past half its
+	// SplitTimeout hands on to a new split task, which calls Split again
+	// and skips, without enqueuing, the pages already emitted. emit returns
+	// an error when the page cannot be enqueued, the run was cancelled
+	// (ErrRunCancelled) or the split was handed on; Split should then
+	// return that error.
 	// Call emit from Split's own goroutine: the order of the calls numbers
 	// the pages. A retry that emits pages past those of an earlier attempt
 	// that were already recorded fails the run, saying so.
@@ -132,6 +137,14 @@ type JobOptions struct {
 	// Codec encodes arguments, pages, results and the run's result.
 	// Default JSON.
 	Codec Codec
+	// Window is how many pages of a run may be enqueued or in flight at
+	// once: Split's emit blocks while the window is full, and enqueues
+	// more as pages are recorded. It bounds the Redis memory of a live
+	// run's tasks (about 650 bytes a page) whatever the run's size, and
+	// lets a run started behind a large one go first. Default 10,000. Keep
+	// it above the number of pages the job's workers run at once
+	// (their total concurrency), or some workers will idle.
+	Window int
 }
 
 // Codec encodes the values a job passes between processes.
@@ -187,6 +200,9 @@ func (o JobOptions) withDefaults() JobOptions {
 	if o.Codec == nil {
 		o.Codec = JSON
 	}
+	if o.Window == 0 {
+		o.Window = defaultWindow
+	}
 	return o
 }
 
@@ -201,6 +217,8 @@ func (o JobOptions) validate() error {
 		return fmt.Errorf("negative Retention %v: leave it zero for the default (24h)", o.Retention)
 	case o.Retention > 0 && o.Retention < time.Second:
 		return fmt.Errorf("a Retention of %v is too short to read a finished run: use at least 1s", o.Retention)
+	case o.Window < 0:
+		return fmt.Errorf("negative Window %d: leave it zero for the default (%d pages)", o.Window, defaultWindow)
 	case o.Semantics != SuccessSemantics && o.Semantics != CompleteSemantics:
 		return fmt.Errorf("unknown Semantics %d: use SuccessSemantics or CompleteSemantics", o.Semantics)
 	}

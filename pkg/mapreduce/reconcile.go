@@ -176,14 +176,14 @@ func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) err
 // repairStep checks the split or reduce task of a run in that step.
 func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOptions, enqueued *int, rep *Repairs) error {
 	run := st.ID
-	step := "split"
+	step := st.splitTask // the first split, or the one it handed on to
 	if typ == typeReduce {
 		step = "reduce"
 	}
 	info, err := c.insp.GetTaskInfo(o.Queue, taskID(run, st.nonce, step))
 	switch {
 	case isTaskGone(err):
-		if err := c.enqueueStep(ctx, run, st.nonce, typ, o); err != nil {
+		if err := c.enqueueStepAs(ctx, run, st.nonce, typ, step, o); err != nil {
 			return err
 		}
 		*enqueued++

@@ -19,10 +19,13 @@ var (
 	luaFinish string
 	//go:embed scripts/retry.lua
 	luaRetry string
+	//go:embed scripts/feed.lua
+	luaFeed string
 
 	scriptStart     = redis.NewScript(luaStart)
 	scriptRecord    = redis.NewScript(luaRecord)
 	scriptSplitDone = redis.NewScript(luaSplitDone)
 	scriptFinish    = redis.NewScript(luaFinish)
 	scriptRetry     = redis.NewScript(luaRetry)
+	scriptFeed      = redis.NewScript(luaFeed)
 )

@@ -4,17 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
 // handleSplit runs the job's Split and enqueues one map task per page,
-// EnqueueConcurrency at a time. A retried split emits the same pages again:
-// their task IDs make the enqueues no-ops, and pages already recorded are
-// not enqueued at all. Only when every page is enqueued does it write the
-// total, which is what lets the last recorded page trigger the reduce.
+// EnqueueConcurrency at a time, while the run's window has room
+// (window.go). A split that starts again — a retry, a copy of an orphaned
+// split, or a split handed on by one that ran long — skips the pages an
+// earlier attempt enqueued (below the run's resume mark) without enqueuing
+// them, and pages already recorded; the pages between the mark and the
+// end of the window are enqueued again, which their task IDs make no-ops
+// while their tasks exist. Only when every page is enqueued does it write
+// the total, which is what lets the last recorded page trigger the reduce.
 func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	pl, err := decodeRunPayload(t)
 	if err != nil {
@@ -33,7 +39,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	)
 	if err := c.withRedis(ctx, "reading the run", func(ctx context.Context) error {
 		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			fields = p.HMGet(ctx, k.run, "state", "args", "nonce")
+			fields = p.HMGet(ctx, k.run, "state", "args", "nonce", "resume")
 			recorded = p.Get(ctx, k.recorded)
 			c.claim(ctx, p, r.name())
 			return nil
@@ -49,10 +55,14 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	state, _ := vals[0].(string)
 	args, _ := vals[1].(string)
 	nonce, _ := vals[2].(string)
+	resume, _ := vals[3].(string)
 	if State(state) != StateSplitting || nonce != pl.Nonce {
 		return nil // already split, ended, expired, or a task of an earlier run under this ID
 	}
-	bits := []byte(recorded.Val())
+	f := &feeder{c: c, k: k, run: run, nonce: nonce, o: o, pending: pendingKey(o.Queue), started: time.Now(),
+		bits: []byte(recorded.Val())}
+	f.resume, _ = strconv.Atoi(resume)
+	f.fed = f.resume
 
 	ctx, endStep := c.startStep(ctx, StepSplit, run, -1)
 	defer func() { endStep(ctx, err) }()
@@ -74,6 +84,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 				if err := c.enqueueMap(gctx, run, nonce, it.i, it.page, o); err != nil {
 					abort(err)
 				}
+				f.inFlight.Done()
 			}
 		}()
 	}
@@ -96,13 +107,21 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 		}
 		i := n
 		n++
-		if bitSet(bits, i) {
-			return nil
+		if i < f.resume || bitSet(f.bits, i) {
+			return nil // enqueued by an earlier attempt, or recorded
 		}
+		if i >= f.fed {
+			if err := f.room(gctx, i); err != nil {
+				abort(err)
+				return err
+			}
+		}
+		f.inFlight.Add(1)
 		select {
 		case work <- item{i, page}:
 			return nil
 		case <-gctx.Done():
+			f.inFlight.Done()
 			return context.Cause(gctx)
 		}
 	})
@@ -113,6 +132,9 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	wg.Wait()
 	if cause := context.Cause(ctx); errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded) {
 		return nil // the run ended while splitting: nothing more to do
+	}
+	if cause := context.Cause(gctx); errors.Is(cause, errHandedOff) || errors.Is(cause, errRunGone) {
+		return nil // a new split task goes on; or the run has moved on without this one
 	}
 	if splitErr == nil {
 		splitErr = context.Cause(gctx) // an enqueue failed, or nil

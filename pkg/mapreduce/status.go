@@ -36,6 +36,10 @@ type Status struct {
 	// Retry forgets the failed pages, to run them again: Failed restarts
 	// from 0.
 	Done, Failed int
+	// InFlight is, while the run is splitting, how many of its pages are
+	// enqueued or running: at most the job's JobOptions.Window. Zero once
+	// the split has ended (every remaining page is then in flight).
+	InFlight int
 	// Created is when Start created the run, SplitDone when the split had
 	// enqueued every page, Updated when the run last changed, and Finished
 	// when it ended; zero until then. A Retry zeroes SplitDone and Finished
@@ -51,20 +55,28 @@ type Status struct {
 	// another Codec): decode it with the job's Job.Result.
 	Result []byte
 
-	nonce string // part of the run's task IDs
+	nonce     string // part of the run's task IDs
+	splitTask string // the last part of the ID of the run's split task
 }
 
 func parseStatus(id string, h map[string]string) *Status {
 	st := &Status{
-		ID:      id,
-		Job:     h["job"],
-		State:   State(h["state"]),
-		Total:   atoi(h["total"]),
-		Done:    atoi(h["done"]),
-		Failed:  atoi(h["failed"]),
-		Retries: atoi(h["retries"]),
-		Error:   h["error"],
-		nonce:   h["nonce"],
+		ID:        id,
+		Job:       h["job"],
+		State:     State(h["state"]),
+		Total:     atoi(h["total"]),
+		Done:      atoi(h["done"]),
+		Failed:    atoi(h["failed"]),
+		Retries:   atoi(h["retries"]),
+		Error:     h["error"],
+		nonce:     h["nonce"],
+		splitTask: h["split_task"],
+	}
+	if st.State == StateSplitting {
+		st.InFlight = max(atoi(h["fed"])-atoi(h["fed_done"]), 0)
+	}
+	if st.splitTask == "" {
+		st.splitTask = "split"
 	}
 	if r, ok := h["result"]; ok {
 		st.Result = []byte(r)

@@ -218,10 +218,20 @@ func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunn
 // enqueueStep enqueues the split or reduce task of a run; an existing task
 // with that ID means it is already enqueued.
 func (c *Client) enqueueStep(ctx context.Context, run, nonce, typ string, o JobOptions) error {
-	payload, _ := json.Marshal(runPayload{Run: run, Nonce: nonce})
-	step, timeout := "split", o.SplitTimeout
+	step := "split"
 	if typ == typeReduce {
-		step, timeout = "reduce", o.ReduceTimeout
+		step = "reduce"
+	}
+	return c.enqueueStepAs(ctx, run, nonce, typ, step, o)
+}
+
+// enqueueStepAs is enqueueStep with the task ID's last part: a split that
+// hands its run on enqueues "split:<page>" (feeder.handOff).
+func (c *Client) enqueueStepAs(ctx context.Context, run, nonce, typ, step string, o JobOptions) error {
+	payload, _ := json.Marshal(runPayload{Run: run, Nonce: nonce})
+	timeout := o.SplitTimeout
+	if typ == typeReduce {
+		timeout = o.ReduceTimeout
 	}
 	err := c.withRedis(ctx, "enqueuing the "+step, func(ctx context.Context) error {
 		_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typ, payload),

@@ -14,13 +14,15 @@
 -- ARGV[3] "1" if the page failed for good
 -- ARGV[4] the run's nonce, as the page's task carries it: a task of an
 --         earlier run under the same ID records nothing
+-- A page recorded below the split's fed mark leaves the run's window
+-- (feed.lua): 'fed_done' counts it.
 -- Returns {recorded, state}: recorded is 1 if this call recorded the page,
 -- 0 if it was recorded before or the run no longer takes results; state is
 -- the run's state after the call ("" if the run does not exist).
 if KEYS[5] then
   redis.call('DEL', KEYS[5])
 end
-local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'total', 'done', 'failed')
+local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'total', 'done', 'failed', 'fed')
 local st = run[1]
 if not st then
   return {0, ''}
@@ -49,6 +51,12 @@ else
   done = redis.call('HINCRBY', KEYS[1], 'done', 1)
 end
 redis.call('HSET', KEYS[1], 'updated', now)
+-- The page leaves the split's window (feed.lua). A run created before
+-- windows has no 'fed': its pages were all enqueued at once.
+local fed = tonumber(run[6])
+if fed and i < fed then
+  redis.call('HINCRBY', KEYS[1], 'fed_done', 1)
+end
 if st == 'mapping' and done + failed == total then
   redis.call('HSET', KEYS[1], 'state', 'reducing', 'reducing_at', now)
   return {1, 'reducing'}

@@ -1,0 +1,54 @@
+-- feed moves a run's window forward: the split has room to enqueue the
+-- pages up to (not including) index ARGV[3]. The run counts the pages the
+-- split has passed ('fed') and, of those, the pages recorded ('fed_done');
+-- their difference is what the run has enqueued or in flight, which the
+-- split keeps at most JobOptions.Window. Pages of the new range recorded
+-- before (kept by Retry, or by an earlier split attempt) count as done at
+-- once. record.lua counts each page it records below 'fed'. 'resume' is
+-- where a split attempt that starts again can begin enqueuing: every page
+-- below it is enqueued or recorded.
+-- KEYS[1] run       HASH    the run record
+-- KEYS[2] recorded  STRING  bitmap of recorded pages
+-- ARGV[1] the run's nonce, as the split task carries it
+-- ARGV[2] resume: pages below it are enqueued or recorded ("0": no news)
+-- ARGV[3] the new end of the fed range ("0": move nothing, read only)
+-- ARGV[4] optional: the last part of the ID of the split task that goes on
+--         with the run ("split:<page>"), which the reconciler checks
+-- Returns {fed, fed_done} after the call, or {-1, state} if the run is not
+-- splitting under this nonce (state "" if it does not exist).
+local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume')
+if not run[1] then
+  return {-1, ''}
+end
+if run[1] ~= 'splitting' or run[2] ~= ARGV[1] then
+  return {-1, run[1]}
+end
+local fed, done = tonumber(run[3]) or 0, tonumber(run[4]) or 0
+local to = tonumber(ARGV[3])
+if to > fed then
+  -- Recorded pages in [fed, to): bits before the first whole byte and
+  -- after the last one by GETBIT, whole bytes by BITCOUNT.
+  local i = fed
+  while i < to and i % 8 ~= 0 do
+    done = done + redis.call('GETBIT', KEYS[2], i)
+    i = i + 1
+  end
+  local whole = to - to % 8
+  if i < whole then
+    done = done + redis.call('BITCOUNT', KEYS[2], string.format('%d', i / 8), string.format('%d', whole / 8 - 1))
+    i = whole
+  end
+  while i < to do
+    done = done + redis.call('GETBIT', KEYS[2], i)
+    i = i + 1
+  end
+  fed = to
+  redis.call('HSET', KEYS[1], 'fed', ARGV[3], 'fed_done', string.format('%d', done))
+end
+if tonumber(ARGV[2]) > (tonumber(run[5]) or 0) then
+  redis.call('HSET', KEYS[1], 'resume', ARGV[2])
+end
+if ARGV[4] then
+  redis.call('HSET', KEYS[1], 'split_task', ARGV[4])
+end
+return {fed, done}

@@ -1,0 +1,186 @@
+package mapreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A run's window: the split enqueues a page only while the run has fewer
+// than JobOptions.Window pages enqueued or in flight, so that a run of any
+// size keeps a bounded number of asynq tasks, and so Redis memory, and
+// shares its queue with the job's other runs. The run hash counts the
+// pages the split has passed ("fed") and the recorded ones among them
+// ("fed_done"): feed.lua moves the first, record.lua counts the second.
+//
+// Besides the window, a split tops its queue up only while asynq's list of
+// pending tasks is short (the backlog): a run started behind a large one
+// then waits behind at most that many of its pages, not behind a window's
+// worth. The first fill of a run is exempt, so that a small run enqueues
+// all of its pages at once.
+
+// defaultWindow is JobOptions.Window's default: about 6 MiB of asynq tasks.
+const defaultWindow = 10_000
+
+// windowSizes returns, for a window, how many pages the split waits for
+// room to enqueue at once (batch), and how many pending tasks of its queue
+// it tops up to (backlog).
+func windowSizes(window int) (batch, backlog int) {
+	batch = min(max(window/4, 1), 256)
+	backlog = max(2*batch, min(window, 512))
+	return batch, backlog
+}
+
+// errHandedOff ends a Split whose feeder has handed the rest of the run to
+// a new split task (feeder.handOff).
+var errHandedOff = errors.New("mapreduce: the split was handed over to a new split task")
+
+// feeder enqueues a split's pages within the run's window.
+type feeder struct {
+	c       *Client
+	k       runKeys
+	run     string
+	nonce   string
+	o       JobOptions
+	pending string // asynq's list of the queue's pending tasks
+	started time.Time
+
+	bits   []byte // the recorded pages when the attempt began
+	resume int    // pages below it are enqueued or recorded
+	fed    int    // pages below it have room in the window
+
+	enqueue  func(i int, page []byte) // hands a page to the enqueuers
+	inFlight sync.WaitGroup           // enqueues not yet done
+}
+
+// pendingKey is asynq's list of a queue's pending tasks (asynq's
+// base.PendingKey, the same in every release batchmr supports; a test
+// checks it against asynq's Inspector).
+func pendingKey(queue string) string { return "asynq:{" + queue + "}:pending" }
+
+// stallHandOff is how long a feeder waits for room while none of its
+// run's pages is recorded and its queue has pending tasks before it hands
+// the run to a new split task, freeing the worker slot it holds: on a
+// worker whose every slot holds a split, no page could run.
+var stallHandOff = 30 * time.Second
+
+// room waits until the window has room for page i and moves the fed mark
+// past it: all pages below i are then enqueued. It returns errHandedOff if
+// it handed the run on instead.
+func (f *feeder) room(ctx context.Context, i int) error {
+	f.inFlight.Wait()
+	if err := ctx.Err(); err != nil {
+		return context.Cause(ctx)
+	}
+	f.resume = i
+	batch, backlog := windowSizes(f.o.Window)
+	sleep, lastDone, stalledSince := time.Millisecond, -1, time.Now()
+	for {
+		fed, done, pending, err := f.read(ctx, f.resume, 0)
+		if err != nil {
+			return err
+		}
+		free := f.o.Window - (fed - done)
+		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
+			free = min(free, backlog-pending)
+		}
+		if fed > i {
+			// Another attempt of this split fed past i: its pages are counted.
+			f.fed = fed
+			return nil
+		}
+		if free >= batch || (free > 0 && fed == 0) {
+			to := f.walk(i, free)
+			if _, _, _, err := f.read(ctx, f.resume, to); err != nil {
+				return err
+			}
+			f.fed = to
+			return nil
+		}
+		if done != lastDone {
+			lastDone, stalledSince = done, time.Now()
+		}
+		if time.Since(f.started) > f.o.SplitTimeout/2 || (pending > 0 && time.Since(stalledSince) > stallHandOff) {
+			return f.handOff(ctx, i)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(sleep):
+		}
+		sleep = min(2*sleep, 20*time.Millisecond)
+	}
+}
+
+// walk returns the end of the range from page i that holds free pages not
+// yet recorded.
+func (f *feeder) walk(i, free int) int {
+	for ; free > 0 || bitSet(f.bits, i); i++ {
+		if !bitSet(f.bits, i) {
+			free--
+		}
+	}
+	return i
+}
+
+// read runs feed.lua (moving resume and, if to > 0, the fed mark) and reads
+// the length of the queue's pending list, in one round trip.
+func (f *feeder) read(ctx context.Context, resume, to int, splitTask ...string) (fed, done, pending int, err error) {
+	args := []any{f.nonce, resume, to}
+	for _, s := range splitTask {
+		args = append(args, s)
+	}
+	var (
+		res *redis.Cmd
+		n   *redis.IntCmd
+	)
+	err = f.c.withRedis(ctx, "moving the run's window", func(ctx context.Context) error {
+		pipe := func(p redis.Pipeliner) error {
+			res = scriptFeed.EvalSha(ctx, p, []string{f.k.run, f.k.recorded}, args...)
+			n = p.LLen(ctx, f.pending)
+			return nil
+		}
+		_, err := f.c.rdb.Pipelined(ctx, pipe)
+		if redis.HasErrorPrefix(res.Err(), "NOSCRIPT") { // a restarted or new Redis
+			if err := scriptFeed.Load(ctx, f.c.rdb).Err(); err != nil {
+				return err
+			}
+			_, err = f.c.rdb.Pipelined(ctx, pipe)
+		}
+		return err
+	})
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("mapreduce: split of %s: %w", f.run, err)
+	}
+	v, _ := res.Slice()
+	fed64, _ := v[0].(int64)
+	if fed64 < 0 {
+		return 0, 0, 0, errRunGone
+	}
+	done64, _ := v[1].(int64)
+	return int(fed64), int(done64), int(n.Val()), nil
+}
+
+// errRunGone stops a feeder whose run is no longer splitting under its
+// nonce: it ended, was resumed by Retry, or another attempt finished the
+// split.
+var errRunGone = errors.New("mapreduce: the run is no longer splitting")
+
+// handOff records that every page below i is enqueued and enqueues a new
+// split task that starts there, so that this one can end.
+func (f *feeder) handOff(ctx context.Context, i int) error {
+	step := "split:" + strconv.Itoa(i)
+	if _, _, _, err := f.read(ctx, i, 0, step); err != nil {
+		return err
+	}
+	if err := f.c.enqueueStepAs(ctx, f.run, f.nonce, typeSplit, step, f.o); err != nil {
+		return err
+	}
+	Logger(ctx).Info("mapreduce: split handed over to a new split task", "from_page", i)
+	return errHandedOff
+}
