@@ -60,6 +60,8 @@ type Client struct {
 	aq     *asynq.Client
 	insp   *asynq.Inspector
 
+	stallHandOff time.Duration // tests shorten it
+
 	watchMu  sync.Mutex
 	watches  map[string]map[*watch]struct{}
 	watching bool
@@ -101,6 +103,8 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		aq:      asynq.NewClientFromRedisClient(rdb),
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
 		watches: map[string]map[*watch]struct{}{},
+
+		stallHandOff: stallHandOff,
 	}, nil
 }
 

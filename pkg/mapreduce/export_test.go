@@ -3,6 +3,7 @@ package mapreduce
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	"github.com/hibiken/asynq"
 )
@@ -47,3 +48,14 @@ func (c *Client) ScanOrphans(ctx context.Context, job string) (int, error) {
 // ClaimKey names the mark a handler leaves when it starts on attempt
 // retried of task id.
 func (c *Client) ClaimKey(job, id string, retried int) string { return c.claimKey(job, id, retried) }
+
+// PendingKey is asynq's list of a queue's pending tasks, as the split reads
+// it.
+func PendingKey(queue string) string { return pendingKey(queue) }
+
+// SetStallHandOff sets how long c's splits wait on a stalled window before
+// they hand their run on.
+func (c *Client) SetStallHandOff(d time.Duration) { c.stallHandOff = d }
+
+// WindowSizes returns the split's batch and backlog for a window.
+func WindowSizes(window int) (batch, backlog int) { return windowSizes(window) }

@@ -28,13 +28,19 @@ import (
 const defaultWindow = 10_000
 
 // windowSizes returns, for a window, how many pages the split waits for
-// room to enqueue at once (batch), and how many pending tasks of its queue
-// it tops up to (backlog).
+// room to enqueue at once (batch), and the least number of pending tasks
+// of its queue it tops up to (backlog). A split whose pages are recorded
+// faster tops up to what its workers take in backlogFor (feeder.backlog).
 func windowSizes(window int) (batch, backlog int) {
-	batch = min(max(window/4, 1), 256)
-	backlog = max(2*batch, min(window, 512))
+	batch = min(max(window/4, 1), 64)
+	backlog = max(2*batch, min(window, 256))
 	return batch, backlog
 }
+
+// backlogFor is how much work a split keeps pending in its queue: enough
+// to keep its workers busy between two of its reads, and little enough
+// that a run started behind it starts soon.
+const backlogFor = 50 * time.Millisecond
 
 // errHandedOff ends a Split whose feeder has handed the rest of the run to
 // a new split task (feeder.handOff).
@@ -54,8 +60,26 @@ type feeder struct {
 	resume int    // pages below it are enqueued or recorded
 	fed    int    // pages below it have room in the window
 
-	enqueue  func(i int, page []byte) // hands a page to the enqueuers
-	inFlight sync.WaitGroup           // enqueues not yet done
+	inFlight sync.WaitGroup // enqueues not yet done
+
+	rateDone int       // pages recorded when the rate was last measured
+	rateAt   time.Time // when
+	rate     float64   // pages recorded per second, smoothed
+}
+
+// backlog returns how many pending tasks the split tops its queue up to:
+// what its run's pages are recorded at in backlogFor, at least least and
+// at most the window. done is the run's fed_done.
+func (f *feeder) backlog(done, least int) int {
+	now := time.Now()
+	if f.rateAt.IsZero() || done < f.rateDone {
+		f.rateDone, f.rateAt = done, now
+	} else if dt := now.Sub(f.rateAt); dt >= 100*time.Millisecond {
+		r := float64(done-f.rateDone) / dt.Seconds()
+		f.rate = 0.5*f.rate + 0.5*r
+		f.rateDone, f.rateAt = done, now
+	}
+	return min(max(least, int(f.rate*backlogFor.Seconds())), f.o.Window)
 }
 
 // pendingKey is asynq's list of a queue's pending tasks (asynq's
@@ -67,7 +91,7 @@ func pendingKey(queue string) string { return "asynq:{" + queue + "}:pending" }
 // run's pages is recorded and its queue has pending tasks before it hands
 // the run to a new split task, freeing the worker slot it holds: on a
 // worker whose every slot holds a split, no page could run.
-var stallHandOff = 30 * time.Second
+const stallHandOff = 30 * time.Second
 
 // room waits until the window has room for page i and moves the fed mark
 // past it: all pages below i are then enqueued. It returns errHandedOff if
@@ -78,7 +102,7 @@ func (f *feeder) room(ctx context.Context, i int) error {
 		return context.Cause(ctx)
 	}
 	f.resume = i
-	batch, backlog := windowSizes(f.o.Window)
+	batch, least := windowSizes(f.o.Window)
 	sleep, lastDone, stalledSince := time.Millisecond, -1, time.Now()
 	for {
 		fed, done, pending, err := f.read(ctx, f.resume, 0)
@@ -87,7 +111,7 @@ func (f *feeder) room(ctx context.Context, i int) error {
 		}
 		free := f.o.Window - (fed - done)
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
-			free = min(free, backlog-pending)
+			free = min(free, f.backlog(done, least)-pending)
 		}
 		if fed > i {
 			// Another attempt of this split fed past i: its pages are counted.
@@ -105,7 +129,7 @@ func (f *feeder) room(ctx context.Context, i int) error {
 		if done != lastDone {
 			lastDone, stalledSince = done, time.Now()
 		}
-		if time.Since(f.started) > f.o.SplitTimeout/2 || (pending > 0 && time.Since(stalledSince) > stallHandOff) {
+		if time.Since(f.started) > f.o.SplitTimeout/2 || (pending > 0 && time.Since(stalledSince) > f.c.stallHandOff) {
 			return f.handOff(ctx, i)
 		}
 		select {

@@ -1,0 +1,290 @@
+package mapreduce_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// queueTasks counts the tasks asynq holds for a queue: pending, active,
+// waiting for a retry, and scheduled.
+func queueTasks(t *testing.T, rdb *redis.Client, queue string) int {
+	t.Helper()
+	ctx := context.Background()
+	base := "asynq:{" + queue + "}:"
+	var cmds [4]*redis.IntCmd
+	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		cmds[0] = p.LLen(ctx, base+"pending")
+		cmds[1] = p.LLen(ctx, base+"active")
+		cmds[2] = p.ZCard(ctx, base+"retry")
+		cmds[3] = p.ZCard(ctx, base+"scheduled")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range cmds {
+		n += int(c.Val())
+	}
+	return n
+}
+
+func TestTheSplitReadsAsynqsOwnListOfPendingTasks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	aq := asynq.NewClientFromRedisClient(e.rdb)
+	for i := range 3 {
+		if _, err := aq.Enqueue(asynq.NewTask("test", nil), asynq.Queue(e.queue), asynq.TaskID(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := asynq.NewInspectorFromRedisClient(e.rdb).GetQueueInfo(e.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := e.rdb.LLen(context.Background(), mapreduce.PendingKey(e.queue)).Result()
+	if err != nil || int(n) != info.Pending || n != 3 {
+		t.Fatalf("LLEN %s = %d, %v; asynq's Inspector counts %d pending tasks: asynq's key layout changed, and windows no longer see the queue's backlog",
+			mapreduce.PendingKey(e.queue), n, err, info.Pending)
+	}
+}
+
+func TestARunKeepsAtMostItsWindowOfTasksInRedis(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages, window = 10_000, 250
+	cnt := newCounts()
+	job := sumJob("wide", cnt, e.opts(mapreduce.JobOptions{Window: window}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, 8)
+	id, err := job.Start(context.Background(), c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sample what asynq holds until the run ends: every task of the queue
+	// is this run's, and the split task itself is one of them.
+	peak, peakInFlight, samples := 0, 0, 0
+	for {
+		n := queueTasks(t, e.rdb, e.queue)
+		st, err := c.Status(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peak, peakInFlight, samples = max(peak, n), max(peakInFlight, st.InFlight), samples+1
+		if st.State.Ended() {
+			if st.State != mapreduce.StateSucceeded || st.Done != pages {
+				t.Fatalf("run ended %s with %d of %d pages done: %s", st.State, st.Done, pages, st.Error)
+			}
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if peak > window+1 {
+		t.Errorf("asynq held up to %d tasks of a run whose window is %d pages (plus its split)", peak, window)
+	}
+	if peakInFlight > window {
+		t.Errorf("Status.InFlight reached %d, over the window of %d", peakInFlight, window)
+	}
+	if peak < window/2 {
+		t.Errorf("asynq never held more than %d tasks in %d samples: the run did not use its window of %d, so this test proves nothing", peak, samples, window)
+	}
+	if calls, _ := cnt.snapshot(); calls != pages {
+		t.Errorf("Map ran %d times for %d pages: a window must not redo pages", calls, pages)
+	}
+	t.Logf("%d pages, window %d: asynq held at most %d tasks (%d samples)", pages, window, peak, samples)
+}
+
+func TestASmallRunStartedBehindALargeOneWaitsForAtMostTheBacklogNotTheWindow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const window, large, small = 2_000, 12_000, 100
+	_, backlog := mapreduce.WindowSizes(window)
+	job := sumJob("shared", newCounts(), e.opts(mapreduce.JobOptions{Window: window, AllowOverlap: true}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, 8)
+	ctx := context.Background()
+	big, err := job.Start(ctx, c, sumArgs{N: large, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before *mapreduce.Status
+	waitFor(t, time.Minute, "the large run to fill its window", func() bool {
+		before, err = c.Status(ctx, big)
+		return err == nil && before.Done >= window
+	})
+	id, err := job.Start(ctx, c, sumArgs{N: small, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := wait(t, c, id, time.Minute); st.State != mapreduce.StateSucceeded {
+		t.Fatalf("small run ended %s: %s", st.State, st.Error)
+	}
+	after, err := c.Status(ctx, big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// In one FIFO queue, the small run's split, its pages and its reduce
+	// each wait behind what the large run has pending: its backlog, a few
+	// hundred pages, each time, where without it they would each wait
+	// behind its whole window.
+	if ran := after.Done - before.Done; ran >= window {
+		t.Errorf("the large run recorded %d pages while a %d-page run started behind it ran: the small run waited behind the large run's window (%d pages), not its backlog (%d)",
+			ran, small, window, backlog)
+	} else {
+		t.Logf("the large run recorded %d pages while the %d-page run ran (backlog %d, window %d)", ran, small, backlog, window)
+	}
+	if st := wait(t, c, big, time.Minute); st.State != mapreduce.StateSucceeded || st.Done != large {
+		t.Fatalf("large run ended %s with %d pages: %s", st.State, st.Done, st.Error)
+	}
+}
+
+func TestASplitThatFailsPartWayResumesWithoutRedoingOrDuplicatingPages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const window, failAt, pages, gated = 100, 250, 600, 200
+	var (
+		attempts atomic.Int32
+		mu       sync.Mutex
+		maps     = map[int]int{}
+		gate     = make(chan struct{})
+	)
+	job := mapreduce.Job[int, int, int, int]{
+		Name: "resumed",
+		Split: func(ctx context.Context, n int, emit func(int) error) error {
+			first := attempts.Add(1) == 1
+			for i := range n {
+				if first && i == failAt {
+					return errors.New("the split's database went away")
+				}
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: func(ctx context.Context, i int) (int, error) {
+			if i >= gated {
+				<-gate // pages of the second half wait until the split has resumed
+			}
+			mu.Lock()
+			maps[i]++
+			mu.Unlock()
+			return i, nil
+		},
+		Options: e.opts(mapreduce.JobOptions{Window: window}),
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, 2*window) // slots to spare for the split's retry while gated pages hold theirs
+	ctx := context.Background()
+	id, err := job.Start(ctx, c, pages, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second attempt skips the pages below the first one's resume mark
+	// and enqueues again those it had enqueued above it: their tasks still
+	// exist (the gate holds them), so that changes nothing. Open the gate
+	// once the second attempt has passed every page the first one emitted.
+	k := e.prefix + ":{resumed}:run:" + id
+	waitFor(t, 30*time.Second, "the second split attempt to pass the first one's pages", func() bool {
+		resume, _ := e.rdb.HGet(ctx, k, "resume").Int()
+		return attempts.Load() >= 2 && resume >= failAt
+	})
+	close(gate)
+	st := wait(t, c, id, time.Minute)
+	if st.State != mapreduce.StateSucceeded || st.Total != pages || st.Done != pages {
+		t.Fatalf("run ended %s, %d of %d pages done: %s", st.State, st.Done, st.Total, st.Error)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range pages {
+		if maps[i] != 1 {
+			t.Errorf("page %d was mapped %d times, want once", i, maps[i])
+		}
+	}
+}
+
+func TestASplitThatRunsPastHalfItsTimeoutHandsOnWithoutRedoingPages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages, window = 600, 50
+	var (
+		mu     sync.Mutex
+		maps   = map[int]int{}
+		splits atomic.Int32
+	)
+	job := mapreduce.Job[int, int, int, int]{
+		Name: "handed",
+		Split: func(ctx context.Context, n int, emit func(int) error) error {
+			splits.Add(1)
+			for i := range n {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: func(ctx context.Context, i int) (int, error) {
+			time.Sleep(5 * time.Millisecond) // 600 pages over 4 slots: ~0.75s, past half the split's 1s timeout
+			mu.Lock()
+			maps[i]++
+			mu.Unlock()
+			return i, nil
+		},
+		Options: e.opts(mapreduce.JobOptions{Window: window, SplitTimeout: time.Second}),
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, 4)
+	id, err := job.Start(context.Background(), c, pages, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := wait(t, c, id, time.Minute)
+	if st.State != mapreduce.StateSucceeded || st.Done != pages {
+		t.Fatalf("run ended %s with %d pages done: %s", st.State, st.Done, st.Error)
+	}
+	if n := splits.Load(); n < 2 {
+		t.Fatalf("Split ran %d times: the split never handed on, so this test proves nothing", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range pages {
+		if maps[i] != 1 {
+			t.Errorf("page %d was mapped %d times, want once", i, maps[i])
+		}
+	}
+}
+
+func TestASplitHoldingAWorkersOnlySlotHandsOnSoThatItsPagesCanRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages, window = 120, 20
+	job := sumJob("narrow", newCounts(), e.opts(mapreduce.JobOptions{Window: window}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	c.SetStallHandOff(300 * time.Millisecond)
+	e.worker(c, 1) // the split, waiting for room, holds the only slot
+	id, err := job.Start(context.Background(), c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := wait(t, c, id, time.Minute)
+	if st.State != mapreduce.StateSucceeded || st.Done != pages {
+		t.Fatalf("run ended %s with %d pages done: %s", st.State, st.Done, st.Error)
+	}
+	if want := fmt.Sprint(pages * (pages - 1) / 2); string(st.Result) != want {
+		t.Fatalf("result %s, want %s", st.Result, want)
+	}
+}
