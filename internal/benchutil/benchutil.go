@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -63,4 +65,16 @@ func Median[T cmp.Ordered](xs []T) T {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// RedisCPU returns the CPU time Redis has used, user and system, from
+// INFO cpu.
+func RedisCPU(ctx context.Context, rdb *redis.Client) time.Duration {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0
+	}
+	user, _ := strconv.ParseFloat(InfoField(info, "used_cpu_user"), 64)
+	sys, _ := strconv.ParseFloat(InfoField(info, "used_cpu_sys"), 64)
+	return time.Duration((user + sys) * float64(time.Second))
 }

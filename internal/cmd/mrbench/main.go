@@ -1,9 +1,19 @@
-// Command mrbench measures pkg/mapreduce against a real Redis: a large run
-// of no-op pages (split fan-out rate, end-to-end pages per second, Redis
-// memory per page), and the framework's overhead over a bare asynq handler
-// processing the same number of no-op tasks, interleaved in one run.
+// Command mrbench measures pkg/mapreduce against a real Redis and prints
+// Markdown tables for BENCHMARKS.md:
 //
-//	go run ./internal/cmd/mrbench -redis redis://127.0.0.1:6379/0
+//   - scale: runs of no-op pages of growing size (-sizes), the first size
+//     run again after the others so that drift shows: end-to-end pages/s,
+//     the ratio of each size's rate to the first's, Redis memory at the
+//     live run's peak above idle, and the most tasks asynq held at once
+//     against the window;
+//
+//   - fairness: a small run (-small pages) of the same job alone, then
+//     started while the largest run is half done: its time, and the ratio;
+//
+//   - overhead: the framework against a bare asynq handler processing the
+//     same number of no-op tasks, in interleaved rounds: median and spread.
+//
+//     go run ./internal/cmd/mrbench -redis redis://127.0.0.1:6379/0
 //
 // It writes only under a fresh "mrbench:<random>" prefix and its own asynq
 // queues, and deletes them afterwards.
@@ -32,15 +42,27 @@ import (
 
 var (
 	redisURL    = flag.String("redis", os.Getenv("BATCHMR_TEST_REDIS_URL"), "Redis URL (default $BATCHMR_TEST_REDIS_URL)")
-	pages       = flag.Int("pages", 100_000, "pages of the large run")
+	sizes       = flag.String("sizes", "100000,1000000", "pages of the scale runs, comma-separated; the first is the reference, run again at the end")
+	window      = flag.Int("window", 0, "JobOptions.Window of every run (0: the default)")
+	small       = flag.Int("small", 1000, "pages of the fairness section's small runs")
+	smallRuns   = flag.Int("small-runs", 3, "small runs alone, and started one after another from half-way through the largest run; medians are reported")
 	tasks       = flag.Int("tasks", 20_000, "no-op tasks per overhead comparison round")
-	repeat      = flag.Int("repeat", 3, "interleaved rounds of the overhead comparison; medians are reported")
+	repeat      = flag.Int("repeat", 5, "interleaved rounds of the overhead comparison")
 	concurrency = flag.Int("concurrency", 32, "asynq worker concurrency in every measurement")
-	only        = flag.String("only", "", "run only these sections, comma-separated: large,overhead")
+	only        = flag.String("only", "", "run only these sections, comma-separated: scale,fairness,overhead (fairness runs with scale)")
 )
 
 func main() {
 	flag.Parse()
+	var ns []int
+	for _, f := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "mrbench: -sizes %q: want page counts above 0, comma-separated, such as 100000,1000000\n", *sizes)
+			os.Exit(2)
+		}
+		ns = append(ns, n)
+	}
 	rdb := benchutil.Redis("mrbench", *redisURL, 4**concurrency)
 	defer rdb.Close()
 	ctx := context.Background()
@@ -52,26 +74,35 @@ func main() {
 		runtime.Version(), runtime.NumCPU(), benchutil.InfoField(info, "redis_version"), *concurrency)
 
 	want := func(s string) bool { return *only == "" || slices.Contains(strings.Split(*only, ","), s) }
-	if want("large") {
-		q := base + "-large"
+	if want("scale") || want("fairness") {
+		q := base + "-scale"
 		queues = append(queues, q)
-		large(ctx, rdb, base+":large", q)
+		scale(ctx, rdb, base+":scale", q, ns, want("scale"), want("fairness"))
 	}
 	if want("overhead") {
-		var bare, mr []time.Duration
+		var bare, mr, bareCPU, mrCPU []time.Duration
+		var ratios []float64
 		for r := range *repeat {
 			qb, qm := fmt.Sprintf("%s-bare-%d", base, r), fmt.Sprintf("%s-mr-%d", base, r)
 			queues = append(queues, qb, qm)
-			bare = append(bare, bareRound(ctx, rdb, qb))
-			mr = append(mr, mapreduceRound(ctx, rdb, fmt.Sprintf("%s:mr%d", base, r), qm, *tasks))
+			cpu0 := benchutil.RedisCPU(ctx, rdb)
+			b := bareRound(ctx, rdb, qb)
+			cpu1 := benchutil.RedisCPU(ctx, rdb)
+			m := mapreduceRound(ctx, rdb, fmt.Sprintf("%s:mr%d", base, r), qm, *tasks)
+			cpu2 := benchutil.RedisCPU(ctx, rdb)
+			bare, mr, ratios = append(bare, b), append(mr, m), append(ratios, float64(m)/float64(b))
+			bareCPU, mrCPU = append(bareCPU, (cpu1-cpu0)/time.Duration(*tasks)), append(mrCPU, (cpu2-cpu1)/time.Duration(*tasks))
 		}
 		b, m := benchutil.Median(bare), benchutil.Median(mr)
-		fmt.Printf("## Framework overhead: %d no-op tasks, bare asynq handler vs one mapreduce run (%d interleaved rounds, medians)\n\n", *tasks, *repeat)
-		fmt.Println("| | bare asynq | mapreduce run | ratio (target ≤ 1.5) |")
+		fmt.Printf("## Framework overhead: %d no-op tasks, bare asynq handler vs one mapreduce run (%d interleaved rounds)\n\n", *tasks, *repeat)
+		fmt.Println("| | bare asynq | mapreduce run | ratio (target ≤ 1.25) |")
 		fmt.Println("|---|---|---|---|")
-		fmt.Printf("| wall time | %v | %v | **%.2f** |\n", b.Round(time.Millisecond), m.Round(time.Millisecond), float64(m)/float64(b))
-		fmt.Printf("| tasks/s | %.0f | %.0f | |\n", float64(*tasks)/b.Seconds(), float64(*tasks)/m.Seconds())
-		fmt.Printf("| rounds | %s | %s | |\n\n", durs(bare), durs(mr))
+		fmt.Printf("| wall time, median | %v | %v | **%.2f** (ratio of medians) |\n", b.Round(time.Millisecond), m.Round(time.Millisecond), float64(m)/float64(b))
+		fmt.Printf("| tasks/s, median | %.0f | %.0f | |\n", float64(*tasks)/b.Seconds(), float64(*tasks)/m.Seconds())
+		fmt.Printf("| Redis CPU per task, median | %.1f µs | %.1f µs | %.2f |\n", micros(benchutil.Median(bareCPU)), micros(benchutil.Median(mrCPU)),
+			float64(benchutil.Median(mrCPU))/float64(benchutil.Median(bareCPU)))
+		fmt.Printf("| per round | %s | %s | %s (median **%.2f**, spread %.2f–%.2f) |\n\n", durs(bare), durs(mr),
+			floats(ratios), benchutil.Median(ratios), slices.Min(ratios), slices.Max(ratios))
 	}
 }
 
@@ -105,7 +136,7 @@ func noopJob(queue string) mapreduce.Job[int, int, struct{}, int] {
 			return nil
 		},
 		Map: func(context.Context, int) (struct{}, error) { return struct{}{}, nil },
-		Options: mapreduce.JobOptions{Queue: queue, Retention: time.Minute,
+		Options: mapreduce.JobOptions{Queue: queue, Retention: time.Minute, Window: *window, AllowOverlap: true,
 			Semantics: mapreduce.CompleteSemantics, MapRetries: -1},
 	}
 }
@@ -117,21 +148,16 @@ func newClient(rdb *redis.Client, prefix, queue string) *mapreduce.Client {
 	return c
 }
 
-// runAndWait starts a run of n pages with a worker serving it, and returns
-// its final status, polling every 5 ms so that the poll does not pad the time.
-func runAndWait(ctx context.Context, rdb *redis.Client, c *mapreduce.Client, queue string, n int, during func()) *mapreduce.Status {
-	srv := newServer(rdb, queue)
-	mux := asynq.NewServeMux()
-	c.Register(mux)
-	must(srv.Start(mux))
-	defer srv.Shutdown()
+// run starts a run of n pages and returns its final status, polling every
+// 5 ms so that the poll does not pad the time; during sees each status.
+func run(ctx context.Context, rdb *redis.Client, c *mapreduce.Client, queue string, n int, during func(*mapreduce.Status)) *mapreduce.Status {
 	id, err := noopJob(queue).Start(ctx, c, n, mapreduce.StartOptions{})
 	must(err)
 	for {
 		st, err := c.Status(ctx, id)
 		must(err)
 		if during != nil {
-			during()
+			during(st)
 		}
 		if st.State.Ended() {
 			if st.State != mapreduce.StateSucceeded {
@@ -143,40 +169,148 @@ func runAndWait(ctx context.Context, rdb *redis.Client, c *mapreduce.Client, que
 	}
 }
 
-func large(ctx context.Context, rdb *redis.Client, prefix, queue string) {
-	c := newClient(rdb, prefix, queue)
-	baseMem := usedMemory(ctx, rdb)
-	var peak int64
-	var samples int
-	lastSample := time.Time{}
-	st := runAndWait(ctx, rdb, c, queue, *pages, func() {
-		if time.Since(lastSample) < 50*time.Millisecond {
-			return
-		}
-		lastSample = time.Now()
-		samples++
-		peak = max(peak, usedMemory(ctx, rdb)-baseMem)
-	})
-	var own int64
-	for _, kind := range []string{"run", "recorded", "results", "failures"} {
-		n, _ := rdb.MemoryUsage(ctx, prefix+":{noop}:"+kind+":"+st.ID, 0).Result()
-		own += n
-	}
-	splitFor := st.SplitDone.Sub(st.Created)
-	total := st.Finished.Sub(st.Created)
-	fmt.Printf("## A %d-page run, no-op Map\n\n", *pages)
-	fmt.Println("| split fan-out (pages enqueued/s) | end-to-end pages/s | split time | run time | Redis memory per page: peak of the live run | the run's own keys, finished |")
-	fmt.Println("|---|---|---|---|---|---|")
-	fmt.Printf("| %.0f | %.0f | %v | %v | %.0f B (peak +%.1f MiB over %d samples) | %.1f B |\n\n",
-		float64(st.Total)/splitFor.Seconds(), float64(st.Total)/total.Seconds(),
-		splitFor.Round(time.Millisecond), total.Round(time.Millisecond),
-		float64(peak)/float64(st.Total), float64(peak)/(1<<20), samples, float64(own)/float64(st.Total))
+// sample is what the scale section watches while a run goes: Redis
+// memory and the tasks asynq holds for the run's queue.
+type sample struct {
+	peakMem   int64 // bytes above idle
+	peakTasks int   // pending, active, retrying and scheduled
+	samples   int
 }
+
+func (s *sample) take(ctx context.Context, rdb *redis.Client, queue string, idle int64) {
+	s.samples++
+	s.peakMem = max(s.peakMem, usedMemory(ctx, rdb)-idle)
+	base := "asynq:{" + queue + "}:"
+	var n [4]*redis.IntCmd
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		n[0], n[1] = p.LLen(ctx, base+"pending"), p.LLen(ctx, base+"active")
+		n[2], n[3] = p.ZCard(ctx, base+"retry"), p.ZCard(ctx, base+"scheduled")
+		return nil
+	})
+	must(err)
+	s.peakTasks = max(s.peakTasks, int(n[0].Val()+n[1].Val()+n[2].Val()+n[3].Val()))
+}
+
+// scale runs a run of each size, then the first size again, on one worker,
+// and prints their rates and memory. With fairness, it also times small
+// runs alone before the largest run, and started while it is half done.
+func scale(ctx context.Context, rdb *redis.Client, prefix, queue string, ns []int, showScale, fairness bool) {
+	c := newClient(rdb, prefix, queue)
+	srv := newServer(rdb, queue)
+	mux := asynq.NewServeMux()
+	c.Register(mux)
+	must(srv.Start(mux))
+	defer srv.Shutdown()
+	largest := slices.Max(ns)
+	var alone, during []time.Duration
+	if fairness {
+		for range *smallRuns {
+			alone = append(alone, runTime(run(ctx, rdb, c, queue, *small, nil)))
+		}
+	}
+	type row struct {
+		pages int
+		st    *mapreduce.Status
+		s     sample
+	}
+	var rows []row
+	order := slices.Clone(ns)
+	if len(ns) > 1 {
+		order = append(order, ns[0]) // the reference again: drift shows
+	}
+	if !showScale {
+		order = []int{largest}
+	}
+	for _, n := range order {
+		idle := usedMemory(ctx, rdb)
+		var s sample
+		var last time.Time
+		var smallID string
+		var smallErr error
+		st := run(ctx, rdb, c, queue, n, func(st *mapreduce.Status) {
+			if time.Since(last) >= 50*time.Millisecond {
+				last = time.Now()
+				s.take(ctx, rdb, queue, idle)
+			}
+			// From half-way through the largest run, small runs one after
+			// another, each timed from its start to its end.
+			if !fairness || n != largest || len(during) >= *smallRuns || st.Done < n/2 {
+				return
+			}
+			if smallID != "" {
+				sst, err := c.Status(ctx, smallID)
+				must(err)
+				if !sst.State.Ended() {
+					return
+				}
+				if sst.State != mapreduce.StateSucceeded {
+					smallErr = fmt.Errorf("small run %s ended %s: %s", smallID, sst.State, sst.Error)
+				}
+				during = append(during, runTime(sst))
+				smallID = ""
+				if len(during) >= *smallRuns {
+					return
+				}
+			}
+			id, err := noopJob(queue).Start(ctx, c, *small, mapreduce.StartOptions{})
+			must(err)
+			smallID = id
+		})
+		must(smallErr)
+		if fairness && n == largest {
+			fairness = false // once
+			if len(during) < *smallRuns {
+				must(fmt.Errorf("the %d-page run ended before %d small runs could run during it: use more pages", n, *smallRuns))
+			}
+		}
+		rows = append(rows, row{n, st, s})
+	}
+	w := *window
+	if w == 0 {
+		w = 10_000
+	}
+	if showScale {
+		fmt.Printf("## Runs of growing size, no-op Map, window %d pages, one worker\n\n", w)
+		fmt.Println("| pages | run time | end-to-end pages/s | vs the first run of the first size (target ≥ 0.9) | Redis memory at the live run's peak, above idle | most tasks asynq held (window + split) | the run's own keys, finished |")
+		fmt.Println("|---|---|---|---|---|---|---|")
+		ref := rate(rows[0].st)
+		for _, r := range rows {
+			var own int64
+			for _, kind := range []string{"run", "recorded", "results", "failures"} {
+				n, _ := rdb.MemoryUsage(ctx, prefix+":{noop}:"+kind+":"+r.st.ID, 0).Result()
+				own += n
+			}
+			fmt.Printf("| %d | %v | %.0f | **%.2f** | %.1f MiB (%.0f B/page; %d samples) | %d | %.1f MiB (%.1f B/page) |\n",
+				r.pages, runTime(r.st).Round(time.Millisecond), rate(r.st), rate(r.st)/ref,
+				float64(r.s.peakMem)/(1<<20), float64(r.s.peakMem)/float64(r.pages), r.s.samples, r.s.peakTasks,
+				float64(own)/(1<<20), float64(own)/float64(r.pages))
+		}
+		fmt.Println()
+	}
+	if len(during) > 0 {
+		a, d := benchutil.Median(alone), benchutil.Median(during)
+		fmt.Printf("## Fairness: a %d-page run alone, and started while a %d-page run of the same job is half done\n\n", *small, largest)
+		fmt.Println("| alone, median | during the large run, median | ratio (target ≤ 2) | alone, each | during, each |")
+		fmt.Println("|---|---|---|---|---|")
+		fmt.Printf("| %v | %v | **%.2f** | %s | %s |\n\n", a.Round(time.Millisecond), d.Round(time.Millisecond),
+			float64(d)/float64(a), durs(alone), durs(during))
+	}
+}
+
+// runTime is a run's time from its creation to its end, by Redis's clock.
+func runTime(st *mapreduce.Status) time.Duration { return st.Finished.Sub(st.Created) }
+
+func rate(st *mapreduce.Status) float64 { return float64(st.Total) / runTime(st).Seconds() }
 
 func mapreduceRound(ctx context.Context, rdb *redis.Client, prefix, queue string, n int) time.Duration {
 	c := newClient(rdb, prefix, queue)
+	srv := newServer(rdb, queue)
+	mux := asynq.NewServeMux()
+	c.Register(mux)
+	must(srv.Start(mux))
+	defer srv.Shutdown()
 	start := time.Now()
-	runAndWait(ctx, rdb, c, queue, n, nil)
+	run(ctx, rdb, c, queue, n, nil)
 	return time.Since(start)
 }
 
@@ -233,6 +367,16 @@ func cleanup(rdb *redis.Client, base string, queues []string) {
 		rdb.SRem(context.Background(), "asynq:queues", q)
 	}
 	benchutil.DeleteMatching(rdb, patterns...)
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+func floats(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, " ")
 }
 
 func durs(ds []time.Duration) string {
