@@ -67,6 +67,12 @@
 //     return. Every failed attempt is logged with its run, job, page and
 //     attempt, and Logger(ctx) gives a job's functions a logger with the
 //     same attributes.
+//   - A run of any size holds at most JobOptions.Window pages' tasks in
+//     Redis at once: the split enqueues pages as earlier ones are recorded,
+//     and tops its queue up only to a short backlog, so a run started
+//     behind a large one of the same job waits behind that backlog, not
+//     behind the large run. A split that starts again skips the pages an
+//     earlier attempt enqueued or recorded.
 //   - Starts with the same StartOptions.Key make one run, so scheduler
 //     replicas firing on the same tick start it once.
 //   - Cancel stops a run: queued pages do not start, handlers at work see
