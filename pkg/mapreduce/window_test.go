@@ -149,14 +149,40 @@ func TestASmallRunStartedBehindALargeOneWaitsForAtMostTheBacklogNotTheWindow(t *
 	}
 }
 
+// mapCalls counts Map calls by page index.
+type mapCalls struct {
+	mu sync.Mutex
+	n  map[int]int
+}
+
+func (m *mapCalls) add(i int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.n == nil {
+		m.n = map[int]int{}
+	}
+	m.n[i]++
+}
+
+// wantEachOnce fails t unless Map ran exactly once for each of pages.
+func (m *mapCalls) wantEachOnce(t *testing.T, pages int) {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range pages {
+		if m.n[i] != 1 {
+			t.Errorf("page %d was mapped %d times, want once", i, m.n[i])
+		}
+	}
+}
+
 func TestASplitThatFailsPartWayResumesWithoutRedoingOrDuplicatingPages(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	const window, failAt, pages, gated = 100, 250, 600, 200
 	var (
 		attempts atomic.Int32
-		mu       sync.Mutex
-		maps     = map[int]int{}
+		maps     mapCalls
 		gate     = make(chan struct{})
 	)
 	job := mapreduce.Job[int, int, int, int]{
@@ -177,9 +203,7 @@ func TestASplitThatFailsPartWayResumesWithoutRedoingOrDuplicatingPages(t *testin
 			if i >= gated {
 				<-gate // pages of the second half wait until the split has resumed
 			}
-			mu.Lock()
-			maps[i]++
-			mu.Unlock()
+			maps.add(i)
 			return i, nil
 		},
 		Options: e.opts(mapreduce.JobOptions{Window: window}),
@@ -206,13 +230,7 @@ func TestASplitThatFailsPartWayResumesWithoutRedoingOrDuplicatingPages(t *testin
 	if st.State != mapreduce.StateSucceeded || st.Total != pages || st.Done != pages {
 		t.Fatalf("run ended %s, %d of %d pages done: %s", st.State, st.Done, st.Total, st.Error)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for i := range pages {
-		if maps[i] != 1 {
-			t.Errorf("page %d was mapped %d times, want once", i, maps[i])
-		}
-	}
+	maps.wantEachOnce(t, pages)
 }
 
 func TestASplitThatRunsPastHalfItsTimeoutHandsOnWithoutRedoingPages(t *testing.T) {
@@ -220,8 +238,7 @@ func TestASplitThatRunsPastHalfItsTimeoutHandsOnWithoutRedoingPages(t *testing.T
 	e := newEnv(t)
 	const pages, window = 600, 50
 	var (
-		mu     sync.Mutex
-		maps   = map[int]int{}
+		maps   mapCalls
 		splits atomic.Int32
 	)
 	job := mapreduce.Job[int, int, int, int]{
@@ -237,9 +254,7 @@ func TestASplitThatRunsPastHalfItsTimeoutHandsOnWithoutRedoingPages(t *testing.T
 		},
 		Map: func(ctx context.Context, i int) (int, error) {
 			time.Sleep(5 * time.Millisecond) // 600 pages over 4 slots: ~0.75s, past half the split's 1s timeout
-			mu.Lock()
-			maps[i]++
-			mu.Unlock()
+			maps.add(i)
 			return i, nil
 		},
 		Options: e.opts(mapreduce.JobOptions{Window: window, SplitTimeout: time.Second}),
@@ -258,13 +273,7 @@ func TestASplitThatRunsPastHalfItsTimeoutHandsOnWithoutRedoingPages(t *testing.T
 	if n := splits.Load(); n < 2 {
 		t.Fatalf("Split ran %d times: the split never handed on, so this test proves nothing", n)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for i := range pages {
-		if maps[i] != 1 {
-			t.Errorf("page %d was mapped %d times, want once", i, maps[i])
-		}
-	}
+	maps.wantEachOnce(t, pages)
 }
 
 func TestASplitHoldingAWorkersOnlySlotHandsOnSoThatItsPagesCanRun(t *testing.T) {
