@@ -212,6 +212,7 @@ func scale(ctx context.Context, rdb *redis.Client, prefix, queue string, ns []in
 		pages int
 		st    *mapreduce.Status
 		s     sample
+		own   int64 // the run's own keys once it ended, before they expire
 	}
 	var rows []row
 	order := slices.Clone(ns)
@@ -263,7 +264,12 @@ func scale(ctx context.Context, rdb *redis.Client, prefix, queue string, ns []in
 				must(fmt.Errorf("the %d-page run ended before %d small runs could run during it: use more pages", n, *smallRuns))
 			}
 		}
-		rows = append(rows, row{n, st, s})
+		var own int64
+		for _, kind := range []string{"run", "recorded", "results", "failures"} {
+			b, _ := rdb.MemoryUsage(ctx, prefix+":{noop}:"+kind+":"+st.ID, 0).Result()
+			own += b
+		}
+		rows = append(rows, row{n, st, s, own})
 	}
 	w := *window
 	if w == 0 {
@@ -275,15 +281,10 @@ func scale(ctx context.Context, rdb *redis.Client, prefix, queue string, ns []in
 		fmt.Println("|---|---|---|---|---|---|---|")
 		ref := rate(rows[0].st)
 		for _, r := range rows {
-			var own int64
-			for _, kind := range []string{"run", "recorded", "results", "failures"} {
-				n, _ := rdb.MemoryUsage(ctx, prefix+":{noop}:"+kind+":"+r.st.ID, 0).Result()
-				own += n
-			}
 			fmt.Printf("| %d | %v | %.0f | **%.2f** | %.1f MiB (%.0f B/page; %d samples) | %d | %.1f MiB (%.1f B/page) |\n",
 				r.pages, runTime(r.st).Round(time.Millisecond), rate(r.st), rate(r.st)/ref,
 				float64(r.s.peakMem)/(1<<20), float64(r.s.peakMem)/float64(r.pages), r.s.samples, r.s.peakTasks,
-				float64(own)/(1<<20), float64(own)/float64(r.pages))
+				float64(r.own)/(1<<20), float64(r.own)/float64(r.pages))
 		}
 		fmt.Println()
 	}
