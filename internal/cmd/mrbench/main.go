@@ -27,6 +27,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,6 +51,7 @@ var (
 	repeat      = flag.Int("repeat", 5, "interleaved rounds of the overhead comparison")
 	concurrency = flag.Int("concurrency", 32, "asynq worker concurrency in every measurement")
 	only        = flag.String("only", "", "run only these sections, comma-separated: scale,fairness,overhead (fairness runs with scale)")
+	cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole benchmark (worker and client: one process) to this file")
 )
 
 func main() {
@@ -62,6 +64,12 @@ func main() {
 			os.Exit(2)
 		}
 		ns = append(ns, n)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		must(err)
+		must(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
 	}
 	rdb := benchutil.Redis("mrbench", *redisURL, 4**concurrency)
 	defer rdb.Close()
