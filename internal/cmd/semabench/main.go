@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -41,7 +42,7 @@ var (
 	holds      = flag.String("holds", "2ms,10ms", "work per grant in the utilisation runs, comma-separated: one table each")
 	repeat     = flag.Int("repeat", 3, "interleaved runs per design in the utilisation runs; the median is reported")
 	hold       = flag.Duration("hold", 0, "internal: work per grant of a utilisation worker")
-	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,idle,utilisation")
+	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,idle,utilisation,capacity")
 	designList = flag.String("designs", "", "utilisation designs to run, comma-separated (default all)")
 
 	// Set on the worker subprocesses of the utilisation runs.
@@ -50,6 +51,13 @@ var (
 	start      = flag.Int64("start", 0, "internal: start time, unix ns")
 	cpuProfile = flag.String("cpuprofile", "", "write each utilisation worker's CPU profile to this path + .<design>.<pid>")
 	execTrace  = flag.String("trace", "", "write each utilisation worker's execution trace to this path + .<design>.<pid>; scripts/handoff-trace.py reads it")
+	capLimit      = flag.Int("capacity-limit", 64, "permits in the capacity runs")
+	capGoroutines = flag.Int("capacity-goroutines", 64, "goroutines per process in the capacity runs")
+	capProcesses  = flag.Int("capacity-processes", 4, "processes in the capacity runs")
+	capDuration   = flag.Duration("capacity-duration", 3*time.Second, "length of each capacity run")
+	capDesigns    = flag.String("capacity-designs", "batchmr,token-list,bound-1rtt", "designs in the capacity runs, comma-separated; batchmr-before is added with -before-exe")
+	beforeExe     = flag.String("before-exe", "", "a semabench binary built from another commit: its batchmr workers run as the design batchmr-before, side by side with this build's")
+
 	jitter     = flag.Float64("hold-jitter", 0, "vary each grant's work uniformly by ± this fraction of the hold time (0.25: 2ms becomes 1.5–2.5ms)")
 )
 
@@ -88,7 +96,7 @@ func main() {
 		name string
 		run  func(context.Context, *redis.Client, string)
 	}{
-		{"roundtrip", roundTrips}, {"handoff", handoff}, {"commands", commandCounts}, {"idle", idleRoundTrips}, {"utilisation", utilisation},
+		{"roundtrip", roundTrips}, {"handoff", handoff}, {"commands", commandCounts}, {"idle", idleRoundTrips}, {"utilisation", utilisation}, {"capacity", capacity},
 	}
 	for _, sec := range sections {
 		if *only == "" || slices.Contains(strings.Split(*only, ","), sec.name) {
@@ -245,17 +253,38 @@ func commandCounts(ctx context.Context, rdb *redis.Client, prefix string) {
 }
 
 func commandStats(ctx context.Context, rdb *redis.Client) map[string]int64 {
+	out := map[string]int64{}
+	for k, u := range commandUsage(ctx, rdb) {
+		out[k] = u.calls
+	}
+	return out
+}
+
+// usage is one command's line of INFO commandstats: how often Redis ran it
+// (from a client or inside a script) and the µs it spent in it. A script's
+// time includes that of the commands it ran.
+type usage struct{ calls, usec int64 }
+
+func commandUsage(ctx context.Context, rdb *redis.Client) map[string]usage {
 	info, err := rdb.Info(ctx, "commandstats").Result()
 	must(err)
-	out := map[string]int64{}
+	out := map[string]usage{}
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok || !strings.HasPrefix(name, "cmdstat_") {
 			continue
 		}
-		calls := strings.TrimPrefix(strings.Split(rest, ",")[0], "calls=")
-		n, _ := strconv.ParseInt(calls, 10, 64)
-		out[strings.TrimPrefix(name, "cmdstat_")] = n
+		var u usage
+		for _, f := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				u.calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				u.usec, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = u
 	}
 	return out
 }
@@ -288,12 +317,102 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(int64(len(cmds))); return next(ctx, cmds) }
 }
 
+// capacity: how many grants per second one Redis gives at saturation —
+// holds of 0, many waiters over several processes — and the Redis CPU each
+// grant costs, side by side with the token list and the PING bound.
+// Designs run interleaved, -repeat times; the median run is reported.
+func capacity(ctx context.Context, rdb *redis.Client, prefix string) {
+	exe, err := os.Executable()
+	must(err)
+	l := load{limit: *capLimit, goroutines: *capGoroutines, processes: *capProcesses, duration: *capDuration}
+	names := strings.Split(*capDesigns, ",")
+	if *beforeExe != "" && !slices.Contains(names, "batchmr-before") {
+		names = slices.Insert(names, 1, "batchmr-before")
+	}
+	var chosen []design
+	for _, n := range names {
+		i := slices.IndexFunc(designs, func(d design) bool { return d.name == n })
+		if i < 0 {
+			fmt.Fprintf(os.Stderr, "semabench: -capacity-designs: unknown design %q\n", n)
+			os.Exit(2)
+		}
+		if strings.HasPrefix(n, "bound-") && l.limit%l.processes != 0 {
+			fmt.Fprintf(os.Stderr, "semabench: %s splits -capacity-limit (%d) over -capacity-processes (%d): make it a multiple\n", n, l.limit, l.processes)
+			os.Exit(2)
+		}
+		chosen = append(chosen, designs[i])
+	}
+	runs := make([][]runResult, len(chosen))
+	for r := 0; r < *repeat; r++ {
+		for i, d := range chosen {
+			runs[i] = append(runs[i], utilisationRun(ctx, rdb, exe, fmt.Sprintf("%s:%s:%d", prefix, d.name, r), d.name, l))
+		}
+	}
+	medians := make([]runResult, len(chosen))
+	ref := map[string]runResult{}
+	for i, d := range chosen {
+		rs := slices.Clone(runs[i])
+		slices.SortFunc(rs, func(a, b runResult) int { return cmpFloat(a.grantsPerSec, b.grantsPerSec) })
+		medians[i] = rs[len(rs)/2]
+		ref[d.name] = medians[i]
+	}
+	ratio := func(a, b float64) string {
+		if b == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f×", a/b)
+	}
+	fmt.Printf("## 6. Capacity at saturation: holds of 0, limit %d, %d goroutines in %d processes (median of %d interleaved runs of %v)\n\n",
+		l.limit, l.goroutines*l.processes, l.processes, *repeat, l.duration)
+	fmt.Println("| design | grants/s | runs | vs token list | vs PING bound | Redis CPU µs/grant | vs token list | Redis CPU busy | Redis commands/grant | wait p50 / p99 / max |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
+	tl, pb := ref["token-list"], ref["bound-1rtt"]
+	for i, d := range chosen {
+		m := medians[i]
+		var all []time.Duration
+		var each []string
+		for _, r := range runs[i] {
+			all = append(all, r.waits...)
+			each = append(each, fmt.Sprintf("%.0f", r.grantsPerSec))
+		}
+		slices.Sort(all)
+		q := func(f float64) time.Duration { return all[int(f*float64(len(all)-1))] }
+		var cmds int64
+		for _, u := range m.redisCmds {
+			cmds += u.calls
+		}
+		fmt.Printf("| %s | **%.0f** | %s | %s | %s | **%.1f** | %s | %.0f%% | %.1f | %s / %s / %s |\n", d.about, m.grantsPerSec, strings.Join(each, " "),
+			ratio(m.grantsPerSec, tl.grantsPerSec), ratio(m.grantsPerSec, pb.grantsPerSec),
+			m.redisCPU, ratio(m.redisCPU, tl.redisCPU), 100*m.redisBusy,
+			float64(cmds)/(m.grantsPerSec*l.duration.Seconds()), fmtDur(q(0.5)), fmtDur(q(0.99)), fmtDur(all[len(all)-1]))
+	}
+	fmt.Println()
+	// Where our Redis time goes: INFO commandstats of the median run, per
+	// grant. A script's µs include those of the commands it ran.
+	for i, d := range chosen {
+		if !strings.HasPrefix(d.name, "batchmr") {
+			continue
+		}
+		m := medians[i]
+		grants := m.grantsPerSec * l.duration.Seconds()
+		names := slices.Sorted(maps.Keys(m.redisCmds))
+		slices.SortStableFunc(names, func(a, b string) int { return -cmpFloat(float64(m.redisCmds[a].usec), float64(m.redisCmds[b].usec)) })
+		var parts []string
+		for _, k := range names {
+			u := m.redisCmds[k]
+			parts = append(parts, fmt.Sprintf("%s %.2f× %.1f µs", k, float64(u.calls)/grants, float64(u.usec)/grants))
+		}
+		fmt.Printf("Per grant, %s (INFO commandstats, calls and µs; a script's µs include its commands'): %s\n\n", d.name, strings.Join(parts, ", "))
+	}
+}
+
 type design struct {
 	name, about string
 }
 
 var designs = []design{
 	{"batchmr", "batchmr semaphore: FIFO queue, hand-off on release"},
+	{"batchmr-before", "batchmr semaphore as built by -before-exe"},
 	{"batchmr-eval", "batchmr semaphore, scripts by EVALSHA (as on Redis < 7)"},
 	{"zset-poll-10ms", "asynq x/rate style: ZREMRANGEBYSCORE+ZCARD+ZADD, retry after 10 ms"},
 	{"zset-poll-1ms", "asynq x/rate style, retry after 1 ms"},
@@ -318,7 +437,21 @@ func utilisation(ctx context.Context, rdb *redis.Client, prefix string) {
 
 type runResult struct {
 	util, grantsPerSec, cmdsPerSec, workerCPU, redisCPU float64
+	redisBusy                                           float64 // Redis CPU time / wall time
+	redisCmds                                           map[string]usage // per command, over the run
 	waits                                               []time.Duration
+}
+
+// load is the shape of one contended run: how many worker processes of how
+// many goroutines share how many permits, each grant held for hold.
+type load struct {
+	limit, goroutines, processes int
+	duration, hold               time.Duration
+}
+
+// flagLoad is the utilisation section's load, from the flags.
+func flagLoad(hold time.Duration) load {
+	return load{limit: *limit, goroutines: *goroutines, processes: *processes, duration: *duration, hold: hold}
 }
 
 func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold time.Duration) {
@@ -326,6 +459,9 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 	must(err)
 	var chosen []design
 	for _, d := range designs {
+		if d.name == "batchmr-before" && *beforeExe == "" {
+			continue
+		}
 		if *designList == "" || slices.Contains(strings.Split(*designList, ","), d.name) {
 			chosen = append(chosen, d)
 			if strings.HasPrefix(d.name, "bound-") && *limit%*processes != 0 {
@@ -337,7 +473,7 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 	runs := make([][]runResult, len(chosen))
 	for r := 0; r < *repeat; r++ {
 		for i, d := range chosen {
-			runs[i] = append(runs[i], utilisationRun(ctx, rdb, exe, fmt.Sprintf("%s:%s:%d", prefix, d.name, r), d.name, hold))
+			runs[i] = append(runs[i], utilisationRun(ctx, rdb, exe, fmt.Sprintf("%s:%s:%d", prefix, d.name, r), d.name, flagLoad(hold)))
 		}
 	}
 	work := hold.String()
@@ -371,17 +507,24 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 	fmt.Println()
 }
 
-func utilisationRun(ctx context.Context, rdb *redis.Client, exe, prefix, name string, hold time.Duration) runResult {
+// utilisationRun runs one design under load l in fresh worker processes and
+// measures it, Redis's CPU time and commands (those scripts run included)
+// over the whole run.
+func utilisationRun(ctx context.Context, rdb *redis.Client, exe, prefix, name string, l load) runResult {
 	startAt := time.Now().Add(500 * time.Millisecond)
+	if d, ok := strings.CutPrefix(name, "batchmr-before"); ok && *beforeExe != "" {
+		exe, name = *beforeExe, "batchmr"+d
+	}
 	cpuBefore := redisCPU(ctx, rdb)
+	cmdsBefore := commandUsage(ctx, rdb)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var total workerResult
 	var cpu time.Duration
-	for i := 0; i < *processes; i++ {
+	for i := 0; i < l.processes; i++ {
 		cmd := exec.Command(exe, "-worker", name, "-cpuprofile", *cpuProfile, "-trace", *execTrace, "-hold-jitter", strconv.FormatFloat(*jitter, 'g', -1, 64), "-prefix", prefix, "-redis", *redisURL,
-			"-start", strconv.FormatInt(startAt.UnixNano(), 10), "-duration", duration.String(),
-			"-goroutines", strconv.Itoa(*goroutines), "-processes", strconv.Itoa(*processes), "-limit", strconv.Itoa(*limit), "-hold", hold.String())
+			"-start", strconv.FormatInt(startAt.UnixNano(), 10), "-duration", l.duration.String(),
+			"-goroutines", strconv.Itoa(l.goroutines), "-processes", strconv.Itoa(l.processes), "-limit", strconv.Itoa(l.limit), "-hold", l.hold.String())
 		cmd.Stderr = os.Stderr
 		wg.Add(1)
 		go func() {
@@ -400,13 +543,25 @@ func utilisationRun(ctx context.Context, rdb *redis.Client, exe, prefix, name st
 		}()
 	}
 	wg.Wait()
+	redisUsed := redisCPU(ctx, rdb) - cpuBefore
+	cmdsAfter := commandUsage(ctx, rdb)
 	g := float64(total.Grants)
 	res := runResult{
-		util:         float64(total.BusyNs) / (float64(*limit) * float64(duration.Nanoseconds())),
-		grantsPerSec: g / duration.Seconds(),
-		cmdsPerSec:   float64(total.Commands) / duration.Seconds(),
+		util:         float64(total.BusyNs) / (float64(l.limit) * float64(l.duration.Nanoseconds())),
+		grantsPerSec: g / l.duration.Seconds(),
+		cmdsPerSec:   float64(total.Commands) / l.duration.Seconds(),
 		workerCPU:    float64(cpu.Microseconds()) / g,
-		redisCPU:     float64((redisCPU(ctx, rdb) - cpuBefore).Microseconds()) / g,
+		redisCPU:     float64(redisUsed.Microseconds()) / g,
+		redisBusy:    redisUsed.Seconds() / l.duration.Seconds(),
+		redisCmds:    map[string]usage{},
+	}
+	for k, v := range cmdsAfter {
+		if k == "info" {
+			continue // ours
+		}
+		if d := (usage{v.calls - cmdsBefore[k].calls, v.usec - cmdsBefore[k].usec}); d.calls > 0 {
+			res.redisCmds[k] = d
+		}
 	}
 	for _, w := range total.WaitsMicros {
 		res.waits = append(res.waits, time.Duration(w)*time.Microsecond)
