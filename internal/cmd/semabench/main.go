@@ -46,11 +46,11 @@ var (
 	designList = flag.String("designs", "", "utilisation designs to run, comma-separated (default all)")
 
 	// Set on the worker subprocesses of the utilisation runs.
-	worker     = flag.String("worker", "", "internal: run as a utilisation worker for this design")
-	prefix     = flag.String("prefix", "", "internal: key prefix")
-	start      = flag.Int64("start", 0, "internal: start time, unix ns")
-	cpuProfile = flag.String("cpuprofile", "", "write each utilisation worker's CPU profile to this path + .<design>.<pid>")
-	execTrace  = flag.String("trace", "", "write each utilisation worker's execution trace to this path + .<design>.<pid>; scripts/handoff-trace.py reads it")
+	worker        = flag.String("worker", "", "internal: run as a utilisation worker for this design")
+	prefix        = flag.String("prefix", "", "internal: key prefix")
+	start         = flag.Int64("start", 0, "internal: start time, unix ns")
+	cpuProfile    = flag.String("cpuprofile", "", "write each utilisation worker's CPU profile to this path + .<design>.<pid>")
+	execTrace     = flag.String("trace", "", "write each utilisation worker's execution trace to this path + .<design>.<pid>; scripts/handoff-trace.py reads it")
 	capLimit      = flag.Int("capacity-limit", 64, "permits in the capacity runs")
 	capGoroutines = flag.Int("capacity-goroutines", 64, "goroutines per process in the capacity runs")
 	capProcesses  = flag.Int("capacity-processes", 4, "processes in the capacity runs")
@@ -58,7 +58,7 @@ var (
 	capDesigns    = flag.String("capacity-designs", "batchmr,token-list,bound-1rtt", "designs in the capacity runs, comma-separated; batchmr-before is added with -before-exe")
 	beforeExe     = flag.String("before-exe", "", "a semabench binary built from another commit: its batchmr workers run as the design batchmr-before, side by side with this build's")
 
-	jitter     = flag.Float64("hold-jitter", 0, "vary each grant's work uniformly by ± this fraction of the hold time (0.25: 2ms becomes 1.5–2.5ms)")
+	jitter = flag.Float64("hold-jitter", 0, "vary each grant's work uniformly by ± this fraction of the hold time (0.25: 2ms becomes 1.5–2.5ms)")
 )
 
 func main() {
@@ -437,7 +437,7 @@ func utilisation(ctx context.Context, rdb *redis.Client, prefix string) {
 
 type runResult struct {
 	util, grantsPerSec, cmdsPerSec, workerCPU, redisCPU float64
-	redisBusy                                           float64 // Redis CPU time / wall time
+	redisBusy                                           float64          // Redis CPU time / wall time
 	redisCmds                                           map[string]usage // per command, over the run
 	waits                                               []time.Duration
 }
