@@ -38,6 +38,9 @@ local waiters_purged -- purge_waiters ran in this call
 -- number, total weight, and the fence counter ("0" if absent), a string.
 -- held_changed: this call added or removed a holder, so finish records them.
 local held_count, held_weight, held_fence, held_changed
+-- The limit, fence counter and record as the call found them (false if
+-- absent), read together by begin: one call instead of three.
+local found_limit, found_fence, found_record
 
 -- int formats a number as an integer: Lua's default formatting switches to
 -- exponent notation above 1e14. Every number passed to redis.call goes
@@ -64,6 +67,8 @@ local function begin(keys, argv)
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   now_s = int(now)
+  local got = redis.call('MGET', K_LIMIT, K_FENCE, K_HELD)
+  found_limit, found_fence, found_record = got[1], got[2], got[3]
 end
 
 local function weight_of(tok)
@@ -82,7 +87,12 @@ local function fence_of(tok)
   return tonumber(string.match(info, '^(%d+):')) or 0
 end
 
+-- get_limit returns the limit, writing the client's configured one if Redis
+-- has none. (Read by begin: call it before anything sets the limit.)
 local function get_limit()
+  if found_limit then return tonumber(found_limit) end
+  -- MGET reads a key of another type as absent; GET fails on it with
+  -- WRONGTYPE, as it must: that is someone else's data, not ours to replace.
   local l = redis.call('GET', K_LIMIT)
   if l then return tonumber(l) end
   redis.call('SET', K_LIMIT, int(DEFAULT_LIMIT))
@@ -143,8 +153,8 @@ end
 -- an operator, an eviction — makes it stale, and the sum is read afresh.
 local function load_held()
   held_count = redis.call('ZCARD', K_HOLDERS)
-  held_fence = redis.call('GET', K_FENCE) or '0'
-  local rec = redis.call('GET', K_HELD)
+  held_fence = found_fence or '0'
+  local rec = found_record
   if rec then
     local f, n, w = string.match(rec, '^(%d+):(%d+):(%d+)$')
     if f == held_fence and tonumber(n) == held_count then
