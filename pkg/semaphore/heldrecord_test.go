@@ -105,3 +105,33 @@ func TestAMalformedRecordIsIgnored(t *testing.T) {
 		t.Fatalf("TryAcquire with 2 of 2 held = %v; want ErrNoPermit", err)
 	}
 }
+
+// A release that finds a dead waiter at the head of the queue purges it and
+// grants the live one behind it, in the same call. (The held record's first
+// version lost its count in that step, and the release failed.)
+func TestAReleaseGrantsPastADeadWaiterAtTheHead(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	a, _, p, got := heldAndQueued(t, rdb, prefix, semaphore.Options{Limit: 1})
+	// A waiter whose heartbeat lapsed, ahead of b: ticket 0, never issued.
+	ctx := context.Background()
+	k := prefix + ":{db}:"
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const dead = "dead-1-x:1:1"
+	if err := rdb.ZAdd(ctx, k+"queue", redis.Z{Score: 0, Member: dead}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, k+"alive", redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: dead}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatalf("Release = %v", err)
+	}
+	q := receiveGrant(t, got, 5*time.Second, "the live waiter behind the dead one")
+	if st := stats(t, a); len(st.Holders) != 1 || st.Holders[0].ID != q.ID() || len(st.Waiters) != 0 {
+		t.Errorf("after the release Redis shows %+v; want %s holding and nobody waiting", st, q.ID())
+	}
+}

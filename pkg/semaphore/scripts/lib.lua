@@ -41,6 +41,7 @@ local held_count, held_weight, held_fence, held_changed
 -- The limit, fence counter and record as the call found them (false if
 -- absent), read together by begin: one call instead of three.
 local found_limit, found_fence, found_record
+local load_held -- defined below; begin calls it, before the call changes anything
 
 -- int formats a number as an integer: Lua's default formatting switches to
 -- exponent notation above 1e14. Every number passed to redis.call goes
@@ -69,6 +70,7 @@ local function begin(keys, argv)
   now_s = int(now)
   local got = redis.call('MGET', K_LIMIT, K_FENCE, K_HELD)
   found_limit, found_fence, found_record = got[1], got[2], got[3]
+  load_held()
 end
 
 local function weight_of(tok)
@@ -151,7 +153,7 @@ end
 -- counter, and every removal changes the number of holders, so a holder
 -- added or removed by anyone else — an older batchmr that keeps no record,
 -- an operator, an eviction — makes it stale, and the sum is read afresh.
-local function load_held()
+load_held = function()
   held_count = redis.call('ZCARD', K_HOLDERS)
   held_fence = found_fence or '0'
   local rec = found_record
@@ -198,7 +200,6 @@ end
 -- its permits back) and returns the weight the others hold: every script
 -- needs both.
 local function purge_holders()
-  load_held()
   for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', now_s)) do
     if redis.call('ZREM', K_HOLDERS, tok) == 1 then
       holder_removed(tok)
@@ -238,7 +239,6 @@ local function grant(limit, held)
     if not deadline or deadline <= now then
       if not deadline then drop_waiter(head) end
       waiters_purged = false
-  held_count, held_weight, held_fence, held_changed = nil, nil, nil, false
       purge_waiters()
     elseif w > limit then
       drop_waiter(head)
