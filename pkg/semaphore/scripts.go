@@ -66,8 +66,15 @@ func newScript(name, body string, flags ...string) *script {
 	// Before Redis 5, a script that reads TIME and then writes must switch
 	// to effects replication first.
 	src := "if redis.replicate_commands then pcall(redis.replicate_commands) end\n" +
-		luaLib + "\nbegin(KEYS, ARGV)\n" + body
+		luaLib + "\nbegin(KEYS, ARGV)\n" + wrapBody(body)
 	return &script{name: name, body: body, flags: flags, eval: redis.NewScript(src)}
+}
+
+// wrapBody runs a script's body as a closure and passes its reply through
+// lib.lua's finish, which records what the call changed (whichever of the
+// body's returns it took).
+func wrapBody(body string) string {
+	return "return finish((function()\n" + body + "\nend)())"
 }
 
 // library is every script as one Redis function library.
@@ -88,7 +95,7 @@ func newLibrary(version string) *library {
 		for _, f := range sc.flags {
 			flags += "'" + f + "', "
 		}
-		fmt.Fprintf(&b, "redis.register_function{function_name = '%s', flags = {%s}, callback = function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n%s\nend}\n", fn, flags, sc.body)
+		fmt.Fprintf(&b, "redis.register_function{function_name = '%s', flags = {%s}, callback = function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n%s\nend}\n", fn, flags, wrapBody(sc.body))
 	}
 	lib.code = b.String()
 	return lib

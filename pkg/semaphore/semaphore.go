@@ -98,7 +98,7 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 		log:  opts.Logger.With("semaphore", name),
 		keys: []string{
 			base + "limit", base + "holders", base + "queue", base + "alive",
-			base + "info", base + "fence", base + "ticket",
+			base + "info", base + "fence", base + "ticket", base + "held",
 		},
 		process:    process,
 		wakePrefix: base + "wake:",

@@ -22,6 +22,7 @@ if queue_empty and held + w <= limit then
   -- The fast path: one ZADD NX both grants and detects a retry.
   if redis.call('ZADD', K_HOLDERS, 'NX', int(now + lease), tok) == 1 then
     local fence = redis.call('INCR', K_FENCE)
+    holder_added(tok, fence)
     redis.call('HSET', K_INFO, tok, int(fence) .. ':' .. now_s)
     return {1, fence, limit}
   end

@@ -10,6 +10,9 @@
 --                            waiter token -> "enqueuedAtMs"
 --   KEYS[6] fence    STRING  INCR counter: one fence per grant
 --   KEYS[7] ticket   STRING  INCR counter: one ticket per enqueue
+--   KEYS[8] held     STRING  "fence:count:weight": the holders' total weight,
+--                            valid while the fence counter and the number of
+--                            holders are still those it names (see load_held)
 -- ARGV (identical first three for every script):
 --   ARGV[1] wake-list key prefix; a process's list is ARGV[1] .. processID
 --   ARGV[2] the client's configured limit, written only when KEYS[1] is absent
@@ -25,12 +28,20 @@
 
 -- The state of one call, set by begin. In a function library these outlive
 -- the call, so begin must reset every one of them.
-local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE, K_INFO, K_FENCE, K_TICKET
+local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE, K_INFO, K_FENCE, K_TICKET, K_HELD
 local WAKE_PREFIX, DEFAULT_LIMIT, WAKE_TTL, SELF
 local LOCAL_GRANTS -- token, fence, token, fence, ...
 local now -- Redis server time (ms)
 local now_s -- the same, as a string: see int
 local waiters_purged -- purge_waiters ran in this call
+-- The holders as load_held found them and as this call changed them: their
+-- number, total weight, and the fence counter ("0" if absent), a string.
+-- held_changed: this call added or removed a holder, so finish records them.
+local held_count, held_weight, held_fence, held_changed
+-- The limit, fence counter and record as the call found them (false if
+-- absent), read together by begin: one call instead of three.
+local found_limit, found_fence, found_record
+local load_held -- defined below; begin calls it, before the call changes anything
 
 -- int formats a number as an integer: Lua's default formatting switches to
 -- exponent notation above 1e14. Every number passed to redis.call goes
@@ -43,19 +54,23 @@ end
 
 local function begin(keys, argv)
   K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE = keys[1], keys[2], keys[3], keys[4]
-  K_INFO, K_FENCE, K_TICKET = keys[5], keys[6], keys[7]
+  K_INFO, K_FENCE, K_TICKET, K_HELD = keys[5], keys[6], keys[7], keys[8]
   WAKE_PREFIX = argv[1]
   DEFAULT_LIMIT = tonumber(argv[2])
   WAKE_TTL = argv[3]
   SELF = argv[4]
   LOCAL_GRANTS = {}
   waiters_purged = false
+  held_count, held_weight, held_fence, held_changed = nil, nil, nil, false
   -- Redis server time, never the client's: clock skew between hosts cannot
   -- steal or expire permits. Functions and Redis >= 5 scripts replicate
   -- effects, so reading TIME before writing is allowed.
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   now_s = int(now)
+  local got = redis.call('MGET', K_LIMIT, K_FENCE, K_HELD)
+  found_limit, found_fence, found_record = got[1], got[2], got[3]
+  load_held()
 end
 
 local function weight_of(tok)
@@ -74,7 +89,12 @@ local function fence_of(tok)
   return tonumber(string.match(info, '^(%d+):')) or 0
 end
 
+-- get_limit returns the limit, writing the client's configured one if Redis
+-- has none. (Read by begin: call it before anything sets the limit.)
 local function get_limit()
+  if found_limit then return tonumber(found_limit) end
+  -- MGET reads a key of another type as absent; GET fails on it with
+  -- WRONGTYPE, as it must: that is someone else's data, not ours to replace.
   local l = redis.call('GET', K_LIMIT)
   if l then return tonumber(l) end
   redis.call('SET', K_LIMIT, int(DEFAULT_LIMIT))
@@ -124,27 +144,78 @@ local function purge_waiters()
   end
 end
 
+-- load_held finds the holders' number and total weight. Summing the weight
+-- means reading every holder (ZRANGE 0 -1: with a limit of 64, the most
+-- expensive step of a call by far), so the last call that changed the
+-- holders recorded the sum in KEYS[8] with the fence counter and the number
+-- of holders it left. The record is trusted only while both still match:
+-- every grant, by any version of these scripts, increments the fence
+-- counter, and every removal changes the number of holders, so a holder
+-- added or removed by anyone else — an older batchmr that keeps no record,
+-- an operator, an eviction — makes it stale, and the sum is read afresh.
+load_held = function()
+  held_count = redis.call('ZCARD', K_HOLDERS)
+  held_fence = found_fence or '0'
+  local rec = found_record
+  if rec then
+    local f, n, w = string.match(rec, '^(%d+):(%d+):(%d+)$')
+    if f == held_fence and tonumber(n) == held_count then
+      held_weight = tonumber(w)
+      return
+    end
+  end
+  held_weight = 0
+  for _, tok in ipairs(redis.call('ZRANGE', K_HOLDERS, '0', '-1')) do
+    held_weight = held_weight + weight_of(tok)
+  end
+end
+
+-- holder_added and holder_removed keep load_held's view current; every
+-- change to K_HOLDERS's members goes through one of them.
+local function holder_added(tok, fence)
+  held_count = held_count + 1
+  held_weight = held_weight + weight_of(tok)
+  held_fence = int(fence)
+  held_changed = true
+end
+
+local function holder_removed(tok)
+  held_count = held_count - 1
+  held_weight = held_weight - weight_of(tok)
+  held_changed = true
+end
+
+-- finish records the holders for the next call's load_held, if this call
+-- changed them; it passes the script's reply through. (A call that changed
+-- nothing writes nothing: its first write must stay a removal where
+-- maxmemory allows only those.)
+local function finish(reply)
+  if held_changed then
+    redis.call('SET', K_HELD, held_fence .. ':' .. int(held_count) .. ':' .. int(held_weight))
+  end
+  return reply
+end
+
 -- purge_holders removes holders whose lease ran out (a crashed process gives
 -- its permits back) and returns the weight the others hold: every script
 -- needs both.
 local function purge_holders()
-  -- Two light calls rather than one ZRANGE WITHSCORES, so that no score is
-  -- formatted by Redis and parsed back by Lua: a cost that grows with the
-  -- number of holders. With a few holders the two ways cost the same.
   for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', now_s)) do
-    redis.call('ZREM', K_HOLDERS, tok)
+    if redis.call('ZREM', K_HOLDERS, tok) == 1 then
+      holder_removed(tok)
+    end
     redis.call('HDEL', K_INFO, tok)
   end
-  local held = 0
-  for _, tok in ipairs(redis.call('ZRANGE', K_HOLDERS, '0', '-1')) do
-    held = held + weight_of(tok)
-  end
-  return held
+  return held_weight
 end
 
 local function add_holder(tok, deadline)
   local fence = redis.call('INCR', K_FENCE)
-  redis.call('ZADD', K_HOLDERS, int(deadline), tok)
+  if redis.call('ZADD', K_HOLDERS, int(deadline), tok) == 1 then
+    holder_added(tok, fence)
+  else
+    held_fence = int(fence)
+  end
   redis.call('HSET', K_INFO, tok, int(fence) .. ':' .. now_s)
   return fence
 end

@@ -12,6 +12,7 @@ local held = purge_holders()
 local was = 0
 if redis.call('ZREM', K_HOLDERS, tok) == 1 then
   was = 1
+  holder_removed(tok)
   redis.call('HDEL', K_INFO, tok)
   held = held - weight_of(tok)
 elseif redis.call('ZSCORE', K_QUEUE, tok) then

@@ -4,7 +4,8 @@
 -- Returns {limit, now,
 --          {holderToken, leaseDeadline, info, ...},
 --          {waiterToken, ticket, info, ...}}
-local limit = tonumber(redis.call('GET', K_LIMIT) or '0')
+-- (GET, not begin's MGET, when absent: a key of another type must fail.)
+local limit = tonumber(found_limit or redis.call('GET', K_LIMIT) or '0')
 purge_waiters()
 if limit > 0 then
   grant(limit, purge_holders())
