@@ -299,11 +299,7 @@ type workerResult struct {
 
 // redisCPU is the CPU time the Redis server has used so far.
 func redisCPU(ctx context.Context, rdb *redis.Client) time.Duration {
-	info, err := rdb.Info(ctx, "cpu").Result()
-	must(err)
-	user, _ := strconv.ParseFloat(benchutil.InfoField(info, "used_cpu_user"), 64)
-	sys, _ := strconv.ParseFloat(benchutil.InfoField(info, "used_cpu_sys"), 64)
-	return time.Duration((user + sys) * float64(time.Second))
+	return benchutil.RedisCPU(ctx, rdb)
 }
 
 // counter counts the commands a client sends (pipelines count each command).
