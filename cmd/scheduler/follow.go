@@ -126,8 +126,10 @@ func rootCause(err error) error {
 
 func progress(st *mapreduce.Status) string {
 	total := "?"
-	if st.Total >= 0 {
-		total = fmt.Sprint(st.Total)
+	if n, ok := st.Pages(); ok && st.Total < 0 {
+		total = fmt.Sprintf("~%d", n)
+	} else if ok {
+		total = fmt.Sprint(n)
 	}
 	s := fmt.Sprintf("%d/%s done", st.Done, total)
 	if st.Failed > 0 {
@@ -139,20 +141,25 @@ func progress(st *mapreduce.Status) string {
 // progressLine: "[#####.....] 5120/10000 pages  812/s  ETA 6s  0 failed  mapping".
 func progressLine(st *mapreduce.Status, elapsed time.Duration) string {
 	done := st.Done + st.Failed
-	if st.Total < 0 {
+	total, known := st.Pages()
+	if !known {
 		return fmt.Sprintf("[%s] %d/? pages  %s  (splitting)", strings.Repeat("·", 30), done, rate(done, elapsed))
 	}
+	of := fmt.Sprint(total)
+	if st.Total < 0 {
+		of = "~" + of // what the split said to expect
+	}
 	frac := 1.0
-	if st.Total > 0 {
-		frac = float64(done) / float64(st.Total)
+	if total > 0 {
+		frac = min(float64(done)/float64(total), 1)
 	}
 	filled := int(frac * 30)
 	eta := "—"
-	if r := float64(done) / elapsed.Seconds(); r > 0 && done < st.Total {
-		eta = time.Duration(float64(st.Total-done) / r * float64(time.Second)).Round(time.Second).String()
+	if r := float64(done) / elapsed.Seconds(); r > 0 && done < total {
+		eta = time.Duration(float64(total-done) / r * float64(time.Second)).Round(time.Second).String()
 	}
-	return fmt.Sprintf("[%s%s] %d/%d pages  %s  ETA %s  %d failed  %s",
-		strings.Repeat("#", filled), strings.Repeat("·", 30-filled), done, st.Total, rate(done, elapsed), eta, st.Failed, st.State)
+	return fmt.Sprintf("[%s%s] %d/%s pages  %s  ETA %s  %d failed  %s",
+		strings.Repeat("#", filled), strings.Repeat("·", 30-filled), done, of, rate(done, elapsed), eta, st.Failed, st.State)
 }
 
 func rate(n int, elapsed time.Duration) string {

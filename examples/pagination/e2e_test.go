@@ -127,6 +127,9 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 	if !rep.Totals.Equal(want) || rep.Pages != 100 {
 		t.Errorf("report %+v over %d pages, want %+v over 100", rep.Totals, rep.Pages, want)
 	}
+	if st.Expected != st.Total {
+		t.Errorf("pgsource's split said to expect %d pages (ExpectPages) and emitted %d", st.Expected, st.Total)
+	}
 	var pageRows int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM orders_report_pages WHERE run_id = $1", id).Scan(&pageRows); err != nil || pageRows != 100 {
 		t.Errorf("%d per-page rows (%v), want 100: a retried page must overwrite its row", pageRows, err)

@@ -465,3 +465,31 @@ func TestABadPublicURLIsRefusedWithTheFix(t *testing.T) {
 		t.Errorf("a good public URL refused: %v", err)
 	}
 }
+
+// A large run's split lasts most of the run (its window holds it back), so
+// its total is unknown until the end: the pages its Split said to expect
+// give the run's progress and ETA meanwhile, marked "~".
+func TestARunsProgressShowsThePagesItsSplitExpectsBeforeItsTotal(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	job := workJob("expecting", nil, nil)
+	split := job.Split
+	job.Split = func(ctx context.Context, a workArgs, emit func([2]int) error) error {
+		if err := mapreduce.ExpectPages(ctx, a.N); err != nil {
+			return err
+		}
+		return split(ctx, a, emit)
+	}
+	job.Options.Window = 2
+	f.host(2, nil, job)
+	id := f.start("expecting", workArgs{N: 400, SleepMS: 20})
+	waitFor(t, 10*time.Second, "a page done while the split runs", func() bool {
+		st := f.status(id)
+		return st.State == mapreduce.StateSplitting && st.Done > 0
+	})
+	for _, path := range []string{"/runs", runPath(id)} {
+		if code, body := f.get(path); code != http.StatusOK || !strings.Contains(body, "/~400</span>") {
+			t.Errorf("GET %s: %d, without the expected total \"/~400\" while splitting:\n%s", path, code, body)
+		}
+	}
+}

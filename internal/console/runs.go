@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,23 +26,32 @@ var states = []mapreduce.State{mapreduce.StateSplitting, mapreduce.StateMapping,
 // runRow is a run as the pages show it.
 type runRow struct {
 	*mapreduce.Status
-	Pages    int     // recorded: done and failed
-	Percent  float64 // of the total, 0 while splitting
-	Rate     string  // pages/s since the run (or its last retry) started
-	ETA      string  // at that rate; empty when ended or unknown
-	Took     string
-	Link     string
-	Cancel   bool // can be cancelled
-	Retry    bool // can be retried
-	Splitted bool // the total is known
+	Pages   int     // recorded: done and failed
+	Percent float64 // of the total, 0 while splitting
+	Rate    string  // pages/s since the run (or its last retry) started
+	ETA     string  // at that rate; empty when ended or unknown
+	Took    string
+	Link    string
+	Cancel  bool   // can be cancelled
+	Retry   bool   // can be retried
+	Of      string // the total, "~N" while the split runs and said to expect N, or "?"
 }
 
 func row(st *mapreduce.Status, now time.Time) runRow {
-	r := runRow{Status: st, Pages: st.Done + st.Failed, Splitted: st.Total >= 0,
+	r := runRow{Status: st, Pages: st.Done + st.Failed,
 		Link:   "/run?" + url.Values{"id": {st.ID}}.Encode(),
 		Cancel: !st.State.Ended(), Retry: st.State == mapreduce.StateFailed || st.State == mapreduce.StateCancelled}
-	if st.Total > 0 {
-		r.Percent = min(100, float64(r.Pages)*100/float64(st.Total))
+	total, known := st.Pages()
+	switch {
+	case st.Total >= 0:
+		r.Of = strconv.Itoa(st.Total)
+	case known:
+		r.Of = "~" + strconv.Itoa(total)
+	default:
+		r.Of = "?"
+	}
+	if total > 0 {
+		r.Percent = min(100, float64(r.Pages)*100/float64(total))
 	} else if st.Total == 0 && st.State.Ended() {
 		r.Percent = 100
 	}
@@ -56,8 +66,8 @@ func row(st *mapreduce.Status, now time.Time) runRow {
 	if el := end.Sub(start).Seconds(); el > 0 && r.Pages > 0 {
 		rate := float64(r.Pages) / el
 		r.Rate = fmt.Sprintf("%.1f", rate)
-		if !st.State.Ended() && st.Total > r.Pages {
-			r.ETA = duration(time.Duration(float64(st.Total-r.Pages) / rate * float64(time.Second)))
+		if !st.State.Ended() && known && total > r.Pages {
+			r.ETA = duration(time.Duration(float64(total-r.Pages) / rate * float64(time.Second)))
 		}
 	}
 	return r

@@ -2,6 +2,7 @@ package mapreduce
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 )
 
@@ -11,7 +12,25 @@ const (
 	runIDKey ctxKey = iota
 	pageIndexKey
 	loggerKey
+	expectKey
 )
+
+// ExpectPages tells the run whose Split is running with ctx how many pages
+// Split is going to emit, when it knows before it has emitted them all (a
+// split that reads every page boundary first, as pgsource's does). With a
+// window, a large run's split lasts most of the run, and its total is only
+// written when the split ends; until then, Status.Expected lets the
+// console and the command line show the run's progress and an ETA. It is
+// a hint: the total that ends the run is what Split emitted. Outside a
+// Split, or when the run cannot be reached, it does nothing and returns
+// the error.
+func ExpectPages(ctx context.Context, n int) error {
+	f, ok := ctx.Value(expectKey).(func(context.Context, int) error)
+	if !ok {
+		return errors.New("mapreduce: ExpectPages called outside a Split")
+	}
+	return f(ctx, n)
+}
 
 // RunID returns the ID of the run whose Split, Map or Reduce is running
 // with ctx. Use it, with PageIndex, to make the effects of a Map idempotent:

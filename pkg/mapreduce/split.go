@@ -68,6 +68,14 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	defer func() { endStep(ctx, err) }()
 	ctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, run), run)
 	defer stop()
+	ctx = context.WithValue(ctx, expectKey, func(ctx context.Context, n int) error {
+		if n < 0 {
+			return fmt.Errorf("mapreduce: ExpectPages(%d): want a number of pages, 0 or more", n)
+		}
+		return c.withRedis(ctx, "recording the pages expected", func(ctx context.Context) error {
+			return scriptFeed.Run(ctx, c.rdb, []string{k.run, k.recorded}, nonce, 0, 0, "", n).Err()
+		})
+	})
 	type item struct {
 		i    int
 		page []byte

@@ -32,6 +32,10 @@ type Status struct {
 	State State
 	// Total is the number of pages, or -1 while the split is running.
 	Total int
+	// Expected is the number of pages the run's Split said it would emit
+	// (ExpectPages), or -1 if it said nothing. Progress shown before the
+	// total is known uses it (Pages).
+	Expected int
 	// Done and Failed count recorded pages: succeeded, and failed for good.
 	// Retry forgets the failed pages, to run them again: Failed restarts
 	// from 0.
@@ -72,6 +76,10 @@ func parseStatus(id string, h map[string]string) *Status {
 		nonce:     h["nonce"],
 		splitTask: h["split_task"],
 	}
+	st.Expected = -1
+	if e, err := strconv.Atoi(h["expected"]); err == nil {
+		st.Expected = e
+	}
 	if st.State == StateSplitting {
 		st.InFlight = max(atoi(h["fed"])-atoi(h["fed_done"]), 0)
 	}
@@ -87,6 +95,19 @@ func parseStatus(id string, h map[string]string) *Status {
 	st.Finished = msTime(h["finished"])
 	st.Retried = msTime(h["retried"])
 	return st
+}
+
+// Pages returns the run's number of pages for showing its progress: its
+// Total once known, else the pages its Split said to expect, and whether
+// either is known.
+func (st *Status) Pages() (int, bool) {
+	switch {
+	case st.Total >= 0:
+		return st.Total, true
+	case st.Expected >= 0:
+		return st.Expected, true
+	}
+	return 0, false
 }
 
 func atoi(s string) int {

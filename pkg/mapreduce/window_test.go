@@ -297,3 +297,57 @@ func TestASplitHoldingAWorkersOnlySlotHandsOnSoThatItsPagesCanRun(t *testing.T) 
 		t.Fatalf("result %s, want %s", st.Result, want)
 	}
 }
+
+func TestARunShowsThePagesItsSplitExpectsWhileTheSplitRuns(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages, window = 200, 10
+	c := e.client()
+	seen := make(chan *mapreduce.Status, 1)
+	job := mapreduce.Job[int, int, int, int]{
+		Name: "expecting",
+		Split: func(ctx context.Context, n int, emit func(int) error) error {
+			if err := mapreduce.ExpectPages(ctx, n); err != nil {
+				return err
+			}
+			for i := range n {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: func(ctx context.Context, i int) (int, error) {
+			if i == 0 { // the window holds the split back: it is still running
+				id, _ := mapreduce.RunID(ctx)
+				st, err := c.Status(ctx, id)
+				if err != nil {
+					return 0, err
+				}
+				seen <- st
+			}
+			return i, nil
+		},
+		Options: e.opts(mapreduce.JobOptions{Window: window}),
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	e.worker(c, 4)
+	id, err := job.Start(context.Background(), c, pages, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := <-seen
+	if n, ok := st.Pages(); st.State != mapreduce.StateSplitting || st.Total != -1 || st.Expected != pages || n != pages || !ok {
+		t.Errorf("while splitting: state %s, Total %d, Expected %d, Pages() %d %v; want splitting, -1, %d, %d true",
+			st.State, st.Total, st.Expected, n, ok, pages, pages)
+	}
+	if st.InFlight < 1 || st.InFlight > window {
+		t.Errorf("while splitting: InFlight %d, want 1..%d", st.InFlight, window)
+	}
+	if st := wait(t, c, id, time.Minute); st.State != mapreduce.StateSucceeded || st.Total != pages {
+		t.Fatalf("run ended %s with total %d: %s", st.State, st.Total, st.Error)
+	}
+	if err := mapreduce.ExpectPages(context.Background(), 3); err == nil {
+		t.Error("ExpectPages outside a Split returned no error")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -110,6 +111,11 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 	if lo == nil {
 		return nil // empty
 	}
+	pages := len(bounds)
+	if pages == 0 || bounds[pages-1] < *last {
+		pages++ // the last page, of fewer rows
+	}
+	expect(ctx, pages)
 	from := *lo
 	for _, hi := range bounds {
 		if err := emit(KeyRange{Lo: from, Hi: hi}); err != nil {
@@ -121,6 +127,18 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 		return emit(KeyRange{Lo: from, Hi: *last})
 	}
 	return nil
+}
+
+// expect tells the run how many pages the split will emit, so that its
+// progress shows while it emits them (mapreduce.ExpectPages); outside a
+// run's Split it does nothing.
+func expect(ctx context.Context, pages int) {
+	if _, ok := mapreduce.RunID(ctx); !ok {
+		return
+	}
+	if err := mapreduce.ExpectPages(ctx, pages); err != nil {
+		mapreduce.Logger(ctx).Warn("pgsource: could not record the pages the split expects; progress shows once it ends", "pages", pages, "error", err)
+	}
 }
 
 // SplitOffset emits OFFSET pages covering the table's current row count.
@@ -136,6 +154,7 @@ func SplitOffset(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore
 	if err != nil {
 		return fmt.Errorf("pgsource: counting %s: %w", t.Name, err)
 	}
+	expect(ctx, int((n+int64(t.PageSize)-1)/int64(t.PageSize)))
 	for off := int64(0); off < n; off += int64(t.PageSize) {
 		if err := emit(OffsetRange{Limit: int64(t.PageSize), Offset: off}); err != nil {
 			return err

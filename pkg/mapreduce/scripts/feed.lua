@@ -13,7 +13,9 @@
 -- ARGV[2] resume: pages below it are enqueued or recorded ("0": no news)
 -- ARGV[3] the new end of the fed range ("0": move nothing, read only)
 -- ARGV[4] optional: the last part of the ID of the split task that goes on
---         with the run ("split:<page>"), which the reconciler checks
+--         with the run ("split:<page>"), which the reconciler checks; ""
+--         for none
+-- ARGV[5] optional: the pages Split expects to emit (ExpectPages)
 -- Returns {fed, fed_done} after the call, or {-1, state} if the run is not
 -- splitting under this nonce (state "" if it does not exist).
 local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume')
@@ -48,7 +50,10 @@ end
 if tonumber(ARGV[2]) > (tonumber(run[5]) or 0) then
   redis.call('HSET', KEYS[1], 'resume', ARGV[2])
 end
-if ARGV[4] then
+if ARGV[4] and ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'split_task', ARGV[4])
+end
+if ARGV[5] then
+  redis.call('HSET', KEYS[1], 'expected', ARGV[5])
 end
 return {fed, done}
