@@ -26,9 +26,10 @@ type Job[A, P, R, O any] struct {
 	// emit enqueues the page's map task; it blocks while the run's window
 	// (JobOptions.Window) is full, so a run of ten million pages holds only
 	// a window of tasks in Redis, and Split runs, emitting as pages are
-	// recorded, for most of the run. A split that runs past half its
-	// SplitTimeout hands on to a new split task, which calls Split again
-	// and skips, without enqueuing, the pages already emitted. emit returns
+	// recorded, for most of the run. A split that has waited for room and
+	// runs past half its SplitTimeout hands on to a new split task, which
+	// calls Split again and skips, without enqueuing, the pages already
+	// emitted (SplitTimeout still bounds Split's own work). emit returns
 	// an error when the page cannot be enqueued, the run was cancelled
 	// (ErrRunCancelled) or the split was handed on; Split should then
 	// return that error.

@@ -159,11 +159,16 @@ func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) err
 		switch st.State {
 		case StateSplitting:
 			err = c.repairStep(ctx, st, typeSplit, o, &rep.SplitsEnqueued, rep)
+			// A split lasts most of a windowed run: pages it enqueued that
+			// were lost would hold the window for good.
+			if err == nil && st.resume > 0 && time.Since(st.Updated) >= c.cfg.StuckAfter {
+				err = c.repairPages(ctx, st, st.resume, o, rep)
+			}
 		case StateReducing:
 			err = c.repairStep(ctx, st, typeReduce, o, &rep.ReducesEnqueued, rep)
 		case StateMapping:
 			if time.Since(st.Updated) >= c.cfg.StuckAfter {
-				err = c.repairPages(ctx, st, o, rep)
+				err = c.repairPages(ctx, st, st.Total, o, rep)
 			}
 		}
 		if err != nil {
@@ -176,6 +181,7 @@ func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) err
 // repairStep checks the split or reduce task of a run in that step.
 func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOptions, enqueued *int, rep *Repairs) error {
 	run := st.ID
+	k, _ := c.keys(run)
 	step := st.splitTask // the first split, or the one it handed on to
 	if typ == typeReduce {
 		step = "reduce"
@@ -189,6 +195,13 @@ func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOp
 		*enqueued++
 	case err != nil:
 		return err
+	case typ == typeSplit && info.State == asynq.TaskStateCompleted:
+		// It ended without ending the split (a hand-on whose enqueue was
+		// lost, say): the run is still splitting, so hand it on again.
+		if err := c.handOn(ctx, k, run, st.nonce, 0, o); err != nil && !errors.Is(err, errRunGone) {
+			return err
+		}
+		*enqueued++
 	case info.State == asynq.TaskStateArchived:
 		msg := fmt.Sprintf("mapreduce: the %s task was archived by asynq after its retries ran out: %s", step, info.LastErr)
 		ended, _, err := c.finish(ctx, run, st.nonce, StateFailed, nil, msg, "")
@@ -202,8 +215,10 @@ func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOp
 	return nil
 }
 
-// repairPages looks at the unrecorded pages of a stuck mapping run.
-func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep *Repairs) error {
+// repairPages looks at the unrecorded pages below upto of a stuck run: a
+// mapping run's total, or the resume mark of a splitting one (every page
+// below it was enqueued).
+func (c *Client) repairPages(ctx context.Context, st *Status, upto int, o JobOptions, rep *Repairs) error {
 	k, _ := c.keys(st.ID)
 	bits, err := c.rdb.Get(ctx, k.recorded).Bytes()
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -211,7 +226,7 @@ func (c *Client) repairPages(ctx context.Context, st *Status, o JobOptions, rep 
 	}
 	checks := 0
 	reducing := false
-	for i := 0; i < st.Total && checks < maxPageChecks; i++ {
+	for i := 0; i < upto && checks < maxPageChecks; i++ {
 		if bitSet(bits, i) {
 			continue
 		}

@@ -40,9 +40,12 @@ type Status struct {
 	// Retry forgets the failed pages, to run them again: Failed restarts
 	// from 0.
 	Done, Failed int
-	// InFlight is, while the run is splitting, how many of its pages are
-	// enqueued or running: at most the job's JobOptions.Window. Zero once
-	// the split has ended (every remaining page is then in flight).
+	// InFlight is, while the run is splitting, how much of its window is
+	// in use: pages the split has made room for and that are not recorded
+	// yet, at most JobOptions.Window. It can exceed what is enqueued while
+	// the split emits (room is made a batch at a time) and near the end of
+	// a run (room made for pages past its last). Zero once the split has
+	// ended.
 	InFlight int
 	// Created is when Start created the run, SplitDone when the split had
 	// enqueued every page, Updated when the run last changed, and Finished
@@ -61,6 +64,7 @@ type Status struct {
 
 	nonce     string // part of the run's task IDs
 	splitTask string // the last part of the ID of the run's split task
+	resume    int    // while splitting: every page below it was enqueued
 }
 
 func parseStatus(id string, h map[string]string) *Status {
@@ -75,6 +79,7 @@ func parseStatus(id string, h map[string]string) *Status {
 		Error:     h["error"],
 		nonce:     h["nonce"],
 		splitTask: h["split_task"],
+		resume:    atoi(h["resume"]),
 	}
 	st.Expected = -1
 	if e, err := strconv.Atoi(h["expected"]); err == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -57,6 +56,7 @@ type feeder struct {
 	started time.Time
 
 	bits   []byte // the recorded pages when the attempt began
+	waited bool   // this task has waited for room
 	resume int    // pages below it are enqueued or recorded
 	fed    int    // pages below it have room in the window
 
@@ -93,6 +93,14 @@ func pendingKey(queue string) string { return "asynq:{" + queue + "}:pending" }
 // worker whose every slot holds a split, no page could run.
 const stallHandOff = 30 * time.Second
 
+// pastHalf reports whether the split task has waited for room and run for
+// half its timeout: it then hands on at its next batch (room), before
+// asynq's deadline ends it and spends one of the job's retries. A split
+// that never waited is Split's own work, which SplitTimeout bounds as it
+// did before windows: handing it on would only make the next task call
+// Split again from the start.
+func (f *feeder) pastHalf() bool { return f.waited && time.Since(f.started) > f.o.SplitTimeout/2 }
+
 // room waits until the window has room for page i and moves the fed mark
 // past it: all pages below i are then enqueued. It returns errHandedOff if
 // it handed the run on instead.
@@ -102,6 +110,9 @@ func (f *feeder) room(ctx context.Context, i int) error {
 		return context.Cause(ctx)
 	}
 	f.resume = i
+	if f.pastHalf() {
+		return f.handOff(ctx, i)
+	}
 	batch, least := windowSizes(f.o.Window)
 	sleep, lastDone, stalledSince := time.Millisecond, -1, time.Now()
 	for {
@@ -129,7 +140,8 @@ func (f *feeder) room(ctx context.Context, i int) error {
 		if done != lastDone {
 			lastDone, stalledSince = done, time.Now()
 		}
-		if time.Since(f.started) > f.o.SplitTimeout/2 || (pending > 0 && time.Since(stalledSince) > f.c.stallHandOff) {
+		f.waited = true
+		if f.pastHalf() || (pending > 0 && time.Since(stalledSince) > f.c.stallHandOff) {
 			return f.handOff(ctx, i)
 		}
 		select {
@@ -154,11 +166,8 @@ func (f *feeder) walk(i, free int) int {
 
 // read runs feed.lua (moving resume and, if to > 0, the fed mark) and reads
 // the length of the queue's pending list, in one round trip.
-func (f *feeder) read(ctx context.Context, resume, to int, splitTask ...string) (fed, done, pending int, err error) {
+func (f *feeder) read(ctx context.Context, resume, to int) (fed, done, pending int, err error) {
 	args := []any{f.nonce, resume, to}
-	for _, s := range splitTask {
-		args = append(args, s)
-	}
 	var (
 		res *redis.Cmd
 		n   *redis.IntCmd
@@ -198,13 +207,32 @@ var errRunGone = errors.New("mapreduce: the run is no longer splitting")
 // handOff records that every page below i is enqueued and enqueues a new
 // split task that starts there, so that this one can end.
 func (f *feeder) handOff(ctx context.Context, i int) error {
-	step := "split:" + strconv.Itoa(i)
-	if _, _, _, err := f.read(ctx, i, 0, step); err != nil {
-		return err
-	}
-	if err := f.c.enqueueStepAs(ctx, f.run, f.nonce, typeSplit, step, f.o); err != nil {
-		return err
+	if err := f.c.handOn(ctx, f.k, f.run, f.nonce, i, f.o); err != nil {
+		if errors.Is(err, errRunGone) {
+			return err
+		}
+		return fmt.Errorf("mapreduce: split of %s: %w", f.run, err)
 	}
 	Logger(ctx).Info("mapreduce: split handed over to a new split task", "from_page", i)
 	return errHandedOff
+}
+
+// handOn enqueues a new split task for a splitting run, under a name no
+// split task of the run had (feed.lua), that starts at page resume (or
+// where the run's resume mark is, if further). The reconciler calls it for
+// a run whose split task ended without ending the split.
+func (c *Client) handOn(ctx context.Context, k runKeys, run, nonce string, resume int, o JobOptions) error {
+	var v []any
+	err := c.withRedis(ctx, "handing the split on", func(ctx context.Context) (err error) {
+		v, err = scriptFeed.Run(ctx, c.rdb, []string{k.run, k.recorded}, nonce, resume, 0, "1").Slice()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if n, _ := v[0].(int64); n < 0 {
+		return errRunGone
+	}
+	step, _ := v[2].(string)
+	return c.enqueueStepAs(ctx, run, nonce, typeSplit, step, o)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -349,5 +351,96 @@ func TestARunShowsThePagesItsSplitExpectsWhileTheSplitRuns(t *testing.T) {
 	}
 	if err := mapreduce.ExpectPages(context.Background(), 3); err == nil {
 		t.Error("ExpectPages outside a Split returned no error")
+	}
+}
+
+func TestASplitHandedOnTwiceFromTheSamePageStillEnds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages, window = 40, 8
+	var (
+		maps   mapCalls
+		splits atomic.Int32
+		gate   = make(chan struct{})
+	)
+	job := mapreduce.Job[int, int, int, int]{
+		Name: "twice",
+		Split: func(ctx context.Context, n int, emit func(int) error) error {
+			if splits.Add(1) == 3 {
+				close(gate) // the window stayed full through two hand-ons at page 8
+			}
+			for i := range n {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: func(ctx context.Context, i int) (int, error) {
+			<-gate
+			maps.add(i)
+			return i, nil
+		},
+		Options: e.opts(mapreduce.JobOptions{Window: window, SplitTimeout: time.Second}),
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, 2*window)
+	id, err := job.Start(context.Background(), c, pages, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := wait(t, c, id, time.Minute); st.State != mapreduce.StateSucceeded || st.Done != pages {
+		t.Fatalf("run ended %s with %d pages done: %s", st.State, st.Done, st.Error)
+	}
+	maps.wantEachOnce(t, pages)
+}
+
+func TestReconcileRecordsPagesLostWhileTheSplitRunsSoTheyFreeTheWindow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages, window = 6, 2
+	gate := make(chan struct{})
+	job := sumJob("lostpages", newCounts(), e.opts(mapreduce.JobOptions{Window: window, Semantics: mapreduce.CompleteSemantics}))
+	mapFn := job.Map
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		<-gate
+		return mapFn(ctx, p)
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, CancelPoll: 20 * time.Millisecond, StuckAfter: time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.worker(c, 2) // the split and page 0; page 1 waits in the queue
+	ctx := context.Background()
+	id, err := job.Start(ctx, c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := e.prefix + ":{lostpages}:run:" + id
+	nonce, _ := e.rdb.HGet(ctx, k, "nonce").Result()
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	page1 := id + ":" + nonce + ":map:1"
+	waitFor(t, 10*time.Second, "page 1 pending behind page 0 and the split", func() bool {
+		info, err := insp.GetTaskInfo(e.queue, page1)
+		resume, _ := e.rdb.HGet(ctx, k, "resume").Int()
+		return err == nil && info.State == asynq.TaskStatePending && resume >= window
+	})
+	if err := insp.DeleteTask(e.queue, page1); err != nil { // lost, as in a failover
+		t.Fatal(err)
+	}
+	rep, err := c.Reconcile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.PagesFailed != 1 {
+		t.Errorf("Reconcile recorded %d lost pages of a splitting run, want 1 (page 1): it would hold the window for good", rep.PagesFailed)
+	}
+	close(gate)
+	st := wait(t, c, id, time.Minute)
+	if st.State != mapreduce.StateSucceeded || st.Failed != 1 || st.Done != pages-1 {
+		t.Fatalf("run ended %s with %d done and %d failed, want succeeded, %d and 1: %s", st.State, st.Done, st.Failed, pages-1, st.Error)
 	}
 }

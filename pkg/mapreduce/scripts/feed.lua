@@ -12,11 +12,13 @@
 -- ARGV[1] the run's nonce, as the split task carries it
 -- ARGV[2] resume: pages below it are enqueued or recorded ("0": no news)
 -- ARGV[3] the new end of the fed range ("0": move nothing, read only)
--- ARGV[4] optional: the last part of the ID of the split task that goes on
---         with the run ("split:<page>"), which the reconciler checks; ""
---         for none
+-- ARGV[4] optional: "1" to hand the split on: names a new split task,
+--         "split:<resume>.<n>" with n counting the run's hand-ons, so that
+--         no two split tasks of a run share an ID, and records it as the
+--         run's split task, which the reconciler checks; "" for none
 -- ARGV[5] optional: the pages Split expects to emit (ExpectPages)
--- Returns {fed, fed_done} after the call, or {-1, state} if the run is not
+-- Returns {fed, fed_done, name} after the call, name being the new split
+-- task's ("" unless handing on), or {-1, state} if the run is not
 -- splitting under this nonce (state "" if it does not exist).
 local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume')
 if not run[1] then
@@ -47,13 +49,18 @@ if to > fed then
   fed = to
   redis.call('HSET', KEYS[1], 'fed', ARGV[3], 'fed_done', string.format('%d', done))
 end
-if tonumber(ARGV[2]) > (tonumber(run[5]) or 0) then
-  redis.call('HSET', KEYS[1], 'resume', ARGV[2])
+local resume = run[5] or '0'
+if tonumber(ARGV[2]) > tonumber(resume) then
+  resume = ARGV[2]
+  redis.call('HSET', KEYS[1], 'resume', resume)
 end
-if ARGV[4] and ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[1], 'split_task', ARGV[4])
+local name = ''
+if ARGV[4] == '1' then
+  local n = redis.call('HINCRBY', KEYS[1], 'handoffs', 1)
+  name = 'split:' .. resume .. '.' .. string.format('%d', n)
+  redis.call('HSET', KEYS[1], 'split_task', name)
 end
 if ARGV[5] then
   redis.call('HSET', KEYS[1], 'expected', ARGV[5])
 end
-return {fed, done}
+return {fed, done, name}
