@@ -698,3 +698,59 @@ func TestAReleaseDoesNotHandOnTheReleasersOtherLapsedPermits(t *testing.T) {
 		t.Errorf("p2.Release = %v, want ErrLeaseLost", err)
 	}
 }
+
+// As above, when the first call of the resumed process is its watchdog's
+// refresh (it also waits for a permit): the refresh must not hand its lapsed
+// permits on either, though it no longer lists them.
+func TestARefreshDoesNotHandOnItsProcesssLapsedPermits(t *testing.T) {
+	t.Parallel()
+	var cutOff atomic.Bool
+	h := &faultHook{refuse: func(cmd redis.Cmder) bool { return cutOff.Load() && isScript(cmd, semaphore.RefreshScript) }}
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	a := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 2, Lease: lease})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 2, Lease: time.Minute})
+	ctx := context.Background()
+	p1, p2 := mustAcquire(t, a), mustAcquire(t, a)
+	_ = acquireQueued(t, other, other, 1)
+	_ = acquireQueued(t, a, other, 2) // a waits too: its refresh has a token to send
+	st := stats(t, other)
+	first, waiting := st.Waiters[0].ID, st.Waiters[1].ID
+	cutOff.Store(true)
+	holders, queue, alive := prefix+":{db}:holders", prefix+":{db}:queue", prefix+":{db}:alive"
+	redisNow := func() int64 {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return now.UnixMilli()
+	}
+	waitFor(t, 10*time.Second, "a's leases to run out in Redis", func() bool {
+		for _, id := range []string{p1.ID(), p2.ID()} {
+			if rdb.ZScore(ctx, holders, id).Val() >= float64(redisNow()) {
+				return false
+			}
+		}
+		return true
+	})
+	before := rdb.ZScore(ctx, alive, waiting).Val()
+	cutOff.Store(false) // a's watchdog retries within a second
+	waitFor(t, 5*time.Second, "a's refresh", func() bool {
+		hb, err := rdb.ZScore(ctx, alive, waiting).Result()
+		return err != nil || hb != before // refreshed, or dropped (its heartbeat lapsed too)
+	})
+	if rdb.ZScore(ctx, queue, first).Err() != nil {
+		t.Fatalf("a's refresh granted the waiter at the head while a's lapsed permits were not released")
+	}
+	for _, p := range []*semaphore.Permit{p1, p2} {
+		if rdb.ZScore(ctx, holders, p.ID()).Err() != nil {
+			t.Fatalf("a's refresh purged %s before a released it", p.ID())
+		}
+	}
+	for _, p := range []*semaphore.Permit{p1, p2} {
+		if err := p.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {
+			t.Errorf("Release = %v, want ErrLeaseLost", err)
+		}
+	}
+	waitFor(t, 5*time.Second, "the head granted once a released", func() bool { return rdb.ZScore(ctx, queue, first).Err() != nil })
+}

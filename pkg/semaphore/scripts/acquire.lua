@@ -18,7 +18,9 @@ local tok = ARGV[5]
 local lease, heartbeat = tonumber(ARGV[6]), tonumber(ARGV[7])
 
 local limit = get_limit()
-local held, queue_empty = grant(limit, purge_holders())
+-- The calling process is alive: its own lapsed holders are kept for it to
+-- release (see purge_holders).
+local held, queue_empty = grant(limit, purge_holders(process_of(tok), lease))
 local w = weight_of(tok)
 
 -- A retry of a token Redis does not know: either the earlier call never
