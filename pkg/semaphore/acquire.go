@@ -83,6 +83,19 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 		case acquireTooHeavy:
 			s.forgetWaiter(w)
 			return nil, fmt.Errorf("%w: asked for %d, the limit is %d", ErrExceedsLimit, n, limit)
+		case acquireUnknown:
+			// A retry, and Redis does not know the token: the first call
+			// never ran, or its place or permit lapsed while its reply was
+			// lost. A wake-up for that place may wait in our list; under a
+			// new token it can never be taken for a grant of the place we
+			// ask for now.
+			if err := s.enlist(w); err != nil {
+				s.giveUp(w)
+				return nil, err
+			}
+			// Should the first call still land, its place goes too.
+			s.spawn(func() { s.releaseDetached(token) })
+			continue
 		default:
 			s.giveUp(w)
 			return nil, fmt.Errorf("unexpected reply %d from the acquire script", status)
@@ -139,7 +152,9 @@ func (s *Semaphore) tokenOf(w *waiter) string {
 
 // callAcquire runs acquire.lua for token, retrying transient Redis errors
 // with backoff while ctx lives, the Semaphore is open and the caller is
-// willing to wait. Retrying is safe: the script is idempotent per token.
+// willing to wait. Retrying is safe: the script is idempotent per token,
+// and a retry that finds the token unknown to Redis gets acquireUnknown
+// rather than a new place under the old token.
 func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (status, value int64, limit int64, sent time.Time, err error) {
 	waitFlag := "0"
 	if wait {
@@ -148,8 +163,15 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (s
 	var bo backoff.Backoff
 	for attempt := 1; ; attempt++ {
 		sent = time.Now()
+		// A retry tells the script that an earlier call may have run: if
+		// Redis no longer knows the token, the script must not give it a
+		// second place (see acquire.lua).
+		retry := "0"
+		if attempt > 1 {
+			retry = "1"
+		}
 		var res any
-		res, err = s.evalUntil(ctx, token, scriptAcquire, token, s.opts.Lease.Milliseconds(), s.opts.Lease.Milliseconds(), waitFlag)
+		res, err = s.evalUntil(ctx, token, scriptAcquire, token, s.opts.Lease.Milliseconds(), s.opts.Lease.Milliseconds(), waitFlag, retry)
 		if err == nil {
 			vals, ok := res.([]any)
 			if !ok || len(vals) != 3 {

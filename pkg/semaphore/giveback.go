@@ -14,8 +14,14 @@ import (
 // they are next in line: no wake-up round trip for a local hand-off. Should
 // the reply be lost, the watchdog finds those grants at its next refresh
 // (at once if the loss was a Redis outage: see noteCall).
+//
+// This process's other permits whose leases ran out in Redis, if Redis
+// still has them, are kept for up to one more Lease (once), rather than
+// purged: it has cancelled their work and releases each once that work
+// has stopped, so their capacity must not go to a waiter before (see
+// purge_holders in scripts/lib.lua).
 func (s *Semaphore) releaseToken(ctx context.Context, token string) (int64, error) {
-	res, err := s.evalAs(ctx, s.process, scriptRelease, token)
+	res, err := s.evalAs(ctx, s.process, scriptRelease, token, s.opts.Lease.Milliseconds())
 	if err != nil {
 		return 0, err
 	}

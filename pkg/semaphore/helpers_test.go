@@ -276,6 +276,14 @@ func (p *proxy) serve() {
 			continue
 		}
 		p.mu.Lock()
+		if p.down.Load() {
+			// cut() ran while we dialled: it did not see this
+			// connection, which must not outlive it.
+			p.mu.Unlock()
+			_ = c.Close()
+			_ = u.Close()
+			continue
+		}
 		p.conns = append(p.conns, c, u)
 		p.mu.Unlock()
 		go func() { _, _ = io.Copy(u, c); _ = u.Close() }()

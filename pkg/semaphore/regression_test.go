@@ -130,6 +130,61 @@ func TestAGrantThatLapsedInTheWakeListIsNeverHandedOver(t *testing.T) {
 	_ = r.Release(ctx)
 }
 
+// A waiter's first acquire call queues it, but its reply is lost (the
+// process is cut off). Before the retry, its place is granted (the wake-up
+// waits in its list, unread: the process has no dispatcher yet), the grant
+// lapses, and another process takes the only permit. The retry must not
+// queue again under the same token: the stale wake-up would then pass for
+// the new place's grant and hand the process a permit Redis never gave it.
+// (This is how TestAGrantThatLapsedInTheWakeListIsNeverHandedOver failed
+// under load, when the cut lost the queued reply.)
+func TestARetriedAcquireIsNeverHandedTheGrantOfItsLapsedPlace(t *testing.T) {
+	t.Parallel()
+	unblock := make(chan struct{})
+	var unblockOnce sync.Once
+	release := func() { unblockOnce.Do(func() { close(unblock) }) }
+	var lost atomic.Bool
+	h := &faultHook{after: func(cmd redis.Cmder) {
+		if isScript(cmd, semaphore.AcquireScript) && arg(cmd, argWaitFlag) == "1" && lost.CompareAndSwap(false, true) {
+			<-unblock
+			cmd.SetErr(errors.New("read tcp: i/o timeout (injected)"))
+		}
+	}}
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	a := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	t.Cleanup(release) // before a's Close, should the test stop early
+	ctx := context.Background()
+	p := mustAcquire(t, other)
+	got := acquireQueued(t, a, other, 1) // queued in Redis; a has not read the reply
+	first := stats(t, other).Waiters[0].ID
+	if err := p.Release(ctx); err != nil { // grants a's place; the wake-up waits unread
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a's unrefreshed grant to lapse", func() bool { return stats(t, other).Held == 0 })
+	q := mustAcquire(t, other)
+	release() // the reply is lost: a retries
+	waitFor(t, 5*time.Second, "a to queue again", func() bool { return len(stats(t, other).Waiters) == 1 })
+	select {
+	case r := <-got:
+		t.Fatalf("a was handed permit %s (fence %d) while %s holds the only one: %+v", r.ID(), r.Fence(), q.ID(), stats(t, other))
+	case <-time.After(2 * lease):
+	}
+	st := stats(t, other)
+	if len(st.Waiters) != 1 || st.Waiters[0].ID == first {
+		t.Fatalf("a did not queue again under a new token (the first was %s): %+v", first, st)
+	}
+	if err := q.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := receiveGrant(t, got, 5*time.Second, "a's new place, once q is released")
+	if st := stats(t, other); len(st.Holders) != 1 || st.Holders[0].ID != r.ID() {
+		t.Errorf("a's permit is not the one Redis holds: %+v", st)
+	}
+	_ = r.Release(ctx)
+}
+
 // A waiter's "queued" reply is slow; meanwhile the releasing handle hands
 // it the permit in-process. Its lease must be dated from its enqueue, not
 // from the zero time: a live permit must not be cancelled.
@@ -579,4 +634,123 @@ func TestTheDispatchersConnectionDoesNotRaceTheClientsHandshakes(t *testing.T) {
 		_ = s.Close()
 		_ = rdb.Close()
 	}
+}
+
+// A process whose permits' leases ran out in Redis while nobody else called
+// (it was paused, or cut off) gives them back one by one, each once the
+// work it guards has stopped — a query gone from the database. Releasing
+// the first must not hand the others' capacity to waiters with it: each
+// goes on only at its own release, or, should that never come, a lease
+// later. (pgsource's TestAResumedHoldersLostPermitsReachWaitersOnlyOnceItsQueriesEnded
+// saw a fourth query beside three permits when the first release purged
+// all three.)
+func TestAReleaseDoesNotHandOnTheReleasersOtherLapsedPermits(t *testing.T) {
+	t.Parallel()
+	var cutOff atomic.Bool
+	h := &faultHook{refuse: func(cmd redis.Cmder) bool { return cutOff.Load() && isScript(cmd, semaphore.RefreshScript) }}
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	a := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 2, Lease: lease})
+	// The waiters' handle refreshes every 20s: no call of theirs purges.
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 2, Lease: time.Minute})
+	ctx := context.Background()
+	p1, p2 := mustAcquire(t, a), mustAcquire(t, a)
+	got1 := acquireQueued(t, other, other, 1)
+	got2 := acquireQueued(t, other, other, 2)
+	cutOff.Store(true) // a's refreshes fail from now on
+	holders, queue := prefix+":{db}:holders", prefix+":{db}:queue"
+	// Watched without a script, which would purge them.
+	waitFor(t, 10*time.Second, "a's leases to run out in Redis", func() bool {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs, err := rdb.ZRangeWithScores(ctx, holders, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, z := range hs {
+			if int64(z.Score) >= now.UnixMilli() {
+				return false
+			}
+		}
+		return len(hs) == 2
+	})
+	if err := p1.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {
+		t.Errorf("p1.Release = %v, want ErrLeaseLost", err)
+	}
+	if n := rdb.ZCard(ctx, queue).Val(); n != 1 {
+		t.Fatalf("releasing p1 granted %d waiters, want 1: p2's capacity went with it while its work may still run", 2-n)
+	}
+	if rdb.ZScore(ctx, holders, p2.ID()).Err() != nil {
+		t.Fatalf("p2 is no longer held in Redis after p1's release")
+	}
+	q1 := receiveGrant(t, got1, 5*time.Second, "p1's capacity")
+	defer q1.Release(ctx)
+	// p2 is never released: its capacity still returns, a lease later.
+	waitFor(t, 10*time.Second, "p2's capacity to reach the second waiter", func() bool { return len(stats(t, other).Waiters) == 0 })
+	q2 := receiveGrant(t, got2, 5*time.Second, "p2's capacity")
+	defer q2.Release(ctx)
+	if cause := context.Cause(p2.Context()); !errors.Is(cause, semaphore.ErrLeaseLost) {
+		t.Errorf("p2's context: %v, want ErrLeaseLost", cause)
+	}
+	if err := p2.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {
+		t.Errorf("p2.Release = %v, want ErrLeaseLost", err)
+	}
+}
+
+// As above, when the first call of the resumed process is its watchdog's
+// refresh (it also waits for a permit): the refresh must not hand its lapsed
+// permits on either, though it no longer lists them.
+func TestARefreshDoesNotHandOnItsProcesssLapsedPermits(t *testing.T) {
+	t.Parallel()
+	var cutOff atomic.Bool
+	h := &faultHook{refuse: func(cmd redis.Cmder) bool { return cutOff.Load() && isScript(cmd, semaphore.RefreshScript) }}
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	a := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 2, Lease: lease})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 2, Lease: time.Minute})
+	ctx := context.Background()
+	p1, p2 := mustAcquire(t, a), mustAcquire(t, a)
+	_ = acquireQueued(t, other, other, 1)
+	_ = acquireQueued(t, a, other, 2) // a waits too: its refresh has a token to send
+	st := stats(t, other)
+	first, waiting := st.Waiters[0].ID, st.Waiters[1].ID
+	cutOff.Store(true)
+	holders, queue, alive := prefix+":{db}:holders", prefix+":{db}:queue", prefix+":{db}:alive"
+	redisNow := func() int64 {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return now.UnixMilli()
+	}
+	waitFor(t, 10*time.Second, "a's leases to run out in Redis", func() bool {
+		for _, id := range []string{p1.ID(), p2.ID()} {
+			if rdb.ZScore(ctx, holders, id).Val() >= float64(redisNow()) {
+				return false
+			}
+		}
+		return true
+	})
+	before := rdb.ZScore(ctx, alive, waiting).Val()
+	cutOff.Store(false) // a's watchdog retries within a second
+	waitFor(t, 5*time.Second, "a's refresh", func() bool {
+		hb, err := rdb.ZScore(ctx, alive, waiting).Result()
+		return err != nil || hb != before // refreshed, or dropped (its heartbeat lapsed too)
+	})
+	if rdb.ZScore(ctx, queue, first).Err() != nil {
+		t.Fatalf("a's refresh granted the waiter at the head while a's lapsed permits were not released")
+	}
+	for _, p := range []*semaphore.Permit{p1, p2} {
+		if rdb.ZScore(ctx, holders, p.ID()).Err() != nil {
+			t.Fatalf("a's refresh purged %s before a released it", p.ID())
+		}
+	}
+	for _, p := range []*semaphore.Permit{p1, p2} {
+		if err := p.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {
+			t.Errorf("Release = %v, want ErrLeaseLost", err)
+		}
+	}
+	waitFor(t, 5*time.Second, "the head granted once a released", func() bool { return rdb.ZScore(ctx, queue, first).Err() != nil })
 }

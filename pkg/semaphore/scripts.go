@@ -114,6 +114,8 @@ const (
 	acquireQueued   = 0
 	acquireFull     = 2
 	acquireTooHeavy = -1
+	// A retry found its token unknown to Redis: see acquire.
+	acquireUnknown = 3
 )
 
 // Statuses returned by release.lua.

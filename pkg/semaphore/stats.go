@@ -57,6 +57,7 @@ func (s *Semaphore) Stats(ctx context.Context) (Stats, error) {
 		tok, _ := holders[i].(string)
 		deadline := parseInt(holders[i+1])
 		fence, grantedAt, _ := strings.Cut(str(holders[i+2]), ":")
+		grantedAt, _, _ = strings.Cut(grantedAt, ":") // ":lost": kept past its lease for its process to release
 		process, weight := parseToken(tok)
 		st.Held += weight
 		st.Holders = append(st.Holders, Holder{

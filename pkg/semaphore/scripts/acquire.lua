@@ -6,17 +6,32 @@
 --   ARGV[6] lease (ms)
 --   ARGV[7] heartbeat timeout (ms) of a queued waiter
 --   ARGV[8] "1" to queue when the permit is not free, "0" to return instead
+--   ARGV[9] "1" if an earlier call with this token may have run (a retry)
 -- Returns {status, value, limit}:
 --   { 1, fence,  limit}  granted
 --   { 0, ticket, limit}  queued; the grant arrives on the process's wake list
 --   { 2, 0,      limit}  not free and ARGV[8] == "0"
 --   {-1, 0,      limit}  the weight exceeds the limit: never grantable
+--   { 3, 0,      limit}  a retry of a token Redis does not know: ask again
+--                        under a new token
 local tok = ARGV[5]
 local lease, heartbeat = tonumber(ARGV[6]), tonumber(ARGV[7])
 
 local limit = get_limit()
-local held, queue_empty = grant(limit, purge_holders())
+-- The calling process is alive: its own lapsed holders are kept for it to
+-- release (see purge_holders).
+local held, queue_empty = grant(limit, purge_holders(process_of(tok), lease))
 local w = weight_of(tok)
+
+-- A retry of a token Redis does not know: either the earlier call never
+-- ran, or it did and the place or permit it got has lapsed since (the
+-- reply was lost while the process was cut off). In the second case a
+-- wake-up for that place may still sit in the process's wake list; a new
+-- place under the same token would make it look like this place's grant.
+-- The caller asks again under a new token instead. (One token, one place.)
+if ARGV[9] == '1' and not redis.call('HGET', K_INFO, tok) then
+  return {3, 0, limit}
+end
 
 if queue_empty and held + w <= limit then
   -- The fast path: one ZADD NX both grants and detects a retry.

@@ -196,15 +196,46 @@ local function finish(reply)
   return reply
 end
 
+-- LOST marks the info entry of a holder kept past its lease (see
+-- purge_holders): "fence:grantedAtMs" .. LOST.
+local LOST = ':lost'
+
+local function is_lost(info) -- info: an HGET's reply, false if absent
+  return type(info) == 'string' and string.sub(info, -#LOST) == LOST
+end
+
 -- purge_holders removes holders whose lease ran out (a crashed process gives
 -- its permits back) and returns the weight the others hold: every script
 -- needs both.
-local function purge_holders()
+--
+-- Except, when owner is given (the process making this call, which is
+-- therefore alive), that process's own expired holders: each is kept once,
+-- for keep_ms more, and marked lost. Their process has cancelled the work
+-- they guard and releases each once that work has stopped (a query gone
+-- from the database); until then its permit must not go to a waiter, as it
+-- would if this call (the release of another of them, say) purged it.
+-- Kept once, so a permit its process never releases still returns within
+-- keep_ms; and a process that does not call at all is not kept, so a dead
+-- holder returns as it always did.
+local function purge_holders(owner, keep_ms)
+  local marked = false
   for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', now_s)) do
-    if redis.call('ZREM', K_HOLDERS, tok) == 1 then
-      holder_removed(tok)
+    local info = owner and process_of(tok) == owner and redis.call('HGET', K_INFO, tok)
+    if info and not is_lost(info) then
+      if not marked then
+        -- Over maxmemory an EVALSHA script may write only after a
+        -- removal; this one removes a member no token can be.
+        redis.call('ZREM', K_HOLDERS, '')
+        marked = true
+      end
+      redis.call('ZADD', K_HOLDERS, 'XX', int(now + keep_ms), tok)
+      redis.call('HSET', K_INFO, tok, info .. LOST)
+    else
+      if redis.call('ZREM', K_HOLDERS, tok) == 1 then
+        holder_removed(tok)
+      end
+      redis.call('HDEL', K_INFO, tok)
     end
-    redis.call('HDEL', K_INFO, tok)
   end
   return held_weight
 end

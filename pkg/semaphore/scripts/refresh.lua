@@ -16,8 +16,12 @@ redis.call('ZREM', K_HOLDERS, '')
 local limit = get_limit()
 purge_waiters()
 -- Grant first, so that a token granted by this very call reports its fence
--- rather than a stale "queued".
-grant(limit, purge_holders())
+-- rather than a stale "queued". The calling process (every token is its
+-- own) is alive: its own lapsed holders are kept for it to release (see
+-- purge_holders).
+local owner = nil
+if ARGV[7] then owner = process_of(ARGV[7]) end
+grant(limit, purge_holders(owner, lease))
 local out = {}
 for i = 7, #ARGV do
   local tok = ARGV[i]
