@@ -125,13 +125,7 @@ func rootCause(err error) error {
 }
 
 func progress(st *mapreduce.Status) string {
-	total := "?"
-	if n, ok := st.Pages(); ok && st.Total < 0 {
-		total = fmt.Sprintf("~%d", n)
-	} else if ok {
-		total = fmt.Sprint(n)
-	}
-	s := fmt.Sprintf("%d/%s done", st.Done, total)
+	s := fmt.Sprintf("%d/%s done", st.Done, st.PagesText())
 	if st.Failed > 0 {
 		s += fmt.Sprintf(", %d failed", st.Failed)
 	}
@@ -145,10 +139,6 @@ func progressLine(st *mapreduce.Status, elapsed time.Duration) string {
 	if !known {
 		return fmt.Sprintf("[%s] %d/? pages  %s  (splitting)", strings.Repeat("·", 30), done, rate(done, elapsed))
 	}
-	of := fmt.Sprint(total)
-	if st.Total < 0 {
-		of = "~" + of // what the split said to expect
-	}
 	frac := 1.0
 	if total > 0 {
 		frac = min(float64(done)/float64(total), 1)
@@ -159,7 +149,7 @@ func progressLine(st *mapreduce.Status, elapsed time.Duration) string {
 		eta = time.Duration(float64(total-done) / r * float64(time.Second)).Round(time.Second).String()
 	}
 	return fmt.Sprintf("[%s%s] %d/%s pages  %s  ETA %s  %d failed  %s",
-		strings.Repeat("#", filled), strings.Repeat("·", 30-filled), done, of, rate(done, elapsed), eta, st.Failed, st.State)
+		strings.Repeat("#", filled), strings.Repeat("·", 30-filled), done, st.PagesText(), rate(done, elapsed), eta, st.Failed, st.State)
 }
 
 func rate(n int, elapsed time.Duration) string {

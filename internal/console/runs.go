@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -42,14 +41,7 @@ func row(st *mapreduce.Status, now time.Time) runRow {
 		Link:   "/run?" + url.Values{"id": {st.ID}}.Encode(),
 		Cancel: !st.State.Ended(), Retry: st.State == mapreduce.StateFailed || st.State == mapreduce.StateCancelled}
 	total, known := st.Pages()
-	switch {
-	case st.Total >= 0:
-		r.Of = strconv.Itoa(st.Total)
-	case known:
-		r.Of = "~" + strconv.Itoa(total)
-	default:
-		r.Of = "?"
-	}
+	r.Of = st.PagesText()
 	if total > 0 {
 		r.Percent = min(100, float64(r.Pages)*100/float64(total))
 	} else if st.Total == 0 && st.State.Ended() {

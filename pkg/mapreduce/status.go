@@ -115,6 +115,19 @@ func (st *Status) Pages() (int, bool) {
 	return 0, false
 }
 
+// PagesText is Pages as people read it: the total, "~N" while the split
+// runs and said to expect N pages, or "?" while neither is known.
+func (st *Status) PagesText() string {
+	n, ok := st.Pages()
+	switch {
+	case !ok:
+		return "?"
+	case st.Total < 0:
+		return "~" + strconv.Itoa(n)
+	}
+	return strconv.Itoa(n)
+}
+
 func atoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
