@@ -636,6 +636,27 @@ func TestTheDispatchersConnectionDoesNotRaceTheClientsHandshakes(t *testing.T) {
 	}
 }
 
+// waitLapsed waits until each permit's lease has run out in Redis while it
+// is still listed in holders (the semaphore's holders key). It reads the
+// key directly: any script would purge them.
+func waitLapsed(t *testing.T, rdb *redis.Client, holders string, ps ...*semaphore.Permit) {
+	t.Helper()
+	ctx := context.Background()
+	waitFor(t, 10*time.Second, "the permits' leases to run out in Redis", func() bool {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ps {
+			deadline, err := rdb.ZScore(ctx, holders, p.ID()).Result()
+			if err != nil || int64(deadline) >= now.UnixMilli() {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // A process whose permits' leases ran out in Redis while nobody else called
 // (it was paused, or cut off) gives them back one by one, each once the
 // work it guards has stopped — a query gone from the database. Releasing
@@ -659,23 +680,7 @@ func TestAReleaseDoesNotHandOnTheReleasersOtherLapsedPermits(t *testing.T) {
 	got2 := acquireQueued(t, other, other, 2)
 	cutOff.Store(true) // a's refreshes fail from now on
 	holders, queue := prefix+":{db}:holders", prefix+":{db}:queue"
-	// Watched without a script, which would purge them.
-	waitFor(t, 10*time.Second, "a's leases to run out in Redis", func() bool {
-		now, err := rdb.Time(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		hs, err := rdb.ZRangeWithScores(ctx, holders, 0, -1).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, z := range hs {
-			if int64(z.Score) >= now.UnixMilli() {
-				return false
-			}
-		}
-		return len(hs) == 2
-	})
+	waitLapsed(t, rdb, holders, p1, p2)
 	if err := p1.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {
 		t.Errorf("p1.Release = %v, want ErrLeaseLost", err)
 	}
@@ -718,21 +723,7 @@ func TestARefreshDoesNotHandOnItsProcesssLapsedPermits(t *testing.T) {
 	first, waiting := st.Waiters[0].ID, st.Waiters[1].ID
 	cutOff.Store(true)
 	holders, queue, alive := prefix+":{db}:holders", prefix+":{db}:queue", prefix+":{db}:alive"
-	redisNow := func() int64 {
-		now, err := rdb.Time(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return now.UnixMilli()
-	}
-	waitFor(t, 10*time.Second, "a's leases to run out in Redis", func() bool {
-		for _, id := range []string{p1.ID(), p2.ID()} {
-			if rdb.ZScore(ctx, holders, id).Val() >= float64(redisNow()) {
-				return false
-			}
-		}
-		return true
-	})
+	waitLapsed(t, rdb, holders, p1, p2)
 	before := rdb.ZScore(ctx, alive, waiting).Val()
 	cutOff.Store(false) // a's watchdog retries within a second
 	waitFor(t, 5*time.Second, "a's refresh", func() bool {
