@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -70,11 +71,37 @@ func Median[T cmp.Ordered](xs []T) T {
 // RedisCPU returns the CPU time Redis has used, user and system, from
 // INFO cpu.
 func RedisCPU(ctx context.Context, rdb *redis.Client) time.Duration {
-	info, err := rdb.Info(ctx, "cpu").Result()
-	if err != nil {
-		return 0
+	return TakeUse(ctx, rdb).RedisCPU
+}
+
+// Use is what a measured stretch cost: the CPU time of Redis and of this
+// process, and the commands and client reads (round trips: a pipeline is
+// one read, or a few for a long one) Redis processed. TakeUse reads the
+// counters; the difference of two readings is what happened between.
+type Use struct {
+	RedisCPU, OwnCPU time.Duration
+	Commands, Reads  int64
+}
+
+// TakeUse reads Redis's INFO cpu and stats, and this process's rusage.
+func TakeUse(ctx context.Context, rdb *redis.Client) Use {
+	var u Use
+	if info, err := rdb.Info(ctx, "cpu", "stats").Result(); err == nil {
+		user, _ := strconv.ParseFloat(InfoField(info, "used_cpu_user"), 64)
+		sys, _ := strconv.ParseFloat(InfoField(info, "used_cpu_sys"), 64)
+		u.RedisCPU = time.Duration((user + sys) * float64(time.Second))
+		u.Commands, _ = strconv.ParseInt(InfoField(info, "total_commands_processed"), 10, 64)
+		u.Reads, _ = strconv.ParseInt(InfoField(info, "total_reads_processed"), 10, 64)
 	}
-	user, _ := strconv.ParseFloat(InfoField(info, "used_cpu_user"), 64)
-	sys, _ := strconv.ParseFloat(InfoField(info, "used_cpu_sys"), 64)
-	return time.Duration((user + sys) * float64(time.Second))
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		u.OwnCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	return u
+}
+
+// Sub returns what was used between before and u.
+func (u Use) Sub(before Use) Use {
+	return Use{RedisCPU: u.RedisCPU - before.RedisCPU, OwnCPU: u.OwnCPU - before.OwnCPU,
+		Commands: u.Commands - before.Commands, Reads: u.Reads - before.Reads}
 }

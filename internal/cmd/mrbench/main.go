@@ -88,18 +88,19 @@ func main() {
 		scale(ctx, rdb, base+":scale", q, ns, want("scale"), want("fairness"))
 	}
 	if want("overhead") {
-		var bare, mr, bareCPU, mrCPU []time.Duration
+		var bare, mr []time.Duration
+		var bareUse, mrUse []benchutil.Use
 		var ratios []float64
 		for r := range *repeat {
 			qb, qm := fmt.Sprintf("%s-bare-%d", base, r), fmt.Sprintf("%s-mr-%d", base, r)
 			queues = append(queues, qb, qm)
-			cpu0 := benchutil.RedisCPU(ctx, rdb)
+			u0 := benchutil.TakeUse(ctx, rdb)
 			b := bareRound(ctx, rdb, qb)
-			cpu1 := benchutil.RedisCPU(ctx, rdb)
+			u1 := benchutil.TakeUse(ctx, rdb)
 			m := mapreduceRound(ctx, rdb, fmt.Sprintf("%s:mr%d", base, r), qm, *tasks)
-			cpu2 := benchutil.RedisCPU(ctx, rdb)
+			u2 := benchutil.TakeUse(ctx, rdb)
 			bare, mr, ratios = append(bare, b), append(mr, m), append(ratios, float64(m)/float64(b))
-			bareCPU, mrCPU = append(bareCPU, (cpu1-cpu0)/time.Duration(*tasks)), append(mrCPU, (cpu2-cpu1)/time.Duration(*tasks))
+			bareUse, mrUse = append(bareUse, u1.Sub(u0)), append(mrUse, u2.Sub(u1))
 		}
 		b, m := benchutil.Median(bare), benchutil.Median(mr)
 		fmt.Printf("## Framework overhead: %d no-op tasks, bare asynq handler vs one mapreduce run (%d interleaved rounds)\n\n", *tasks, *repeat)
@@ -107,8 +108,18 @@ func main() {
 		fmt.Println("|---|---|---|---|")
 		fmt.Printf("| wall time, median | %v | %v | **%.2f** (ratio of medians) |\n", b.Round(time.Millisecond), m.Round(time.Millisecond), float64(m)/float64(b))
 		fmt.Printf("| tasks/s, median | %.0f | %.0f | |\n", float64(*tasks)/b.Seconds(), float64(*tasks)/m.Seconds())
-		fmt.Printf("| Redis CPU per task, median | %.1f µs | %.1f µs | %.2f |\n", micros(benchutil.Median(bareCPU)), micros(benchutil.Median(mrCPU)),
-			float64(benchutil.Median(mrCPU))/float64(benchutil.Median(bareCPU)))
+		perTask := func(name, unit string, f func(benchutil.Use) float64) {
+			var bs, ms []float64
+			for i := range bareUse {
+				bs, ms = append(bs, f(bareUse[i])/float64(*tasks)), append(ms, f(mrUse[i])/float64(*tasks))
+			}
+			bm, mm := benchutil.Median(bs), benchutil.Median(ms)
+			fmt.Printf("| %s per task, median | %.1f%s | %.1f%s | %.2f |\n", name, bm, unit, mm, unit, mm/bm)
+		}
+		perTask("Redis CPU", " µs", func(u benchutil.Use) float64 { return micros(u.RedisCPU) })
+		perTask("worker CPU (this process: asynq client and server, handlers)", " µs", func(u benchutil.Use) float64 { return micros(u.OwnCPU) })
+		perTask("Redis round trips (client reads)", "", func(u benchutil.Use) float64 { return float64(u.Reads) })
+		perTask("Redis commands (scripts' calls included)", "", func(u benchutil.Use) float64 { return float64(u.Commands) })
 		fmt.Printf("| per round | %s | %s | %s (median **%.2f**, spread %.2f–%.2f) |\n\n", durs(bare), durs(mr),
 			floats(ratios), benchutil.Median(ratios), slices.Min(ratios), slices.Max(ratios))
 	}
