@@ -59,6 +59,7 @@ type Client struct {
 	cfg    Config
 	aq     *asynq.Client
 	insp   *asynq.Inspector
+	batch  *batcher // handlers' page reads and records
 
 	stallHandOff time.Duration // tests shorten it
 
@@ -102,6 +103,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		cfg:     cfg,
 		aq:      asynq.NewClientFromRedisClient(rdb),
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
+		batch:   &batcher{rdb: rdb},
 		watches: map[string]map[*watch]struct{}{},
 
 		stallHandOff: stallHandOff,

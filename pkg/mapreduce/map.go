@@ -30,9 +30,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 	// check reaches this Map within one CancelPoll.
 	wctx, stop := c.watchRun(context.WithValue(context.WithValue(ctx, runIDKey, p.Run), pageIndexKey, p.Index), p.Run)
 	defer stop()
-	state, nonce, recorded, err := c.pageState(ctx, k, p.Index, func(pl redis.Pipeliner) {
-		c.claim(ctx, pl, r.name())
-	})
+	state, nonce, recorded, err := c.pageState(ctx, k, p.Index, r.name())
 	if err != nil {
 		return fmt.Errorf("mapreduce: page %d of %s: %w", p.Index, p.Run, err)
 	}
@@ -103,7 +101,7 @@ func (c *Client) record(ctx context.Context, k runKeys, nonce string, i int, out
 	if claim != "" {
 		keys = append(keys, claim)
 	}
-	res, err := scriptRecord.Run(ctx, c.rdb, keys, i, outcome, flag, nonce).Slice()
+	res, err := c.batch.runScript(ctx, scriptRecord, keys, i, outcome, flag, nonce).Slice()
 	if err != nil {
 		return "", err
 	}
@@ -113,25 +111,29 @@ func (c *Client) record(ctx context.Context, k runKeys, nonce string, i int, out
 
 // pageState reads, in one round trip, the state and nonce of a run and
 // whether its page i is recorded, waiting out a Redis outage while ctx
-// lives. A run that does not exist has state "" and nonce "".
-func (c *Client) pageState(ctx context.Context, k runKeys, i int, also func(redis.Pipeliner)) (state State, nonce string, recorded bool, err error) {
+// lives. If job is not empty, the handler that reads, a handler of job,
+// claims its task in the same round trip. A run that does not exist has
+// state "" and nonce "".
+func (c *Client) pageState(ctx context.Context, k runKeys, i int, job string) (state State, nonce string, recorded bool, err error) {
 	var (
 		fields *redis.SliceCmd
 		bit    *redis.IntCmd
+		mark   *redis.StatusCmd
 	)
 	err = c.withRedis(ctx, "reading the run's state", func(ctx context.Context) error {
-		_, err := c.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		if err := c.batch.do(ctx, func(pl redis.Pipeliner) {
 			fields = pl.HMGet(ctx, k.run, "state", "nonce")
 			bit = pl.GetBit(ctx, k.recorded, int64(i))
-			if also != nil {
-				also(pl)
+			if job != "" {
+				mark = c.claim(ctx, pl, job)
 			}
-			return nil
-		})
-		if errors.Is(err, redis.Nil) {
-			return nil
+		}); err != nil {
+			return err
 		}
-		return err
+		if mark != nil && mark.Err() != nil {
+			return mark.Err()
+		}
+		return errors.Join(fields.Err(), bit.Err())
 	})
 	if err != nil {
 		return "", "", false, err

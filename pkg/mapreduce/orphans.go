@@ -63,12 +63,13 @@ func (c *Client) claimKey(job, id string, retried int) string {
 }
 
 // claim adds to pl the mark that the task ctx runs, of a run of job, has
-// a handler. Handlers send it with their first read of the run, so it
-// costs no round trip.
-func (c *Client) claim(ctx context.Context, pl redis.Pipeliner, job string) {
+// a handler, and returns its command (nil outside a handler). Handlers
+// send it with their first read of the run, so it costs no round trip.
+func (c *Client) claim(ctx context.Context, pl redis.Pipeliner, job string) *redis.StatusCmd {
 	if key := c.claimOf(ctx, job); key != "" {
-		pl.Set(ctx, key, "", orphanGrace)
+		return pl.Set(ctx, key, "", orphanGrace)
 	}
+	return nil
 }
 
 // claimOf returns the key of the mark of the task ctx runs, or "" outside
@@ -201,7 +202,7 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	if err != nil {
 		return false, nil
 	}
-	st, nonce, recorded, err := c.pageState(ctx, k, p.Index, nil)
+	st, nonce, recorded, err := c.pageState(ctx, k, p.Index, "")
 	if err != nil {
 		return false, err
 	}

@@ -1,0 +1,248 @@
+package mapreduce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+)
+
+// tripHook counts the pipelines a client sends and how many commands each
+// carries; while hold is set, the next pipeline waits until it is closed.
+// A new connection's handshake, which go-redis sends as a pipeline too, is
+// neither counted nor held.
+type tripHook struct {
+	mu    sync.Mutex
+	trips []int
+	hold  chan struct{}
+}
+
+func (h *tripHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *tripHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+
+func (h *tripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		switch cmds[0].Name() {
+		case "hello", "auth", "client", "select":
+			return next(ctx, cmds)
+		}
+		h.mu.Lock()
+		h.trips = append(h.trips, len(cmds))
+		hold := h.hold
+		h.hold = nil
+		h.mu.Unlock()
+		if hold != nil {
+			<-hold
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *tripHook) sent() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int(nil), h.trips...)
+}
+
+func (b *batcher) queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.waiting)
+}
+
+// Calls made while a round trip is under way go together in the next one,
+// and each gets its own replies.
+func TestBatcherSendsCallsThatWaitedInOneRoundTrip(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	hook := &tripHook{hold: make(chan struct{})}
+	rdb.AddHook(hook)
+	b := &batcher{rdb: rdb}
+	ctx := context.Background()
+	release := hook.hold
+
+	const n = 20
+	got := make([]int64, n+1)
+	errs := make([]error, n+1)
+	var wg sync.WaitGroup
+	call := func(i int) {
+		defer wg.Done()
+		var incr *redis.IntCmd
+		key := prefix + ":n:" + strconv.Itoa(i)
+		errs[i] = b.do(ctx, func(pl redis.Pipeliner) {
+			pl.Set(ctx, key, i*10, 0)
+			incr = pl.Incr(ctx, key)
+		})
+		if errs[i] == nil {
+			got[i], errs[i] = incr.Result()
+		}
+	}
+	wg.Add(1)
+	go call(0) // its round trip is held in the hook
+	waitUntil(t, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
+	for i := 1; i <= n; i++ {
+		wg.Add(1)
+		go call(i)
+	}
+	waitUntil(t, "the other calls to queue", func() bool { return b.queued() == n })
+	close(release)
+	wg.Wait()
+
+	for i := range got {
+		if errs[i] != nil || got[i] != int64(i*10+1) {
+			t.Errorf("call %d: got %d, %v; want %d", i, got[i], errs[i], i*10+1)
+		}
+	}
+	if trips := hook.sent(); len(trips) != 2 || trips[0] != 2 || trips[1] != 2*n {
+		t.Fatalf("round trips (commands in each) = %v, want [2 %d]: the %d calls that waited should go together", trips, 2*n, n)
+	}
+}
+
+// One call's failing command fails that call only.
+func TestBatcherKeepsEachCallsErrorsItsOwn(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	hook := &tripHook{hold: make(chan struct{})}
+	rdb.AddHook(hook)
+	b := &batcher{rdb: rdb}
+	ctx := context.Background()
+	release := hook.hold
+	if err := rdb.HSet(ctx, prefix+":hash", "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	var wg sync.WaitGroup
+	var bad, good *redis.IntCmd
+	wg.Add(1)
+	go func() { // held: the next two go together
+		defer wg.Done()
+		_ = b.do(ctx, func(pl redis.Pipeliner) { pl.Exists(ctx, prefix+":x") })
+	}()
+	waitUntil(t, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		_ = b.do(ctx, func(pl redis.Pipeliner) { bad = pl.Incr(ctx, prefix+":hash") }) // WRONGTYPE
+	}()
+	go func() {
+		defer wg.Done()
+		_ = b.do(ctx, func(pl redis.Pipeliner) { good = pl.Incr(ctx, prefix+":counter") })
+	}()
+	waitUntil(t, "both calls to queue", func() bool { return b.queued() == 2 })
+	close(release)
+	wg.Wait()
+
+	if trips := hook.sent(); len(trips) != 2 {
+		t.Fatalf("round trips = %v, want 2: the two calls should go together", trips)
+	}
+	if !redis.HasErrorPrefix(bad.Err(), "WRONGTYPE") {
+		t.Errorf("INCR of a hash: err = %v, want WRONGTYPE", bad.Err())
+	}
+	if v, err := good.Result(); err != nil || v != 1 {
+		t.Errorf("the other call's INCR = %d, %v; want 1, nil", v, err)
+	}
+}
+
+// A call whose caller gave up while it waited is not sent.
+func TestBatcherDropsACallWhoseContextEndedBeforeItWasSent(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	hook := &tripHook{hold: make(chan struct{})}
+	rdb.AddHook(hook)
+	b := &batcher{rdb: rdb}
+	release := hook.hold
+
+	done := make(chan error, 1)
+	go func() {
+		done <- b.do(context.Background(), func(pl redis.Pipeliner) { pl.Exists(context.Background(), prefix+":x") })
+	}()
+	waitUntil(t, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	gaveUp := make(chan error, 1)
+	go func() {
+		gaveUp <- b.do(ctx, func(pl redis.Pipeliner) { pl.Set(ctx, prefix+":dropped", "1", 0) })
+	}()
+	waitUntil(t, "the second call to queue", func() bool { return b.queued() == 1 })
+	cancel()
+	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+		t.Fatalf("do with a cancelled context = %v, want context.Canceled", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the sender to finish", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return !b.sending
+	})
+	if n, err := rdb.Exists(context.Background(), prefix+":dropped").Result(); err != nil || n != 0 {
+		t.Fatalf("the dropped call's SET ran (exists = %d, %v)", n, err)
+	}
+}
+
+// runScript works for a script Redis has never seen: EVALSHA fails with
+// NOSCRIPT in the pipeline, and the script is sent whole.
+func TestBatcherRunsAScriptRedisDoesNotHaveYet(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	b := &batcher{rdb: rdb}
+	ctx := context.Background()
+	// A body no other test sends, so Redis cannot have it cached.
+	script := redis.NewScript(fmt.Sprintf("-- %s %d\nreturn redis.call('INCRBY', KEYS[1], ARGV[1])", prefix, time.Now().UnixNano()))
+	for want := int64(5); want <= 10; want += 5 {
+		if v, err := b.runScript(ctx, script, []string{prefix + ":s"}, 5).Int64(); err != nil || v != want {
+			t.Fatalf("runScript = %d, %v; want %d, nil", v, err, want)
+		}
+	}
+}
+
+// With Redis unreachable every call fails with the connection's error,
+// which withRedis knows as transient, and nothing hangs.
+func TestBatcherFailsEachCallWhenRedisIsUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close() // nothing listens there now
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer rdb.Close()
+	b := &batcher{rdb: rdb}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var cmd *redis.StringCmd
+			if err := b.do(ctx, func(pl redis.Pipeliner) { cmd = pl.Get(ctx, "k"+strconv.Itoa(i)) }); err != nil {
+				t.Errorf("call %d: do = %v, want nil (the call was sent; its command carries the error)", i, err)
+				return
+			}
+			var op *net.OpError
+			if !errors.As(cmd.Err(), &op) {
+				t.Errorf("call %d: GET with Redis down: err = %v, want a connection error", i, cmd.Err())
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
