@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 
 	"github.com/hibiken/asynq"
 )
@@ -24,27 +25,59 @@ const (
 
 // stepLogger returns c's logger with the attributes of task t, run with
 // ctx: its run, job, step, page (map only), attempt and task ID, as far as
-// t's payload and ctx tell them.
+// t's payload and ctx tell them. They are worked out only once something
+// is logged: most tasks log nothing, and slog's With formats its
+// attributes at once, which cost a no-op page more than its Map.
 func (c *Client) stepLogger(ctx context.Context, t *asynq.Task) *slog.Logger {
-	step, _ := strings.CutPrefix(t.Type(), "batchmr:")
-	attrs := make([]any, 0, 6)
-	var p mapPayload // split and reduce payloads are its first fields
-	if json.Unmarshal(t.Payload(), &p) == nil && p.Run != "" {
-		job, _ := jobOf(p.Run)
-		attrs = append(attrs, slog.String(attrRun, p.Run), slog.String(attrJob, job))
-	}
-	attrs = append(attrs, slog.String(attrStep, step))
-	if t.Type() == typeMap {
-		attrs = append(attrs, slog.Int(attrPage, p.Index))
-	}
-	if n, ok := asynq.GetRetryCount(ctx); ok {
-		attrs = append(attrs, slog.Int(attrAttempt, n+1))
-	}
-	if id, ok := asynq.GetTaskID(ctx); ok {
-		attrs = append(attrs, slog.String(attrTask, id))
-	}
-	return c.log.With(attrs...)
+	return slog.New(&lazyHandler{base: c.log.Handler(), attrs: func() []slog.Attr {
+		step, _ := strings.CutPrefix(t.Type(), "batchmr:")
+		attrs := make([]slog.Attr, 0, 6)
+		var p mapPayload // split and reduce payloads are its first fields
+		if json.Unmarshal(t.Payload(), &p) == nil && p.Run != "" {
+			job, _ := jobOf(p.Run)
+			attrs = append(attrs, slog.String(attrRun, p.Run), slog.String(attrJob, job))
+		}
+		attrs = append(attrs, slog.String(attrStep, step))
+		if t.Type() == typeMap {
+			attrs = append(attrs, slog.Int(attrPage, p.Index))
+		}
+		if n, ok := asynq.GetRetryCount(ctx); ok {
+			attrs = append(attrs, slog.Int(attrAttempt, n+1))
+		}
+		if id, ok := asynq.GetTaskID(ctx); ok {
+			attrs = append(attrs, slog.String(attrTask, id))
+		}
+		return attrs
+	}})
 }
+
+// lazyHandler is base with the attributes attrs returns, asked for the
+// first time a record goes through it.
+type lazyHandler struct {
+	base  slog.Handler
+	attrs func() []slog.Attr
+	once  sync.Once
+	h     slog.Handler
+}
+
+func (l *lazyHandler) handler() slog.Handler {
+	l.once.Do(func() { l.h = l.base.WithAttrs(l.attrs()) })
+	return l.h
+}
+
+func (l *lazyHandler) Enabled(ctx context.Context, level slog.Level) bool {
+	return l.base.Enabled(ctx, level)
+}
+
+func (l *lazyHandler) Handle(ctx context.Context, r slog.Record) error {
+	return l.handler().Handle(ctx, r)
+}
+
+func (l *lazyHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return l.handler().WithAttrs(attrs)
+}
+
+func (l *lazyHandler) WithGroup(name string) slog.Handler { return l.handler().WithGroup(name) }
 
 // logFailure logs a failed attempt of the task run with ctx (whose Logger
 // carries the task's run, job, step, page, attempt and task ID) with its
