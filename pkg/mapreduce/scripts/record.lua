@@ -22,7 +22,7 @@
 if KEYS[5] then
   redis.call('DEL', KEYS[5])
 end
-local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'total', 'done', 'failed', 'fed')
+local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'total', 'done', 'failed', 'fed', 'fed_done')
 local st = run[1]
 if not st then
   return {0, ''}
@@ -42,23 +42,29 @@ if redis.call('SETBIT', KEYS[2], i, 1) == 1 then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local done, failed = tonumber(run[4]), tonumber(run[5])
+local done, failed = tonumber(run[4]) or 0, tonumber(run[5]) or 0
+-- The run's counters move in one HSET, from the values read above.
+local fields = {'updated', now}
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
-  failed = redis.call('HINCRBY', KEYS[1], 'failed', 1)
+  failed = failed + 1
+  fields[#fields + 1], fields[#fields + 2] = 'failed', failed
 else
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-  done = redis.call('HINCRBY', KEYS[1], 'done', 1)
+  done = done + 1
+  fields[#fields + 1], fields[#fields + 2] = 'done', done
 end
-redis.call('HSET', KEYS[1], 'updated', now)
 -- The page leaves the split's window (feed.lua). A run created before
 -- windows has no 'fed': its pages were all enqueued at once.
 local fed = tonumber(run[6])
 if fed and i < fed then
-  redis.call('HINCRBY', KEYS[1], 'fed_done', 1)
+  fields[#fields + 1], fields[#fields + 2] = 'fed_done', (tonumber(run[7]) or 0) + 1
 end
-if st == 'mapping' and done + failed == total then
-  redis.call('HSET', KEYS[1], 'state', 'reducing', 'reducing_at', now)
-  return {1, 'reducing'}
+local last = st == 'mapping' and done + failed == total
+if last then
+  st = 'reducing'
+  fields[#fields + 1], fields[#fields + 2] = 'state', st
+  fields[#fields + 1], fields[#fields + 2] = 'reducing_at', now
 end
+redis.call('HSET', KEYS[1], unpack(fields))
 return {1, st}
