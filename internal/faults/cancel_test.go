@@ -53,8 +53,10 @@ func TestCancellingARunOfLongQueriesEndsEveryQueryAndNeverOverrunsThePermits(t *
 			}
 			if !ok || d > cancelGone {
 				active, at, _ := f.sampler.latest()
-				t.Errorf("cancelling a run ends its queries within %v: %d worker queries still ran at %s, %v after cancel %d",
-					cancelGone, active, at.Format("15:04:05.000"), d.Round(time.Millisecond), round)
+				t.Errorf("cancelling a run ends its queries within %v: %d worker queries still ran at %s, %v after cancel %d; "+
+					"the last seen, with their start relative to the cancel: %s; queries started after the cancel: %d",
+					cancelGone, active, at.Format("15:04:05.000"), d.Round(time.Millisecond), round,
+					f.sampler.lastSeenQueries(cancelled), f.sampler.startsBetween(cancelled, time.Now()))
 				break // the next run would share the permits with what is left of this one
 			}
 		}

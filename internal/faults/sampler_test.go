@@ -4,7 +4,9 @@ package faults_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,6 +36,7 @@ type sampler struct {
 	active     int       // active worker queries in the latest sample
 	sampledAt  time.Time // when the latest sample was taken
 	lastActive time.Time // the latest sample that saw a worker query
+	lastSeen   []query   // the worker queries that sample saw
 	starts     map[query]struct{}
 	failed     int       // samples that failed (the server was away)
 	closely    time.Time // until when to sample every sampleCloselyEvery
@@ -126,7 +129,7 @@ func (s *sampler) record(at time.Time, qs []query) {
 		s.max, s.maxAt = len(qs), at
 	}
 	if len(qs) > 0 {
-		s.lastActive = at
+		s.lastActive, s.lastSeen = at, qs
 	}
 	for _, q := range qs {
 		s.starts[q] = struct{}{}
@@ -153,6 +156,21 @@ func (s *sampler) latest() (active int, at, lastActive time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.active, s.sampledAt, s.lastActive
+}
+
+// lastSeenQueries describes the worker queries of the latest sample that
+// saw any: each one's backend and when it started, relative to t. A test
+// that finds a query outliving a cancel says with it whether the query
+// started before the cancel (it was not cancelled) or after (it began
+// late).
+func (s *sampler) lastSeenQueries(t time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	parts := make([]string, len(s.lastSeen))
+	for i, q := range s.lastSeen {
+		parts[i] = fmt.Sprintf("pid %d started %+v", q.pid, q.start.Sub(t).Round(time.Millisecond))
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
 }
 
 // firstStartAfter returns when the first worker query seen that started at
