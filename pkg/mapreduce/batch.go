@@ -2,7 +2,9 @@ package mapreduce
 
 import (
 	"context"
+	"fmt"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -10,6 +12,11 @@ import (
 // maxBatch bounds the calls one round trip carries; calls past it go in
 // the next one, at once.
 const maxBatch = 256
+
+// batchTimeout bounds one round trip for a client that honours contexts
+// (redis.Options.ContextTimeoutEnabled): as long as a record may take
+// after its handler's work (afterWork).
+const batchTimeout = 30 * time.Second
 
 // A batcher sends the Redis commands of a process's concurrent handlers
 // together: a call made while a round trip is under way waits for it to
@@ -33,18 +40,32 @@ type batcher struct {
 	sending bool
 }
 
+// batch returns the batcher of job's calls. Each job has its own: a job's
+// keys share one hash slot, so that on Redis Cluster a round trip goes to
+// one node, and a slow or failing node holds up only the calls of the jobs
+// it serves.
+func (c *Client) batch(job string) *batcher {
+	if b, ok := c.batches.Load(job); ok {
+		return b.(*batcher)
+	}
+	b, _ := c.batches.LoadOrStore(job, &batcher{rdb: c.rdb})
+	return b.(*batcher)
+}
+
 type batchCall struct {
 	ctx  context.Context
 	fill func(redis.Pipeliner)
-	err  error // set if the call was dropped unsent
+	err  error // set if the call was not sent, or its trip failed unsent
 	done chan struct{}
 }
 
 // do queues fill's commands in the next round trip and returns once they
 // are answered, or when ctx ends. fill adds commands to the pipeline it is
-// given and keeps them: their errors are the call's, and do's error only
-// says the call was not sent (ctx ended first). A command may still run
-// after do returned with ctx's error, as a command sent alone may.
+// given and keeps them: their errors are the call's. do's error says the
+// call's commands were not sent (ctx ended first, a client hook refused the
+// pipeline, a panic): read none of them then, as the sender may still be
+// filling them in. A command may still run after do returned with ctx's
+// error, as a command sent alone may.
 func (b *batcher) do(ctx context.Context, fill func(redis.Pipeliner)) error {
 	call := &batchCall{ctx: ctx, fill: fill, done: make(chan struct{})}
 	b.mu.Lock()
@@ -78,21 +99,52 @@ func (b *batcher) send() {
 			return
 		}
 		b.mu.Unlock()
-
-		pl := b.rdb.Pipeline()
-		for _, call := range calls {
-			if err := call.ctx.Err(); err != nil {
-				call.err = err // its caller has gone: do not send it
-				continue
-			}
-			call.fill(pl)
-		}
-		// The client's own read and write timeouts bound the round trip, as
-		// they bound every command; a caller that stops waiting leaves on
-		// its own context. Errors are each command's.
-		_, _ = pl.Exec(context.Background())
+		b.trip(calls)
 		for _, call := range calls {
 			close(call.done)
+		}
+	}
+}
+
+// trip sends calls in one pipeline. A panic in a call's fill or in a
+// client hook fails every call of the trip instead of the process.
+func (b *batcher) trip(calls []*batchCall) {
+	defer func() {
+		if r := recover(); r != nil {
+			err := fmt.Errorf("mapreduce: a batched Redis call panicked: %v", r)
+			for _, call := range calls {
+				call.err = err
+			}
+		}
+	}()
+	pl := b.rdb.Pipeline()
+	for _, call := range calls {
+		if err := call.ctx.Err(); err != nil {
+			call.err = err // its caller has gone: do not send it
+			continue
+		}
+		call.fill(pl)
+	}
+	// The client's read and write timeouts bound the round trip, as they
+	// bound every command, and so does batchTimeout where the client
+	// honours contexts; a caller that stops waiting leaves on its own
+	// context.
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	cmds, err := pl.Exec(ctx)
+	if err == nil {
+		return
+	}
+	for _, cmd := range cmds {
+		if cmd.Err() != nil {
+			return // errors are each command's: each call reads its own
+		}
+	}
+	// The pipeline failed with no command the wiser: a client hook
+	// that returned an error without sending. It is every call's error.
+	for _, call := range calls {
+		if call.err == nil {
+			call.err = err
 		}
 	}
 }
@@ -100,14 +152,15 @@ func (b *batcher) send() {
 // runScript is script.Run in a batch: EVALSHA, and EVAL alone if Redis
 // does not have the script yet (after a restart or SCRIPT FLUSH).
 func (b *batcher) runScript(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	var cmd *redis.Cmd
-	if err := b.do(ctx, func(pl redis.Pipeliner) { cmd = script.EvalSha(ctx, pl, keys, args...) }); err != nil {
-		cmd = redis.NewCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
+	var sha *redis.Cmd
+	if err := b.do(ctx, func(pl redis.Pipeliner) { sha = script.EvalSha(ctx, pl, keys, args...) }); err != nil {
+		// Not sha: the call may still be under way, and sha is its.
+		failed := redis.NewCmd(ctx)
+		failed.SetErr(err)
+		return failed
 	}
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	if redis.HasErrorPrefix(sha.Err(), "NOSCRIPT") {
 		return script.Eval(ctx, b.rdb, keys, args...)
 	}
-	return cmd
+	return sha
 }

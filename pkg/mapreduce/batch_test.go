@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,8 +22,9 @@ import (
 // neither counted nor held.
 type tripHook struct {
 	mu    sync.Mutex
-	trips []int
-	hold  chan struct{}
+	trips  []int
+	hold   chan struct{}
+	refuse error // returned for every pipeline, which is not sent
 }
 
 func (h *tripHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -38,11 +40,14 @@ func (h *tripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		}
 		h.mu.Lock()
 		h.trips = append(h.trips, len(cmds))
-		hold := h.hold
+		hold, refuse := h.hold, h.refuse
 		h.hold = nil
 		h.mu.Unlock()
 		if hold != nil {
 			<-hold
+		}
+		if refuse != nil {
+			return refuse
 		}
 		return next(ctx, cmds)
 	}
@@ -234,6 +239,41 @@ func TestBatcherFailsEachCallWhenRedisIsUnreachable(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// A pipeline that a client hook refuses, without sending it and so
+// without setting any command's error, fails every call with the hook's
+// error: no call reads commands that never ran as a success.
+func TestBatcherFailsEveryCallOfAPipelineAHookRefused(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	refused := errors.New("circuit open")
+	rdb.AddHook(&tripHook{refuse: refused})
+	b := &batcher{rdb: rdb}
+	ctx := context.Background()
+	var fields *redis.SliceCmd
+	err := b.do(ctx, func(pl redis.Pipeliner) { fields = pl.HMGet(ctx, prefix+":run", "state", "nonce") })
+	if !errors.Is(err, refused) {
+		t.Fatalf("do = %v (HMGET: %v, %d values), want the hook's error", err, fields.Err(), len(fields.Val()))
+	}
+	if cmd := b.runScript(ctx, scriptRecord, []string{prefix + ":a", prefix + ":b", prefix + ":c", prefix + ":d"}, 0, "x", "0", "n"); !errors.Is(cmd.Err(), refused) {
+		t.Fatalf("runScript's error = %v, want the hook's", cmd.Err())
+	}
+}
+
+// A panic while a round trip is made fails the calls of that trip, not
+// the process, and the batcher goes on working.
+func TestBatcherTurnsAPanicIntoTheErrorOfItsTripsCalls(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	b := &batcher{rdb: rdb}
+	ctx := context.Background()
+	err := b.do(ctx, func(redis.Pipeliner) { panic("a bug") })
+	if err == nil || !strings.Contains(err.Error(), "a bug") {
+		t.Fatalf("do with a panicking fill = %v, want an error naming the panic", err)
+	}
+	var incr *redis.IntCmd
+	if err := b.do(ctx, func(pl redis.Pipeliner) { incr = pl.Incr(ctx, prefix+":after") }); err != nil || incr.Val() != 1 {
+		t.Fatalf("the next call: do = %v, INCR = %d; want nil, 1", err, incr.Val())
+	}
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {

@@ -52,14 +52,14 @@ type Config struct {
 // its Config.Jobs when registered on a worker's asynq.ServeMux (Register).
 // It is safe for concurrent use.
 type Client struct {
-	rdb    redis.UniversalClient
-	jobs   *Jobs
-	prefix string
-	log    *slog.Logger
-	cfg    Config
-	aq     *asynq.Client
-	insp   *asynq.Inspector
-	batch  *batcher // handlers' page reads and records
+	rdb     redis.UniversalClient
+	jobs    *Jobs
+	prefix  string
+	log     *slog.Logger
+	cfg     Config
+	aq      *asynq.Client
+	insp    *asynq.Inspector
+	batches sync.Map // job name → *batcher: handlers' page reads and records
 
 	stallHandOff time.Duration // tests shorten it
 
@@ -103,7 +103,6 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		cfg:     cfg,
 		aq:      asynq.NewClientFromRedisClient(rdb),
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
-		batch:   &batcher{rdb: rdb},
 		watches: map[string]map[*watch]struct{}{},
 
 		stallHandOff: stallHandOff,
@@ -115,6 +114,7 @@ type runKeys struct {
 	run, recorded, results, failures string // the run's own
 	transient                        string // the run's own: transient failures per step (transient.go)
 	runs, active                     string // the job's
+	job                              string // the job's name: its keys' hash tag
 }
 
 func (k runKeys) all() []string {
@@ -140,6 +140,7 @@ func (c *Client) keys(runID string) (runKeys, error) {
 		results: base + ":results:" + runID, failures: base + ":failures:" + runID,
 		transient: base + ":transient:" + runID,
 		runs:      base + ":runs", active: base + ":active",
+		job: job,
 	}, nil
 }
 

@@ -101,7 +101,7 @@ func (c *Client) record(ctx context.Context, k runKeys, nonce string, i int, out
 	if claim != "" {
 		keys = append(keys, claim)
 	}
-	res, err := c.batch.runScript(ctx, scriptRecord, keys, i, outcome, flag, nonce).Slice()
+	res, err := c.batch(k.job).runScript(ctx, scriptRecord, keys, i, outcome, flag, nonce).Slice()
 	if err != nil {
 		return "", err
 	}
@@ -121,7 +121,7 @@ func (c *Client) pageState(ctx context.Context, k runKeys, i int, job string) (s
 		mark   *redis.StatusCmd
 	)
 	err = c.withRedis(ctx, "reading the run's state", func(ctx context.Context) error {
-		if err := c.batch.do(ctx, func(pl redis.Pipeliner) {
+		if err := c.batch(k.job).do(ctx, func(pl redis.Pipeliner) {
 			fields = pl.HMGet(ctx, k.run, "state", "nonce")
 			bit = pl.GetBit(ctx, k.recorded, int64(i))
 			if job != "" {
@@ -133,7 +133,13 @@ func (c *Client) pageState(ctx context.Context, k runKeys, i int, job string) (s
 		if mark != nil && mark.Err() != nil {
 			return mark.Err()
 		}
-		return errors.Join(fields.Err(), bit.Err())
+		if err := errors.Join(fields.Err(), bit.Err()); err != nil {
+			return err
+		}
+		if len(fields.Val()) != 2 {
+			return fmt.Errorf("HMGET of the run's state and nonce returned %d values", len(fields.Val()))
+		}
+		return nil
 	})
 	if err != nil {
 		return "", "", false, err
