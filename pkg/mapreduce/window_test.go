@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -121,7 +122,7 @@ func TestASmallRunStartedBehindALargeOneWaitsForAtMostTheBacklogNotTheWindow(t *
 		t.Fatal(err)
 	}
 	var before *mapreduce.Status
-	waitFor(t, time.Minute, "the large run to fill its window", func() bool {
+	testenv.WaitFor(t, time.Minute, "the large run to fill its window", func() bool {
 		before, err = c.Status(ctx, big)
 		return err == nil && before.Done >= window
 	})
@@ -223,7 +224,7 @@ func TestASplitThatFailsPartWayResumesWithoutRedoingOrDuplicatingPages(t *testin
 	// exist (the gate holds them), so that changes nothing. Open the gate
 	// once the second attempt has passed every page the first one emitted.
 	k := e.prefix + ":{resumed}:run:" + id
-	waitFor(t, 30*time.Second, "the second split attempt to pass the first one's pages", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the second split attempt to pass the first one's pages", func() bool {
 		resume, _ := e.rdb.HGet(ctx, k, "resume").Int()
 		return attempts.Load() >= 2 && resume >= failAt
 	})
@@ -422,20 +423,23 @@ func TestReconcileRecordsPagesLostWhileTheSplitRunsSoTheyFreeTheWindow(t *testin
 	k := e.prefix + ":{lostpages}:run:" + id
 	nonce, _ := e.rdb.HGet(ctx, k, "nonce").Result()
 	insp := asynq.NewInspectorFromRedisClient(e.rdb)
-	// The split enqueues concurrently: either page may be the one waiting.
+	// The split enqueues concurrently: either page may be the one waiting,
+	// and it waits for good only once the worker's second slot holds the
+	// other (until then the worker may still take either).
 	var waiting string
-	waitFor(t, 10*time.Second, "one of pages 0 and 1 pending behind the other and the split", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "one of pages 0 and 1 pending behind the other and the split", func() bool {
 		if resume, _ := e.rdb.HGet(ctx, k, "resume").Int(); resume < window {
 			return false
 		}
+		states := map[asynq.TaskState]string{}
 		for i := range window {
 			id := id + ":" + nonce + ":map:" + strconv.Itoa(i)
-			if info, err := insp.GetTaskInfo(e.queue, id); err == nil && info.State == asynq.TaskStatePending {
-				waiting = id
-				return true
+			if info, err := insp.GetTaskInfo(e.queue, id); err == nil {
+				states[info.State] = id
 			}
 		}
-		return false
+		waiting = states[asynq.TaskStatePending]
+		return waiting != "" && states[asynq.TaskStateActive] != ""
 	})
 	if err := insp.DeleteTask(e.queue, waiting); err != nil { // lost, as in a failover
 		t.Fatal(err)
