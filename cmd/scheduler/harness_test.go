@@ -218,18 +218,6 @@ func (b *buffer) String() string {
 	return b.b.String()
 }
 
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // lines splits output into its non-empty lines.
 func lines(s string) []string {
 	return slices.DeleteFunc(strings.Split(s, "\n"), func(l string) bool { return strings.TrimSpace(l) == "" })

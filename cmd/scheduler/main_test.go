@@ -140,7 +140,7 @@ func TestStatusShowsARunAndCancelStopsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the split", func() bool { return f.state(id) == mapreduce.StateMapping })
+	testenv.WaitFor(t, 5*time.Second, "the split", func() bool { return f.state(id) == mapreduce.StateMapping })
 	out, errs, code := s.run("status", id, "--json")
 	var st struct {
 		ID, Job, State      string
@@ -367,7 +367,7 @@ func TestPermitsGetSummarisesEachProcessUnlessVerbose(t *testing.T) {
 		go func() { _, _ = q.sem.AcquireN(ctx, q.n) }()
 	}
 	var st semaphore.Stats
-	waitFor(t, 5*time.Second, "three queued requests", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "three queued requests", func() bool {
 		st, _ = a.Stats(ctx)
 		return len(st.Waiters) == 3
 	})
@@ -421,7 +421,7 @@ func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 	for range 2 {
 		replicas = append(replicas, s.start("serve", "--schedule", "sum=@every 1s", "--args", `sum={"n": 10, "page_size": 5}`))
 	}
-	waitFor(t, 10*time.Second, "both replicas to serve", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "both replicas to serve", func() bool {
 		return strings.Contains(replicas[0].stderr.String(), "serving") && strings.Contains(replicas[1].stderr.String(), "serving")
 	})
 	time.Sleep(3500 * time.Millisecond)
@@ -432,7 +432,7 @@ func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 		}
 	}
 	// The last tick's run may still be going.
-	waitFor(t, 5*time.Second, "every run to end", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "every run to end", func() bool {
 		runs, err := f.mr.Runs(context.Background(), "sum")
 		return err == nil && !slices.ContainsFunc(runs, func(st *mapreduce.Status) bool { return !st.State.Ended() })
 	})
@@ -455,11 +455,11 @@ func TestRunWaitKeepsFollowingThroughARedisOutage(t *testing.T) {
 	t.Parallel()
 	f, p, cmd, id, release := waitingBehindACutProxy(t)
 	unreachable := "cannot reach the Redis server at " + p.Addr()
-	waitFor(t, 5*time.Second, "the scheduler to say Redis is unreachable", func() bool { return strings.Contains(cmd.stderr.String(), unreachable) })
+	testenv.WaitFor(t, 5*time.Second, "the scheduler to say Redis is unreachable", func() bool { return strings.Contains(cmd.stderr.String(), unreachable) })
 	said := time.Now()
 	// The run ends while the scheduler cannot see it.
 	release()
-	waitFor(t, 5*time.Second, "the run to succeed", func() bool { return f.state(id) == mapreduce.StateSucceeded })
+	testenv.WaitFor(t, 5*time.Second, "the run to succeed", func() bool { return f.state(id) == mapreduce.StateSucceeded })
 	// Several more failed polls: go-redis spends up to 1.7s failing each
 	// of the first few.
 	time.Sleep(time.Until(said.Add(4 * time.Second)))
@@ -482,7 +482,7 @@ func TestRunWaitKeepsFollowingThroughARedisOutage(t *testing.T) {
 func TestInterruptingRunWaitDuringAnOutageLeavesTheRunGoing(t *testing.T) {
 	t.Parallel()
 	f, _, cmd, id, _ := waitingBehindACutProxy(t)
-	waitFor(t, 5*time.Second, "the scheduler to say Redis is unreachable", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the scheduler to say Redis is unreachable", func() bool {
 		return strings.Contains(cmd.stderr.String(), "cannot reach the Redis server")
 	})
 	_ = cmd.cmd.Process.Signal(os.Interrupt)
@@ -583,7 +583,7 @@ func waitingBehindACutProxy(t *testing.T) (f *fleet, p *testenv.Proxy, cmd *proc
 	p, proxied := testenv.RedisProxy(t, testenv.RedisURL(t))
 	s := newScheduler(t, f).with("REDIS_URL=" + proxied)
 	cmd = s.start("run", "sum", "--args", `{"n": 10, "page_size": 10}`, "--wait")
-	waitFor(t, 10*time.Second, "the run's ID", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the run's ID", func() bool {
 		id, _, _ = strings.Cut(cmd.stdout.String(), "\n")
 		return strings.HasPrefix(id, "sum:")
 	})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -104,7 +105,7 @@ func TestRetryResumesACancelledRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the split", func() bool { return f.state(id) == mapreduce.StateMapping })
+	testenv.WaitFor(t, 5*time.Second, "the split", func() bool { return f.state(id) == mapreduce.StateMapping })
 	if _, errs, code := s.run("cancel", id); code != 0 {
 		t.Fatalf("cancel: exit %d, stderr %q", code, errs)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/schedules"
+	"github.com/batchmr/batchmr/internal/testenv"
 )
 
 // 'scheduler ui' serves the console of the deployment it points at, on the
@@ -23,7 +24,7 @@ func TestUIServesTheConsoleOfItsDeploymentUntilInterrupted(t *testing.T) {
 	p := s.start("ui", "--listen", "127.0.0.1:0", "--read-only")
 	addr := regexp.MustCompile(`console on (http://127\.0\.0\.1:\d+/)`)
 	var url string
-	waitFor(t, 10*time.Second, "the console's address", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the console's address", func() bool {
 		m := addr.FindStringSubmatch(p.stderr.String())
 		if m != nil {
 			url = m[1]
@@ -62,7 +63,7 @@ func TestServePublishesItsSchedulesWhileItRuns(t *testing.T) {
 	s := newScheduler(t, f)
 	p := s.start("serve", "--schedule", "sum=@every 1h", "--args", `sum={"n": 1, "page_size": 1}`)
 	var list []schedules.Schedule
-	waitFor(t, 10*time.Second, "the published schedule", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the published schedule", func() bool {
 		list, _ = schedules.List(context.Background(), f.rdb, f.prefix)
 		return len(list) == 1
 	})

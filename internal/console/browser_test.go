@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/console"
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/chromedp/chromedp"
 )
@@ -176,7 +177,7 @@ func TestBrowserChangesALimitThroughTheFormAndTheWorkersObeyIt(t *testing.T) {
 		}
 		return st.Limit, st.Held
 	}
-	waitFor(t, 5*time.Second, "the workers to hold 4 permits", func() bool { _, held := stats(); return held == 4 })
+	testenv.WaitFor(t, 5*time.Second, "the workers to hold 4 permits", func() bool { _, held := stats(); return held == 4 })
 	run(t, ctx, "setting the limit to 2 with the form",
 		chromedp.Navigate(f.srv.URL+"/semaphore?name=db"),
 		chromedp.SetValue(chromedp.CSS("#limit"), "2"),
@@ -190,7 +191,7 @@ func TestBrowserChangesALimitThroughTheFormAndTheWorkersObeyIt(t *testing.T) {
 	}
 	// Holders granted before the change finish their page; after that,
 	// nobody is granted beyond the new limit.
-	waitFor(t, 5*time.Second, "the permits held to fit the new limit", func() bool { _, held := stats(); return held <= 2 })
+	testenv.WaitFor(t, 5*time.Second, "the permits held to fit the new limit", func() bool { _, held := stats(); return held <= 2 })
 	sawTwo := false
 	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		_, held := stats()

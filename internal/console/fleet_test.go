@@ -157,15 +157,3 @@ func (f *fleet) status(id string) *mapreduce.Status {
 	}
 	return st
 }
-
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}

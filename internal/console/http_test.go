@@ -13,6 +13,7 @@ import (
 
 	"github.com/batchmr/batchmr/internal/console"
 	"github.com/batchmr/batchmr/internal/schedules"
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -212,7 +213,7 @@ func TestReadOnlyServesNoMutations(t *testing.T) {
 	f.host(1, []string{"db"}, workJob("slow", sem, nil))
 	id := f.start("slow", workArgs{N: 5, SleepMS: 10_000})
 	// The first permit writes the limit.
-	waitFor(t, 5*time.Second, "the worker to hold a permit", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the worker to hold a permit", func() bool {
 		st, _ := sem.Stats(context.Background())
 		return st.Held == 1
 	})
@@ -338,11 +339,11 @@ func TestSemaphorePageShowsHoldersWaitersAndAChart(t *testing.T) {
 	sem := f.semaphore("db", 1)
 	f.host(3, []string{"db"}, workJob("work", sem, nil))
 	f.start("work", workArgs{N: 6, SleepMS: 10_000})
-	waitFor(t, 5*time.Second, "one holder and two waiters", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "one holder and two waiters", func() bool {
 		st, _ := sem.Stats(context.Background())
 		return st.Held == 1 && len(st.Waiters) == 2
 	})
-	waitFor(t, 5*time.Second, "the chart", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the chart", func() bool {
 		_, body := f.get("/semaphore/live?name=db")
 		return strings.Contains(body, `<polyline class="held"`)
 	})
@@ -483,7 +484,7 @@ func TestARunsProgressShowsThePagesItsSplitExpectsBeforeItsTotal(t *testing.T) {
 	job.Options.Window = 2
 	f.host(2, nil, job)
 	id := f.start("expecting", workArgs{N: 400, SleepMS: 20})
-	waitFor(t, 10*time.Second, "a page done while the split runs", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "a page done while the split runs", func() bool {
 		st := f.status(id)
 		return st.State == mapreduce.StateSplitting && st.Done > 0
 	})

@@ -395,3 +395,17 @@ func (b *Binaries) Remove() {
 		_ = os.RemoveAll(b.dir)
 	}
 }
+
+// WaitFor polls cond every few milliseconds until it holds, failing the
+// test after timeout. Tests use it to observe a state (a waiter queued, a
+// run ended), never to time the code under test.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -21,7 +21,7 @@ import (
 // A new connection's handshake, which go-redis sends as a pipeline too, is
 // neither counted nor held.
 type tripHook struct {
-	mu    sync.Mutex
+	mu     sync.Mutex
 	trips  []int
 	hold   chan struct{}
 	refuse error // returned for every pipeline, which is not sent
@@ -93,12 +93,12 @@ func TestBatcherSendsCallsThatWaitedInOneRoundTrip(t *testing.T) {
 	}
 	wg.Add(1)
 	go call(0) // its round trip is held in the hook
-	waitUntil(t, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
 	for i := 1; i <= n; i++ {
 		wg.Add(1)
 		go call(i)
 	}
-	waitUntil(t, "the other calls to queue", func() bool { return b.queued() == n })
+	testenv.WaitFor(t, 10*time.Second, "the other calls to queue", func() bool { return b.queued() == n })
 	close(release)
 	wg.Wait()
 
@@ -131,7 +131,7 @@ func TestBatcherKeepsEachCallsErrorsItsOwn(t *testing.T) {
 		defer wg.Done()
 		_ = b.do(ctx, func(pl redis.Pipeliner) { pl.Exists(ctx, prefix+":x") })
 	}()
-	waitUntil(t, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -141,7 +141,7 @@ func TestBatcherKeepsEachCallsErrorsItsOwn(t *testing.T) {
 		defer wg.Done()
 		_ = b.do(ctx, func(pl redis.Pipeliner) { good = pl.Incr(ctx, prefix+":counter") })
 	}()
-	waitUntil(t, "both calls to queue", func() bool { return b.queued() == 2 })
+	testenv.WaitFor(t, 10*time.Second, "both calls to queue", func() bool { return b.queued() == 2 })
 	close(release)
 	wg.Wait()
 
@@ -168,13 +168,13 @@ func TestBatcherDropsACallWhoseContextEndedBeforeItWasSent(t *testing.T) {
 	go func() {
 		done <- b.do(context.Background(), func(pl redis.Pipeliner) { pl.Exists(context.Background(), prefix+":x") })
 	}()
-	waitUntil(t, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
 	ctx, cancel := context.WithCancel(context.Background())
 	gaveUp := make(chan error, 1)
 	go func() {
 		gaveUp <- b.do(ctx, func(pl redis.Pipeliner) { pl.Set(ctx, prefix+":dropped", "1", 0) })
 	}()
-	waitUntil(t, "the second call to queue", func() bool { return b.queued() == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the second call to queue", func() bool { return b.queued() == 1 })
 	cancel()
 	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
 		t.Fatalf("do with a cancelled context = %v, want context.Canceled", err)
@@ -183,7 +183,7 @@ func TestBatcherDropsACallWhoseContextEndedBeforeItWasSent(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the sender to finish", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the sender to finish", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		return !b.sending
@@ -273,16 +273,5 @@ func TestBatcherTurnsAPanicIntoTheErrorOfItsTripsCalls(t *testing.T) {
 	var incr *redis.IntCmd
 	if err := b.do(ctx, func(pl redis.Pipeliner) { incr = pl.Incr(ctx, prefix+":after") }); err != nil || incr.Val() != 1 {
 		t.Fatalf("the next call: do = %v, INCR = %d; want nil, 1", err, incr.Val())
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -40,7 +41,7 @@ func announce(t *testing.T, starter, c *mapreduce.Client) (mapreduce.WorkerInfo,
 	}()
 	stop := func() { cancel(); <-done }
 	t.Cleanup(stop)
-	waitFor(t, 5*time.Second, "the worker in the catalogue", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the worker in the catalogue", func() bool {
 		ws, _ := starter.Workers(context.Background())
 		for _, w := range ws {
 			if w.ID == info.ID {

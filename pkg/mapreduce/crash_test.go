@@ -143,7 +143,7 @@ func TestWorkersKilledMidSplitMapAndReduceLoseNothing(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		cr.run = mustStart(t, cr.c, "crashy", sumArgs{N: 40, PageSize: 4}, mapreduce.StartOptions{})
-		waitFor(t, 30*time.Second, "the worker to hang at "+at, func() bool {
+		testenv.WaitFor(t, 30*time.Second, "the worker to hang at "+at, func() bool {
 			return e.rdb.Get(ctx, e.prefix+":hung").Val() == at
 		})
 		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {

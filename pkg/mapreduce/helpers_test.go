@@ -107,18 +107,6 @@ func wait(t *testing.T, c *mapreduce.Client, id string, timeout time.Duration) *
 	return st
 }
 
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // --- the sum job: the test workload -----------------------------------------
 
 // sumArgs asks for the sum of 0..N-1 in pages of PageSize numbers.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
 )
@@ -52,7 +53,7 @@ func TestCancelStopsTheRun(t *testing.T) {
 	e.addJob(mapreduce.AddJob(e.jobs, j))
 	e.worker(c, 4) // the endless split takes one slot
 	id := mustStart(t, c, "long", sumArgs{}, mapreduce.StartOptions{})
-	waitFor(t, 10*time.Second, "three Maps at work", func() bool { return started.Load() == 3 })
+	testenv.WaitFor(t, 10*time.Second, "three Maps at work", func() bool { return started.Load() == 3 })
 
 	if err := c.Cancel(context.Background(), id); err != nil {
 		t.Fatal(err)
@@ -77,7 +78,7 @@ func TestCancelStopsTheRun(t *testing.T) {
 	}
 	// Let the worker drain what the split had enqueued: none of it may run.
 	insp := asynq.NewInspectorFromRedisClient(e.rdb)
-	waitFor(t, 10*time.Second, "the queue to drain", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the queue to drain", func() bool {
 		q, err := insp.GetQueueInfo(e.queue)
 		return err == nil && q.Pending == 0 && q.Active == 0
 	})
@@ -227,7 +228,7 @@ func TestMalformedTasksAreArchivedAtOnceWithAClearError(t *testing.T) {
 	e.worker(worker, 2)
 	insp := asynq.NewInspectorFromRedisClient(e.rdb)
 	var archived []*asynq.TaskInfo
-	waitFor(t, 10*time.Second, "five archived tasks", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "five archived tasks", func() bool {
 		archived, _ = insp.ListArchivedTasks(e.queue)
 		return len(archived) == len(tasks)
 	})
@@ -273,7 +274,7 @@ func TestATaskOfAJobTheWorkerDoesNotRunIsHandedBackWithoutSpendingRetries(t *tes
 	// Through a real server: handed back without a retry spent, the run
 	// still splitting.
 	strangerSrv := e.worker(stranger, 1)
-	waitFor(t, 10*time.Second, "the split handed back", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the split handed back", func() bool {
 		ti, err := asynq.NewInspectorFromRedisClient(e.rdb).GetTaskInfo(e.queue, task.ID)
 		return err == nil && ti.State == asynq.TaskStateRetry
 	})

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -84,7 +85,7 @@ func TestObserverSeesEveryStepAttemptWithItsOutcomeAndTheRunsEndOnce(t *testing.
 	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded {
 		t.Fatalf("run ended %s (%s), want succeeded", st.State, st.Error)
 	}
-	waitFor(t, 5*time.Second, "the reduce step's outcome", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the reduce step's outcome", func() bool {
 		log.mu.Lock()
 		defer log.mu.Unlock()
 		return slices.ContainsFunc(log.steps, func(s stepDone) bool { return s.Kind == mapreduce.StepReduce })
@@ -161,7 +162,7 @@ func TestObserverSeesAStepCutShortByCancelEndWithErrRunCancelled(t *testing.T) {
 	if err := c.Cancel(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the page's outcome", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the page's outcome", func() bool {
 		log.mu.Lock()
 		defer log.mu.Unlock()
 		return slices.ContainsFunc(log.steps, func(s stepDone) bool { return s.Kind == mapreduce.StepMap })

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -39,7 +40,7 @@ func TestAKeyReusedAfterItsRunExpiredStartsAFreshRun(t *testing.T) {
 	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateFailed {
 		t.Fatalf("first run: %s, want failed", st.State)
 	}
-	waitFor(t, 10*time.Second, "the first run to expire", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the first run to expire", func() bool {
 		_, err := c.Status(context.Background(), id)
 		return errors.Is(err, mapreduce.ErrRunNotFound)
 	})
@@ -182,7 +183,7 @@ func TestTasksOfAnEarlierRunUnderTheSameIDDoNothing(t *testing.T) {
 	if err := c.Cancel(ctx, id); err != nil { // its four map tasks stay queued
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the first run to expire", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the first run to expire", func() bool {
 		_, err := c.Status(ctx, id)
 		return errors.Is(err, mapreduce.ErrRunNotFound)
 	})

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
 )
@@ -178,14 +179,14 @@ func TestRetryResumesACancelledRunToTheExactResult(t *testing.T) {
 	ctx := context.Background()
 	e.worker(c, 12) // every page at once
 	id := mustStart(t, c, "sum", sumArgs{N: 100, PageSize: 10}, mapreduce.StartOptions{})
-	waitFor(t, 10*time.Second, "four pages recorded and six held", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "four pages recorded and six held", func() bool {
 		st, err := c.Status(ctx, id)
 		return err == nil && st.Done == 4 && held.Load() == 6
 	})
 	if err := c.Cancel(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the held pages to see the cancel", func() bool { return returned.Load() == 6 })
+	testenv.WaitFor(t, 10*time.Second, "the held pages to see the cancel", func() bool { return returned.Load() == 6 })
 
 	open.Store(true)
 	if err := c.Retry(ctx, id); err != nil {
@@ -239,11 +240,11 @@ func TestAReduceOfTheCancelledAttemptCannotEndTheResumedRun(t *testing.T) {
 	e.worker(c, 4)
 	t.Cleanup(func() { openFirst(); close(releaseSecond) }) // before the worker stops: no Reduce keeps it
 	id := mustStart(t, c, "sum", sumArgs{N: 40, PageSize: 10}, mapreduce.StartOptions{})
-	waitFor(t, 10*time.Second, "the first Reduce", func() bool { return reduces.Load() == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the first Reduce", func() bool { return reduces.Load() == 1 })
 	insp := asynq.NewInspectorFromRedisClient(e.rdb)
 	var firstReduce string
 	// The last page's task may still be listed active a moment longer.
-	waitFor(t, 10*time.Second, "the reduce task among the active ones", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the reduce task among the active ones", func() bool {
 		active, _ := insp.ListActiveTasks(e.queue)
 		for _, ti := range active {
 			if ti.Type == mapreduce.TypeReduce {
@@ -259,9 +260,9 @@ func TestAReduceOfTheCancelledAttemptCannotEndTheResumedRun(t *testing.T) {
 	if err := c.Retry(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the resumed run's Reduce", func() bool { return reduces.Load() == 2 })
+	testenv.WaitFor(t, 10*time.Second, "the resumed run's Reduce", func() bool { return reduces.Load() == 2 })
 	openFirst()
-	waitFor(t, 10*time.Second, "the first Reduce's task to complete", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the first Reduce's task to complete", func() bool {
 		ti, err := insp.GetTaskInfo(e.queue, firstReduce)
 		return err == nil && ti.State == asynq.TaskStateCompleted
 	})
@@ -358,7 +359,7 @@ func TestRetryRecordsEachPageOnceWhateverIsDeliveredAgain(t *testing.T) {
 	if st.State != mapreduce.StateSucceeded || st.Done != 10 || st.Failed != 0 || resultOf(t, c, st) != 100*99/2 {
 		t.Fatalf("resumed run: %s, %d done, %d failed (%s); want succeeded with 10 pages and %d", st.State, st.Done, st.Failed, st.Error, 100*99/2)
 	}
-	waitFor(t, 10*time.Second, "every copy to be processed", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "every copy to be processed", func() bool {
 		q, err := insp.GetQueueInfo(e.queue)
 		return err == nil && q.Pending == 0 && q.Active == 0 && q.Retry == 0
 	})

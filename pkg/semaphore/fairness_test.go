@@ -49,7 +49,7 @@ func TestWaitersAreGrantedInTicketOrder(t *testing.T) {
 			}
 		}()
 		// Queue them one at a time so that ticket order is i's order.
-		waitFor(t, 5*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool { return len(stats(t, sems[0]).Waiters) == i+1 })
+		testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool { return len(stats(t, sems[0]).Waiters) == i+1 })
 	}
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestHeavyWaiterAtTheHeadIsNotOvertakenByLightOnes(t *testing.T) {
 		log("heavy")
 		heavyGot <- p
 	}()
-	waitFor(t, 5*time.Second, "heavy queued", func() bool { return len(stats(t, s).Waiters) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "heavy queued", func() bool { return len(stats(t, s).Waiters) == 1 })
 	lightDone := make(chan struct{})
 	go func() {
 		defer close(lightDone)
@@ -92,7 +92,7 @@ func TestHeavyWaiterAtTheHeadIsNotOvertakenByLightOnes(t *testing.T) {
 		log("light")
 		_ = p.Release(ctx)
 	}()
-	waitFor(t, 5*time.Second, "light queued", func() bool { return len(stats(t, s).Waiters) == 2 })
+	testenv.WaitFor(t, 5*time.Second, "light queued", func() bool { return len(stats(t, s).Waiters) == 2 })
 	if st := stats(t, s); st.Held != 1 {
 		t.Fatalf("the light waiter overtook the heavy one: %+v", st)
 	}
@@ -177,7 +177,7 @@ func TestFiveHundredWaitersShareOneBlockingConnection(t *testing.T) {
 			_ = q.Release(ctx)
 		}()
 	}
-	waitFor(t, 30*time.Second, "500 waiters queued", func() bool { return len(stats(t, s).Waiters) == waiters })
+	testenv.WaitFor(t, 30*time.Second, "500 waiters queued", func() bool { return len(stats(t, s).Waiters) == waiters })
 	count := func() (conns, blocked int) {
 		list, err := admin.ClientList(ctx).Result()
 		if err != nil {
@@ -194,7 +194,7 @@ func TestFiveHundredWaitersShareOneBlockingConnection(t *testing.T) {
 		}
 		return conns, blocked
 	}
-	waitFor(t, 10*time.Second, "the dispatcher's BLPOP", func() bool { _, b := count(); return b >= 1 })
+	testenv.WaitFor(t, 10*time.Second, "the dispatcher's BLPOP", func() bool { _, b := count(); return b >= 1 })
 	for i := 0; i < 3; i++ { // the same at three moments, not one lucky snapshot
 		conns, blocked := count()
 		if blocked != 1 {

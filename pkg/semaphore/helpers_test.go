@@ -33,19 +33,6 @@ func newSem(t *testing.T, rdb redis.UniversalClient, prefix string, opts semapho
 	return s
 }
 
-// waitFor polls cond until it holds or the deadline passes. Tests use it to
-// observe state (a waiter queued), never to time the code under test.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func mustAcquire(t *testing.T, s *semaphore.Semaphore) *semaphore.Permit {
 	t.Helper()
 	p, err := s.Acquire(context.Background())
@@ -70,7 +57,7 @@ func acquireQueued(t *testing.T, s, observer *semaphore.Semaphore, queued int) <
 		}
 		got <- p
 	}()
-	waitFor(t, 5*time.Second, fmt.Sprintf("%d waiters queued", queued), func() bool { return len(stats(t, observer).Waiters) == queued })
+	testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("%d waiters queued", queued), func() bool { return len(stats(t, observer).Waiters) == queued })
 	return got
 }
 

@@ -168,9 +168,9 @@ func TestWaiterWhoseHeartbeatLapsedDuringAnOutageQueuesAgain(t *testing.T) {
 	p := mustAcquire(t, other)
 	got := acquireQueued(t, s, other, 1)
 	px.cut()
-	waitFor(t, 5*time.Second, "Redis to drop the silent waiter", func() bool { return len(stats(t, other).Waiters) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "Redis to drop the silent waiter", func() bool { return len(stats(t, other).Waiters) == 0 })
 	px.restore()
-	waitFor(t, 5*time.Second, "the waiter to queue again", func() bool { return len(stats(t, other).Waiters) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the waiter to queue again", func() bool { return len(stats(t, other).Waiters) == 1 })
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func killRedis(t *testing.T, rdb *redis.Client) {
 		t.Fatal(err)
 	}
 	opt := rdb.Options()
-	waitFor(t, 5*time.Second, "redis-server to die", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "redis-server to die", func() bool {
 		c, err := net.Dial(opt.Network, opt.Addr)
 		if err == nil {
 			_ = c.Close()
@@ -349,7 +349,7 @@ func TestReleasesDuringARedisCrashLandWhenRedisRestartsFromItsAOF(t *testing.T) 
 	quitter, quit := context.WithCancel(ctx)
 	gaveUp := make(chan error, 1)
 	go func() { _, err := b.Acquire(quitter); gaveUp <- err }()
-	waitFor(t, 5*time.Second, "the first waiter queued", func() bool { return len(stats(t, observer).Waiters) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the first waiter queued", func() bool { return len(stats(t, observer).Waiters) == 1 })
 	var got []<-chan *semaphore.Permit
 	for i := range limit {
 		got = append(got, acquireQueued(t, b, observer, i+2))

@@ -76,7 +76,7 @@ func TestKilledWaiterStopsBlockingTheQueueWithinItsHeartbeat(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, 5*time.Second, "two waiters", func() bool { return len(stats(t, s).Waiters) == 2 })
+	testenv.WaitFor(t, 5*time.Second, "two waiters", func() bool { return len(stats(t, s).Waiters) == 2 })
 	if err := h.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

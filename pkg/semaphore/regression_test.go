@@ -109,7 +109,7 @@ func TestAGrantThatLapsedInTheWakeListIsNeverHandedOver(t *testing.T) {
 	if err := p.Release(ctx); err != nil { // grants a's waiter; the wake-up waits in a's list
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "a's unrefreshed grant to lapse", func() bool { return stats(t, other).Held == 0 })
+	testenv.WaitFor(t, 10*time.Second, "a's unrefreshed grant to lapse", func() bool { return stats(t, other).Held == 0 })
 	q := mustAcquire(t, other)
 	px.restore()
 	select {
@@ -162,10 +162,10 @@ func TestARetriedAcquireIsNeverHandedTheGrantOfItsLapsedPlace(t *testing.T) {
 	if err := p.Release(ctx); err != nil { // grants a's place; the wake-up waits unread
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "a's unrefreshed grant to lapse", func() bool { return stats(t, other).Held == 0 })
+	testenv.WaitFor(t, 10*time.Second, "a's unrefreshed grant to lapse", func() bool { return stats(t, other).Held == 0 })
 	q := mustAcquire(t, other)
 	release() // the reply is lost: a retries
-	waitFor(t, 5*time.Second, "a to queue again", func() bool { return len(stats(t, other).Waiters) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "a to queue again", func() bool { return len(stats(t, other).Waiters) == 1 })
 	select {
 	case r := <-got:
 		t.Fatalf("a was handed permit %s (fence %d) while %s holds the only one: %+v", r.ID(), r.Fence(), q.ID(), stats(t, other))
@@ -210,7 +210,7 @@ func TestALocalGrantBeforeTheQueuedReplyKeepsItsLease(t *testing.T) {
 		}
 		got <- p
 	}()
-	waitFor(t, 5*time.Second, "b queued", func() bool { return len(stats(t, s).Waiters) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "b queued", func() bool { return len(stats(t, s).Waiters) == 1 })
 	if err := a.Release(ctx); err != nil { // hands b its permit before b's reply is read
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestAnAcquireThatFailsAfterItsGrantLeavesNothingHeld(t *testing.T) {
 	target.Store(p0.ID()[:len(p0.ID())-len("1:1")] + "2:1")
 	failed := make(chan error, 1)
 	go func() { _, err := s.Acquire(ctx); failed <- err }()
-	waitFor(t, 5*time.Second, "s queued", func() bool { return len(stats(t, other).Waiters) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "s queued", func() bool { return len(stats(t, other).Waiters) == 1 })
 	_ = p.Release(ctx)    // grants s's waiter
 	time.Sleep(lease / 2) // s's watchdog finds the grant and delivers it
 	close(unblock)
@@ -303,7 +303,7 @@ func TestAnAcquireThatFailsAfterItsGrantLeavesNothingHeld(t *testing.T) {
 	// here only the lease running out can return the permit.
 	time.Sleep(lease + 200*time.Millisecond)
 	refuseRelease.Store(false)
-	waitFor(t, 5*lease, "the orphaned grant to be given back", func() bool { return stats(t, other).Held == 0 })
+	testenv.WaitFor(t, 5*lease, "the orphaned grant to be given back", func() bool { return stats(t, other).Held == 0 })
 }
 
 func TestAcquireOnAClosedClientFailsAtOnce(t *testing.T) {
@@ -433,10 +433,10 @@ func TestSetLimitFailsHeavyWaitersAnywhereInTheQueue(t *testing.T) {
 		}
 		light <- err
 	}()
-	waitFor(t, 5*time.Second, "the light waiter", func() bool { return len(stats(t, s).Waiters) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the light waiter", func() bool { return len(stats(t, s).Waiters) == 1 })
 	heavy := make(chan error, 1)
 	go func() { _, err := s.AcquireN(ctx, 4); heavy <- err }()
-	waitFor(t, 5*time.Second, "the heavy waiter", func() bool { return len(stats(t, s).Waiters) == 2 })
+	testenv.WaitFor(t, 5*time.Second, "the heavy waiter", func() bool { return len(stats(t, s).Waiters) == 2 })
 	if err := s.SetLimit(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -642,7 +642,7 @@ func TestTheDispatchersConnectionDoesNotRaceTheClientsHandshakes(t *testing.T) {
 func waitLapsed(t *testing.T, rdb *redis.Client, holders string, ps ...*semaphore.Permit) {
 	t.Helper()
 	ctx := context.Background()
-	waitFor(t, 10*time.Second, "the permits' leases to run out in Redis", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the permits' leases to run out in Redis", func() bool {
 		now, err := rdb.Time(ctx).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -693,7 +693,7 @@ func TestAReleaseDoesNotHandOnTheReleasersOtherLapsedPermits(t *testing.T) {
 	q1 := receiveGrant(t, got1, 5*time.Second, "p1's capacity")
 	defer q1.Release(ctx)
 	// p2 is never released: its capacity still returns, a lease later.
-	waitFor(t, 10*time.Second, "p2's capacity to reach the second waiter", func() bool { return len(stats(t, other).Waiters) == 0 })
+	testenv.WaitFor(t, 10*time.Second, "p2's capacity to reach the second waiter", func() bool { return len(stats(t, other).Waiters) == 0 })
 	q2 := receiveGrant(t, got2, 5*time.Second, "p2's capacity")
 	defer q2.Release(ctx)
 	if cause := context.Cause(p2.Context()); !errors.Is(cause, semaphore.ErrLeaseLost) {
@@ -726,7 +726,7 @@ func TestARefreshDoesNotHandOnItsProcesssLapsedPermits(t *testing.T) {
 	waitLapsed(t, rdb, holders, p1, p2)
 	before := rdb.ZScore(ctx, alive, waiting).Val()
 	cutOff.Store(false) // a's watchdog retries within a second
-	waitFor(t, 5*time.Second, "a's refresh", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "a's refresh", func() bool {
 		hb, err := rdb.ZScore(ctx, alive, waiting).Result()
 		return err != nil || hb != before // refreshed, or dropped (its heartbeat lapsed too)
 	})
@@ -743,5 +743,5 @@ func TestARefreshDoesNotHandOnItsProcesssLapsedPermits(t *testing.T) {
 			t.Errorf("Release = %v, want ErrLeaseLost", err)
 		}
 	}
-	waitFor(t, 5*time.Second, "the head granted once a released", func() bool { return rdb.ZScore(ctx, queue, first).Err() != nil })
+	testenv.WaitFor(t, 5*time.Second, "the head granted once a released", func() bool { return rdb.ZScore(ctx, queue, first).Err() != nil })
 }

@@ -147,7 +147,7 @@ func TestTryAcquireNeverWaits(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, 5*time.Second, "a queued waiter", func() bool { return len(stats(t, s).Waiters) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "a queued waiter", func() bool { return len(stats(t, s).Waiters) == 1 })
 	if q, err := s.TryAcquire(ctx); !errors.Is(err, semaphore.ErrNoPermit) {
 		t.Errorf("TryAcquire with free capacity but a waiter queued = %v, want ErrNoPermit", err)
 		if q != nil {
@@ -208,7 +208,7 @@ func TestCancelledAcquireLeavesTheSemaphoreUnchanged(t *testing.T) {
 	if _, err := s.Acquire(wctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Acquire past its deadline = %v, want DeadlineExceeded", err)
 	}
-	waitFor(t, 5*time.Second, "the cancelled waiter to leave the queue", func() bool { return len(stats(t, s).Waiters) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the cancelled waiter to leave the queue", func() bool { return len(stats(t, s).Waiters) == 0 })
 	if st := stats(t, s); st.Held != 1 {
 		t.Fatalf("after a cancelled Acquire: %+v, want 1 held", st)
 	}
@@ -277,7 +277,7 @@ func TestRaisingTheLimitWakesWaitersAtOnce(t *testing.T) {
 			granted <- q
 		}()
 	}
-	waitFor(t, 5*time.Second, "3 waiters", func() bool { return len(stats(t, s).Waiters) == 3 })
+	testenv.WaitFor(t, 5*time.Second, "3 waiters", func() bool { return len(stats(t, s).Waiters) == 3 })
 	if err := s.SetLimit(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func TestLoweringTheLimitBelowAQueuedWeightFailsThatWaiter(t *testing.T) {
 		_, err := s.AcquireN(ctx, 4)
 		got <- err
 	}()
-	waitFor(t, 5*time.Second, "the heavy waiter", func() bool { return len(stats(t, s).Waiters) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the heavy waiter", func() bool { return len(stats(t, s).Waiters) == 1 })
 	if err := s.SetLimit(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +341,7 @@ func TestCloseFailsWaitersAndReleasesPermits(t *testing.T) {
 		_, err := s.Acquire(ctx)
 		got <- err
 	}()
-	waitFor(t, 5*time.Second, "a waiter", func() bool { return len(stats(t, observer).Waiters) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "a waiter", func() bool { return len(stats(t, observer).Waiters) == 1 })
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -220,7 +220,7 @@ func TestLogLevelFlagSetsWhatTheWorkerAndAsynqLog(t *testing.T) {
 	quiet := startProc(t, bin, env, append(args, "--log-level", "warn")...)
 	chatty := startProc(t, bin, append(env, "LOG_LEVEL=warn"), append(args, "--log-level", "debug")...)
 	waitAnnounced(t, mr, "squares", 2)
-	waitFor(t, "asynq's debug records at --log-level debug", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "asynq's debug records at --log-level debug", func() bool {
 		return strings.Contains(chatty.output(), `"level":"DEBUG"`) && strings.Contains(chatty.output(), `"component":"asynq"`)
 	})
 	for _, p := range []*proc{quiet, chatty} {

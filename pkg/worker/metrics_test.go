@@ -152,7 +152,7 @@ func TestMetricsShowARunsProgressPagesAndPermitsWithTheirRealValues(t *testing.T
 		t.Fatal(err)
 	}
 	// The job is in the catalogue once the worker announced it.
-	waitFor(t, "the worker to announce its job", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the worker to announce its job", func() bool {
 		v, ok := scrapeMetrics(t, base).value("batchmr_job_workers", "batchmr_job="+ordersreport.Name)
 		return ok && v == 1
 	})
@@ -166,7 +166,7 @@ func TestMetricsShowARunsProgressPagesAndPermitsWithTheirRealValues(t *testing.T
 	// During the run: its progress, labelled by job and run, and the
 	// semaphore, fleet-wide.
 	var during scrape
-	waitFor(t, "a scrape showing the run part-done", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "a scrape showing the run part-done", func() bool {
 		during = scrapeMetrics(t, base)
 		done, ok := during.value("batchmr_run_pages_done", "run="+run)
 		return ok && done > 0
@@ -193,7 +193,7 @@ func TestMetricsShowARunsProgressPagesAndPermitsWithTheirRealValues(t *testing.T
 	// The outcome is counted by the process that recorded it, just before
 	// or after Wait saw it.
 	var after scrape
-	waitFor(t, "the run's end in /metrics", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the run's end in /metrics", func() bool {
 		after = scrapeMetrics(t, base)
 		v, _ := after.value("batchmr_runs_ended_total", "batchmr_job="+ordersreport.Name, "state=succeeded")
 		return v == 1
@@ -255,7 +255,7 @@ func TestReadyzFollowsRedisWhileHealthzStaysUp(t *testing.T) {
 	px.Cut()
 	var code int
 	var body string
-	waitFor(t, "/readyz to fail", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "/readyz to fail", func() bool {
 		code, body = get(t, base+"/readyz")
 		return code == http.StatusServiceUnavailable
 	})
@@ -271,7 +271,7 @@ func TestReadyzFollowsRedisWhileHealthzStaysUp(t *testing.T) {
 		t.Errorf("batchmr_fleet_up = %v while Redis is unreachable, want 0", up)
 	}
 	px.Restore()
-	waitFor(t, "/readyz to answer 200 again", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "/readyz to answer 200 again", func() bool {
 		code, _ := get(t, base+"/readyz")
 		return code == http.StatusOK
 	})
@@ -293,7 +293,7 @@ func TestReadyzNamesAnUnreachableDatabase(t *testing.T) {
 	}
 	dbpx.Cut()
 	var body string
-	waitFor(t, "/readyz to fail", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "/readyz to fail", func() bool {
 		var code int
 		code, body = get(t, base+"/readyz")
 		return code == http.StatusServiceUnavailable
@@ -302,7 +302,7 @@ func TestReadyzNamesAnUnreachableDatabase(t *testing.T) {
 		t.Errorf("/readyz body %q: want it to name the database alone", body)
 	}
 	dbpx.Restore()
-	waitFor(t, "/readyz to answer 200 again", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "/readyz to answer 200 again", func() bool {
 		code, _ := get(t, base+"/readyz")
 		return code == http.StatusOK
 	})

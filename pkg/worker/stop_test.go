@@ -98,7 +98,7 @@ func TestAStoppedWorkersPermitsReachTheFleetOnlyOnceItsQueriesEnded(t *testing.T
 			_ = pgsource.Exec(fleet, pool, sem, sleepQuery)
 		}()
 	}
-	waitFor(t, "the fleet's handlers queued behind the worker's", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the fleet's handlers queued behind the worker's", func() bool {
 		st, err := sem.Stats(ctx)
 		return err == nil && len(st.Waiters) == 2*permits+1 // the worker's other handlers too
 	})
@@ -128,17 +128,6 @@ func TestAStoppedWorkersPermitsReachTheFleetOnlyOnceItsQueriesEnded(t *testing.T
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func countActive(t *testing.T, app string) int {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), testenv.DatabaseURL(t))
@@ -156,7 +145,7 @@ func countActive(t *testing.T, app string) int {
 
 func waitActive(t *testing.T, app string, n int, what string) {
 	t.Helper()
-	waitFor(t, what, func() bool { return countActive(t, app) == n })
+	testenv.WaitFor(t, 10*time.Second, what, func() bool { return countActive(t, app) == n })
 }
 
 // warmPool returns a pool naming its connections app, with n of them open
