@@ -59,6 +59,16 @@ func (h *tripHook) sent() []int {
 	return append([]int(nil), h.trips...)
 }
 
+// newHeldBatcher returns a batcher on a client of its own, the test's key
+// prefix, and the hook that counts the client's round trips and holds the
+// first one until release is closed.
+func newHeldBatcher(t *testing.T) (b *batcher, prefix string, hook *tripHook, release chan struct{}) {
+	rdb, prefix := testenv.Redis(t)
+	hook = &tripHook{hold: make(chan struct{})}
+	rdb.AddHook(hook)
+	return &batcher{rdb: rdb}, prefix, hook, hook.hold
+}
+
 func (b *batcher) queued() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -68,12 +78,8 @@ func (b *batcher) queued() int {
 // Calls made while a round trip is under way go together in the next one,
 // and each gets its own replies.
 func TestBatcherSendsCallsThatWaitedInOneRoundTrip(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
-	hook := &tripHook{hold: make(chan struct{})}
-	rdb.AddHook(hook)
-	b := &batcher{rdb: rdb}
+	b, prefix, hook, release := newHeldBatcher(t)
 	ctx := context.Background()
-	release := hook.hold
 
 	const n = 20
 	got := make([]int64, n+1)
@@ -114,12 +120,8 @@ func TestBatcherSendsCallsThatWaitedInOneRoundTrip(t *testing.T) {
 
 // One call's failing command fails that call only.
 func TestBatcherKeepsEachCallsErrorsItsOwn(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
-	hook := &tripHook{hold: make(chan struct{})}
-	rdb.AddHook(hook)
-	b := &batcher{rdb: rdb}
-	ctx := context.Background()
-	release := hook.hold
+	b, prefix, hook, release := newHeldBatcher(t)
+	rdb, ctx := b.rdb, context.Background()
 	if err := rdb.HSet(ctx, prefix+":hash", "f", "v").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -158,11 +160,8 @@ func TestBatcherKeepsEachCallsErrorsItsOwn(t *testing.T) {
 
 // A call whose caller gave up while it waited is not sent.
 func TestBatcherDropsACallWhoseContextEndedBeforeItWasSent(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
-	hook := &tripHook{hold: make(chan struct{})}
-	rdb.AddHook(hook)
-	b := &batcher{rdb: rdb}
-	release := hook.hold
+	b, prefix, hook, release := newHeldBatcher(t)
+	rdb := b.rdb
 
 	done := make(chan error, 1)
 	go func() {
