@@ -149,18 +149,36 @@ func (b *batcher) trip(calls []*batchCall) {
 	}
 }
 
-// runScript is script.Run in a batch: EVALSHA, and EVAL alone if Redis
-// does not have the script yet (after a restart or SCRIPT FLUSH).
+// runScript is script.Run in a batch: EVALSHA, sent with other calls.
 func (b *batcher) runScript(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	var sha *redis.Cmd
-	if err := b.do(ctx, func(pl redis.Pipeliner) { sha = script.EvalSha(ctx, pl, keys, args...) }); err != nil {
+	if err := b.doScript(ctx, script, func(pl redis.Pipeliner) *redis.Cmd {
+		sha = script.EvalSha(ctx, pl, keys, args...)
+		return sha
+	}); err != nil {
 		// Not sha: the call may still be under way, and sha is its.
 		failed := redis.NewCmd(ctx)
 		failed.SetErr(err)
 		return failed
 	}
-	if redis.HasErrorPrefix(sha.Err(), "NOSCRIPT") {
-		return script.Eval(ctx, b.rdb, keys, args...)
-	}
 	return sha
+}
+
+// doScript is do for a fill that sends script by EVALSHA and returns that
+// command. If Redis does not have the script yet (a new or restarted
+// Redis, SCRIPT FLUSH), doScript loads it and sends fill once more: the
+// script's body crosses the network once, not with every call that waited.
+func (b *batcher) doScript(ctx context.Context, script *redis.Script, fill func(redis.Pipeliner) *redis.Cmd) error {
+	for loaded := false; ; loaded = true {
+		var sha *redis.Cmd
+		if err := b.do(ctx, func(pl redis.Pipeliner) { sha = fill(pl) }); err != nil {
+			return err
+		}
+		if loaded || !redis.HasErrorPrefix(sha.Err(), "NOSCRIPT") {
+			return nil
+		}
+		if err := script.Load(ctx, b.rdb).Err(); err != nil {
+			return err
+		}
+	}
 }

@@ -165,7 +165,8 @@ func (f *feeder) walk(i, free int) int {
 }
 
 // read runs feed.lua (moving resume and, if to > 0, the fed mark) and reads
-// the length of the queue's pending list, in one round trip.
+// the length of the queue's pending list, in one round trip, which the
+// run's handlers' calls may share (batch.go).
 func (f *feeder) read(ctx context.Context, resume, to int) (fed, done, pending int, err error) {
 	args := []any{f.nonce, resume, to}
 	var (
@@ -173,19 +174,14 @@ func (f *feeder) read(ctx context.Context, resume, to int) (fed, done, pending i
 		n   *redis.IntCmd
 	)
 	err = f.c.withRedis(ctx, "moving the run's window", func(ctx context.Context) error {
-		pipe := func(p redis.Pipeliner) error {
+		if err := f.c.batch(f.k.job).doScript(ctx, scriptFeed, func(p redis.Pipeliner) *redis.Cmd {
 			res = scriptFeed.EvalSha(ctx, p, []string{f.k.run, f.k.recorded}, args...)
 			n = p.LLen(ctx, f.pending)
-			return nil
+			return res
+		}); err != nil {
+			return err
 		}
-		_, err := f.c.rdb.Pipelined(ctx, pipe)
-		if redis.HasErrorPrefix(res.Err(), "NOSCRIPT") { // a restarted or new Redis
-			if err := scriptFeed.Load(ctx, f.c.rdb).Err(); err != nil {
-				return err
-			}
-			_, err = f.c.rdb.Pipelined(ctx, pipe)
-		}
-		return err
+		return errors.Join(res.Err(), n.Err())
 	})
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("mapreduce: split of %s: %w", f.run, err)
