@@ -61,7 +61,8 @@ type Client struct {
 	insp    *asynq.Inspector
 	batches sync.Map // job name → *batcher: handlers' page reads and records
 
-	stallHandOff time.Duration // tests shorten it
+	stallHandOff time.Duration        // tests shorten it
+	enqueueFault func(page int) error // tests fail a page's enqueue with it
 
 	watchMu  sync.Mutex
 	watches  map[string]map[*watch]struct{}

@@ -3,7 +3,9 @@ package mapreduce
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"sync"
 )
 
 type ctxKey int
@@ -12,7 +14,7 @@ const (
 	runIDKey ctxKey = iota
 	pageIndexKey
 	loggerKey
-	expectKey
+	splitKey
 )
 
 // ExpectPages tells the run whose Split is running with ctx how many pages
@@ -21,15 +23,107 @@ const (
 // window, a large run's split lasts most of the run, and its total is only
 // written when the split ends; until then, Status.Expected lets the
 // console and the command line show the run's progress and an ETA. It is
-// a hint: the total that ends the run is what Split emitted. Outside a
-// Split, or when the run cannot be reached, it does nothing and returns
-// the error.
+// a hint: the total that ends the run is what Split emitted. A Split that
+// resumed from a cursor (ResumeSplit) counts only the pages it has still to
+// emit; the run adds those fed before. Outside a Split, or when the run
+// cannot be reached, it does nothing and returns the error.
 func ExpectPages(ctx context.Context, n int) error {
-	f, ok := ctx.Value(expectKey).(func(context.Context, int) error)
+	s, ok := ctx.Value(splitKey).(*splitState)
 	if !ok {
 		return errors.New("mapreduce: ExpectPages called outside a Split")
 	}
-	return f(ctx, n)
+	if n < 0 {
+		return fmt.Errorf("mapreduce: ExpectPages(%d): want a number of pages, 0 or more", n)
+	}
+	s.mu.Lock()
+	if s.resumed {
+		n += s.base
+	}
+	s.mu.Unlock()
+	return s.expect(ctx, n)
+}
+
+// ResumeSplit returns the cursor of the last page that an earlier attempt
+// of this run's split fed to the run (SetSplitCursor), and true, when the
+// split is starting again part-way: it was handed on to a new split task
+// (a long run's split does so every half SplitTimeout), or its task is
+// retried after an error or a worker crash. Call it at the start of Split,
+// before emitting. A Split that gets true must go on after the cursor: the
+// pages it emits then are numbered on from the pages already fed, and none
+// of those is emitted again. So over a table that changes while the run
+// lasts, a keyset split that resumes from the last key it fed neither
+// reads a row twice nor misses one at the join (pgsource.Split does so).
+//
+// It returns "", false on a run's first split, when the last page fed had
+// no cursor, after Retry (which splits from the start), and when called
+// after emit. A Split that does not call it is run again from the start,
+// and the pages fed before are skipped by position.
+func ResumeSplit(ctx context.Context) (cursor string, ok bool) {
+	s, found := ctx.Value(splitKey).(*splitState)
+	if !found {
+		return "", false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.has || s.emitted {
+		return "", false
+	}
+	s.resumed = true
+	return s.cursor, true
+}
+
+// SetSplitCursor sets the cursor of the page Split emits next: where a
+// Split that resumes after that page goes on from (ResumeSplit), such as
+// the page's last key. It applies to that one page; a page emitted without
+// one has none, and a split interrupted after it starts again from the
+// start. Keep it short: the run stores it with every batch of pages fed.
+// Outside a Split it does nothing.
+func SetSplitCursor(ctx context.Context, cursor string) {
+	if s, ok := ctx.Value(splitKey).(*splitState); ok {
+		s.mu.Lock()
+		s.next = cursor
+		s.mu.Unlock()
+	}
+}
+
+// splitState is what a running Split reaches through its context:
+// ExpectPages, ResumeSplit and SetSplitCursor.
+type splitState struct {
+	expect func(ctx context.Context, n int) error // records the pages expected in all
+
+	mu      sync.Mutex
+	cursor  string // the cursor of the last page an earlier attempt fed
+	has     bool   // there is one: the split may resume from it
+	base    int    // pages fed before: a resumed Split's first page's index
+	resumed bool   // Split called ResumeSplit and got the cursor
+	emitted bool   // Split has emitted a page
+	next    string // SetSplitCursor's cursor for the next page
+}
+
+// emitting is called for each page Split emits: it returns the page's
+// cursor, and the index of the first page if this is it (-1 otherwise).
+func (s *splitState) emitting() (cursor string, first int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cursor, s.next, first = s.next, "", -1
+	if !s.emitted {
+		s.emitted, first = true, 0
+		if s.resumed {
+			first = s.base
+		}
+	}
+	return cursor, first
+}
+
+// pages returns how many pages the run has, given that Split emitted to
+// the index end (exclusive) or nothing.
+func (s *splitState) pages(end int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.resumed && !s.emitted {
+		return s.base
+	}
+	return end
 }
 
 // RunID returns the ID of the run whose Split, Map or Reduce is running

@@ -59,3 +59,8 @@ func (c *Client) SetStallHandOff(d time.Duration) { c.stallHandOff = d }
 
 // WindowSizes returns the split's batch and backlog for a window.
 func WindowSizes(window int) (batch, backlog int) { return windowSizes(window) }
+
+// SetEnqueueFault makes the enqueue of a map task fail with what fault
+// returns for its page (nil: enqueue it), as if the split's worker died
+// between feeding the page to the window and enqueuing it.
+func (c *Client) SetEnqueueFault(fault func(page int) error) { c.enqueueFault = fault }

@@ -28,8 +28,11 @@ type Job[A, P, R, O any] struct {
 	// a window of tasks in Redis, and Split runs, emitting as pages are
 	// recorded, for most of the run. A split that has waited for room and
 	// runs past half its SplitTimeout hands on to a new split task, which
-	// calls Split again and skips, without enqueuing, the pages already
-	// emitted (SplitTimeout still bounds Split's own work). emit returns
+	// calls Split again (SplitTimeout still bounds Split's own work): a
+	// Split that resumes from a cursor (ResumeSplit, SetSplitCursor) goes
+	// on after the last page fed; any other is run from the start, and the
+	// pages already fed are skipped, by position, without being enqueued
+	// again. A retried split does the same. emit returns
 	// an error when the page cannot be enqueued, the run was cancelled
 	// (ErrRunCancelled) or the split was handed on; Split should then
 	// return that error.

@@ -12,15 +12,15 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// handleSplit runs the job's Split and enqueues one map task per page,
-// EnqueueConcurrency at a time, while the run's window has room
-// (window.go). A split that starts again — a retry, a copy of an orphaned
-// split, or a split handed on by one that ran long — skips the pages an
-// earlier attempt enqueued (below the run's resume mark) without enqueuing
-// them, and pages already recorded; the pages between the mark and the
-// end of the window are enqueued again, which their task IDs make no-ops
-// while their tasks exist. Only when every page is enqueued does it write
-// the total, which is what lets the last recorded page trigger the reduce.
+// handleSplit runs the job's Split and enqueues one map task per page
+// while the run's window has room (window.go). A split that starts again —
+// a retry, a copy of an orphaned split, or a split handed on by one that
+// ran long — first enqueues again the pages the last feed stored (their
+// task IDs make that a no-op while their tasks exist), then goes on after
+// the last page fed: Split resumes from that page's cursor (ResumeSplit),
+// or runs from the start and the pages already fed are skipped by
+// position. Only when every page is enqueued does it write the total,
+// which is what lets the last recorded page trigger the reduce.
 func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	pl, err := decodeRunPayload(t)
 	if err != nil {
@@ -39,7 +39,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	)
 	if err := c.withRedis(ctx, "reading the run", func(ctx context.Context) error {
 		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			fields = p.HMGet(ctx, k.run, "state", "args", "nonce", "resume")
+			fields = p.HMGet(ctx, k.run, "state", "args", "nonce", "resume", "fed", "cursor", "feeding")
 			recorded = p.Get(ctx, k.recorded)
 			c.claim(ctx, p, r.name())
 			return nil
@@ -55,47 +55,64 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	state, _ := vals[0].(string)
 	args, _ := vals[1].(string)
 	nonce, _ := vals[2].(string)
-	resume, _ := vals[3].(string)
 	if State(state) != StateSplitting || nonce != pl.Nonce {
 		return nil // already split, ended, expired, or a task of an earlier run under this ID
 	}
 	f := &feeder{c: c, k: k, run: run, nonce: nonce, o: o, pending: pendingKey(o.Queue), started: time.Now(),
 		bits: []byte(recorded.Val())}
-	f.resume, _ = strconv.Atoi(resume)
-	f.fed = f.resume
+	f.ready = sync.NewCond(&f.mu)
+	resume, _ := strconv.Atoi(str(vals[3]))
+	fed, _ := strconv.Atoi(str(vals[4]))
+	cursor, hasCursor := vals[5].(string)
 
 	ctx, endStep := c.startStep(ctx, StepSplit, run, -1)
 	defer func() { endStep(ctx, err) }()
 	ctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, run), run)
 	defer stop()
-	ctx = context.WithValue(ctx, expectKey, func(ctx context.Context, n int) error {
-		if n < 0 {
-			return fmt.Errorf("mapreduce: ExpectPages(%d): want a number of pages, 0 or more", n)
+
+	// Pages below resume are enqueued or recorded. Those in [resume, fed)
+	// were fed, and the last feed stored them: enqueue them again, since a
+	// crash may have come before their enqueues.
+	f.fed = resume
+	if feeding, ok := vals[6].(string); ok && fed > resume {
+		pages, derr := decodeFeeding([]byte(feeding))
+		if derr == nil {
+			redo := pages[:0]
+			for _, p := range pages {
+				if p.i >= resume && p.i < fed && !bitSet(f.bits, p.i) {
+					redo = append(redo, p)
+				}
+			}
+			f.redo = redo
+			f.fed = fed
+		} else {
+			Logger(ctx).Warn("mapreduce: the pages the split fed last are unreadable; Split runs again from the start to enqueue them", "error", derr)
+			hasCursor = false
 		}
+	}
+	// Pages Split emits below fed that were not enqueued again above (a run
+	// split before feeds were stored) go without waiting for room: the
+	// window counts them already.
+	f.allow = max(fed-f.fed, 0)
+	skip := f.fed // emit's: the feeder moves f.fed
+	sc := &splitState{cursor: cursor, has: hasCursor && f.fed == fed && fed > 0, base: fed}
+	sc.expect = func(ctx context.Context, n int) error {
 		return c.withRedis(ctx, "recording the pages expected", func(ctx context.Context) error {
 			return scriptFeed.Run(ctx, c.rdb, []string{k.run, k.recorded}, nonce, 0, 0, "", n).Err()
 		})
-	})
-	type item struct {
-		i    int
-		page []byte
 	}
-	work := make(chan item, c.cfg.EnqueueConcurrency)
+	ctx = context.WithValue(ctx, splitKey, sc)
+
 	gctx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
-	var wg sync.WaitGroup
-	for range c.cfg.EnqueueConcurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for it := range work {
-				if err := c.enqueueMap(gctx, run, nonce, it.i, it.page, o); err != nil {
-					abort(err)
-				}
-				f.inFlight.Done()
-			}
-		}()
-	}
+	defer context.AfterFunc(gctx, f.wake)()
+	fedAll := make(chan struct{})
+	go func() {
+		defer close(fedAll)
+		if err := f.loop(gctx); err != nil {
+			abort(err)
+		}
+	}()
 	// emit must be called from one goroutine, in a deterministic order (page
 	// numbers must be the same on retry); the mutex only keeps a misuse from
 	// corrupting the count. It fails after Split returned, and once an
@@ -110,34 +127,27 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 			return context.Cause(gctx)
 		case closed:
 			return errors.New("mapreduce: emit called after Split returned")
-		case n >= maxPages:
+		}
+		cursor, first := sc.emitting()
+		if first >= 0 {
+			n = first
+		}
+		if n >= maxPages {
 			return fmt.Errorf("mapreduce: a run has at most %d pages", maxPages)
 		}
 		i := n
 		n++
-		if i < f.resume || bitSet(f.bits, i) {
-			return nil // enqueued by an earlier attempt, or recorded
+		if i < skip || bitSet(f.bits, i) {
+			return nil // fed by an earlier attempt, or recorded
 		}
-		if i >= f.fed {
-			if err := f.room(gctx, i); err != nil {
-				abort(err)
-				return err
-			}
-		}
-		f.inFlight.Add(1)
-		select {
-		case work <- item{i, page}:
-			return nil
-		case <-gctx.Done():
-			f.inFlight.Done()
-			return context.Cause(gctx)
-		}
+		return f.add(gctx, fedPage{i: i, page: page, cursor: cursor})
 	})
 	emitMu.Lock()
 	closed = true
-	close(work)
+	n = sc.pages(n)
 	emitMu.Unlock()
-	wg.Wait()
+	f.close()
+	<-fedAll
 	if cause := context.Cause(ctx); errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded) {
 		return nil // the run ended while splitting: nothing more to do
 	}
@@ -195,4 +205,10 @@ func (c *Client) failRun(ctx context.Context, run, nonce string, err error) {
 	if _, _, ferr := c.finish(ctx, run, nonce, StateFailed, nil, err.Error(), ""); ferr != nil {
 		Logger(ctx).Error("mapreduce: could not mark the run failed; the reconciler will retry", "reason", err, "error", ferr)
 	}
+}
+
+// str returns v if it is a string, and "" otherwise (a missing field).
+func str(v any) string {
+	s, _ := v.(string)
+	return s
 }

@@ -259,6 +259,11 @@ func (c *Client) enqueueMap(ctx context.Context, run, nonce string, i int, page 
 		return err
 	}
 	err = c.withRedis(ctx, "enqueuing pages", func(ctx context.Context) error {
+		if c.enqueueFault != nil {
+			if err := c.enqueueFault(i); err != nil {
+				return err
+			}
+		}
 		_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typeMap, payload),
 			asynq.TaskID(mapTaskID(run, nonce, i)), asynq.Queue(o.Queue), asynq.MaxRetry(o.MapRetries+spareRetry),
 			asynq.Timeout(o.MapTimeout))

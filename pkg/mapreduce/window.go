@@ -2,6 +2,7 @@ package mapreduce
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -45,7 +46,24 @@ const backlogFor = 50 * time.Millisecond
 // a new split task (feeder.handOff).
 var errHandedOff = errors.New("mapreduce: the split was handed over to a new split task")
 
-// feeder enqueues a split's pages within the run's window.
+// fedPage is a page Split emitted that waits for room in the window.
+type fedPage struct {
+	i      int
+	page   []byte
+	cursor string // SetSplitCursor's cursor for it, or ""
+}
+
+// feeder enqueues a split's pages within the run's window. Split's emit
+// buffers pages (add); one goroutine (loop) takes what is buffered, waits
+// for room, and feeds it: one feed.lua call moves the run's fed mark past
+// the pages and stores them, with the cursor of the last one, as the
+// run's "feeding" pages; then it enqueues them and waits for the
+// enqueues. So every page below fed is enqueued, recorded, or stored in
+// Redis, and a split that starts again after a crash or a hand-on
+// enqueues the stored ones itself and goes on after the last fed page:
+// from its cursor if Split resumes from one (ResumeSplit), or by position.
+// A lone page goes at once; pages emitted while a feed is under way go
+// together in the next one.
 type feeder struct {
 	c       *Client
 	k       runKeys
@@ -55,16 +73,179 @@ type feeder struct {
 	pending string // asynq's list of the queue's pending tasks
 	started time.Time
 
-	bits   []byte // the recorded pages when the attempt began
-	waited bool   // this task has waited for room
-	resume int    // pages below it are enqueued or recorded
-	fed    int    // pages below it have room in the window
+	bits   []byte    // the recorded pages when the attempt began
+	waited bool      // this task has waited for room
+	fed    int       // pages below it are enqueued, recorded, or stored as feeding
+	redo   []fedPage // pages an earlier attempt fed, to enqueue again first
+	allow  int       // unrecorded pages past fed that the window has room for
 
-	inFlight sync.WaitGroup // enqueues not yet done
+	mu     sync.Mutex
+	ready  *sync.Cond // buf changed, Split returned, or ctx ended
+	buf    []fedPage  // emitted, not yet fed
+	closed bool       // Split returned: feed what is buffered, then end
 
 	rateDone int       // pages recorded when the rate was last measured
 	rateAt   time.Time // when
 	rate     float64   // pages recorded per second, smoothed
+}
+
+// add buffers a page Split emitted, waiting while a batch of them waits.
+func (f *feeder) add(ctx context.Context, p fedPage) error {
+	batch, _ := windowSizes(f.o.Window)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for len(f.buf) >= batch && ctx.Err() == nil {
+		f.ready.Wait()
+	}
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	f.buf = append(f.buf, p)
+	f.ready.Broadcast()
+	return nil
+}
+
+// close tells loop that Split returned: it feeds what is buffered, then
+// ends.
+func (f *feeder) close() {
+	f.mu.Lock()
+	f.closed = true
+	f.ready.Broadcast()
+	f.mu.Unlock()
+}
+
+// wake wakes add and loop, to see that their context ended.
+func (f *feeder) wake() {
+	f.mu.Lock()
+	f.ready.Broadcast()
+	f.mu.Unlock()
+}
+
+// loop feeds buffered pages until Split has returned and every page it
+// emitted is fed, or ctx ends, or feeding fails or hands on (its error).
+// Call wake when ctx ends.
+func (f *feeder) loop(ctx context.Context) error {
+	if err := f.c.enqueuePages(ctx, f.run, f.nonce, f.redo, f.o); err != nil {
+		return fmt.Errorf("enqueuing again the pages fed before the split started: %w", err)
+	}
+	for {
+		f.mu.Lock()
+		for len(f.buf) == 0 && !f.closed && ctx.Err() == nil {
+			f.ready.Wait()
+		}
+		take := append([]fedPage(nil), f.buf...)
+		f.mu.Unlock()
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
+		if len(take) == 0 {
+			return nil // Split returned, and every page is fed
+		}
+		n, err := f.feed(ctx, take)
+		f.mu.Lock()
+		f.buf = f.buf[:copy(f.buf, f.buf[n:])]
+		f.ready.Broadcast()
+		f.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// feed waits for room in the window, then feeds as many of pages as it
+// has room for, and returns how many.
+func (f *feeder) feed(ctx context.Context, pages []fedPage) (int, error) {
+	if f.allow == 0 {
+		if err := f.waitRoom(ctx); err != nil {
+			return 0, err
+		}
+	} else if f.pastHalf() {
+		return 0, f.handOff(ctx)
+	}
+	pages = pages[:min(len(pages), f.allow)]
+	last := pages[len(pages)-1]
+	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages)}
+	if _, _, _, err := f.read(ctx, args...); err != nil {
+		return 0, err
+	}
+	f.fed, f.allow = last.i+1, f.allow-len(pages)
+	return len(pages), f.c.enqueuePages(ctx, f.run, f.nonce, pages, f.o)
+}
+
+// waitRoom waits until the window has room for a batch of pages past fed
+// (f.allow), or hands the run on (errHandedOff) if the split has run past
+// half its timeout or has stalled.
+func (f *feeder) waitRoom(ctx context.Context) error {
+	if f.pastHalf() {
+		return f.handOff(ctx)
+	}
+	batch, least := windowSizes(f.o.Window)
+	sleep, lastDone, stalledSince := time.Millisecond, -1, time.Now()
+	for {
+		fed, done, pending, err := f.read(ctx, f.nonce, f.fed, 0)
+		if err != nil {
+			return err
+		}
+		if fed > f.fed {
+			// Another attempt of this split fed past us: its pages are
+			// counted, and stored in Redis for whichever attempt goes on.
+			f.allow = fed - f.fed
+			return nil
+		}
+		free := f.o.Window - (fed - done)
+		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
+			free = min(free, f.backlog(done, least)-pending)
+		}
+		if free >= batch || (free > 0 && fed == 0) {
+			f.allow = free
+			return nil
+		}
+		if done != lastDone {
+			lastDone, stalledSince = done, time.Now()
+		}
+		f.waited = true
+		if f.pastHalf() || (pending > 0 && time.Since(stalledSince) > f.c.stallHandOff) {
+			return f.handOff(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(sleep):
+		}
+		sleep = min(2*sleep, 20*time.Millisecond)
+	}
+}
+
+// encodeFeeding encodes the pages of a feed for the run hash's "feeding"
+// field: for each, its index and its length as uvarints, then its bytes.
+func encodeFeeding(pages []fedPage) []byte {
+	var b []byte
+	for _, p := range pages {
+		b = binary.AppendUvarint(b, uint64(p.i))
+		b = binary.AppendUvarint(b, uint64(len(p.page)))
+		b = append(b, p.page...)
+	}
+	return b
+}
+
+// decodeFeeding decodes encodeFeeding's bytes.
+func decodeFeeding(b []byte) ([]fedPage, error) {
+	var pages []fedPage
+	for len(b) > 0 {
+		i, n := binary.Uvarint(b)
+		if n <= 0 || i > maxPages {
+			return nil, errors.New("a bad page index")
+		}
+		b = b[n:]
+		size, n := binary.Uvarint(b)
+		if n <= 0 || size > uint64(len(b)-n) {
+			return nil, errors.New("a bad page length")
+		}
+		b = b[n:]
+		pages = append(pages, fedPage{i: int(i), page: b[:size:size]})
+		b = b[size:]
+	}
+	return pages, nil
 }
 
 // backlog returns how many pending tasks the split tops its queue up to:
@@ -101,74 +282,10 @@ const stallHandOff = 30 * time.Second
 // Split again from the start.
 func (f *feeder) pastHalf() bool { return f.waited && time.Since(f.started) > f.o.SplitTimeout/2 }
 
-// room waits until the window has room for page i and moves the fed mark
-// past it: all pages below i are then enqueued. It returns errHandedOff if
-// it handed the run on instead.
-func (f *feeder) room(ctx context.Context, i int) error {
-	f.inFlight.Wait()
-	if err := ctx.Err(); err != nil {
-		return context.Cause(ctx)
-	}
-	f.resume = i
-	if f.pastHalf() {
-		return f.handOff(ctx, i)
-	}
-	batch, least := windowSizes(f.o.Window)
-	sleep, lastDone, stalledSince := time.Millisecond, -1, time.Now()
-	for {
-		fed, done, pending, err := f.read(ctx, f.resume, 0)
-		if err != nil {
-			return err
-		}
-		free := f.o.Window - (fed - done)
-		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
-			free = min(free, f.backlog(done, least)-pending)
-		}
-		if fed > i {
-			// Another attempt of this split fed past i: its pages are counted.
-			f.fed = fed
-			return nil
-		}
-		if free >= batch || (free > 0 && fed == 0) {
-			to := f.walk(i, free)
-			if _, _, _, err := f.read(ctx, f.resume, to); err != nil {
-				return err
-			}
-			f.fed = to
-			return nil
-		}
-		if done != lastDone {
-			lastDone, stalledSince = done, time.Now()
-		}
-		f.waited = true
-		if f.pastHalf() || (pending > 0 && time.Since(stalledSince) > f.c.stallHandOff) {
-			return f.handOff(ctx, i)
-		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-time.After(sleep):
-		}
-		sleep = min(2*sleep, 20*time.Millisecond)
-	}
-}
-
-// walk returns the end of the range from page i that holds free pages not
-// yet recorded.
-func (f *feeder) walk(i, free int) int {
-	for ; free > 0 || bitSet(f.bits, i); i++ {
-		if !bitSet(f.bits, i) {
-			free--
-		}
-	}
-	return i
-}
-
-// read runs feed.lua (moving resume and, if to > 0, the fed mark) and reads
-// the length of the queue's pending list, in one round trip, which the
-// run's handlers' calls may share (batch.go).
-func (f *feeder) read(ctx context.Context, resume, to int) (fed, done, pending int, err error) {
-	args := []any{f.nonce, resume, to}
+// read runs feed.lua with args (see the script) and reads the length of
+// the queue's pending list, in one round trip, which the run's handlers'
+// calls may share (batch.go).
+func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending int, err error) {
 	var (
 		res *redis.Cmd
 		n   *redis.IntCmd
@@ -200,16 +317,16 @@ func (f *feeder) read(ctx context.Context, resume, to int) (fed, done, pending i
 // split.
 var errRunGone = errors.New("mapreduce: the run is no longer splitting")
 
-// handOff records that every page below i is enqueued and enqueues a new
-// split task that starts there, so that this one can end.
-func (f *feeder) handOff(ctx context.Context, i int) error {
-	if err := f.c.handOn(ctx, f.k, f.run, f.nonce, i, f.o); err != nil {
+// handOff records that every page below fed is enqueued and enqueues a
+// new split task that goes on from there, so that this one can end.
+func (f *feeder) handOff(ctx context.Context) error {
+	if err := f.c.handOn(ctx, f.k, f.run, f.nonce, f.fed, f.o); err != nil {
 		if errors.Is(err, errRunGone) {
 			return err
 		}
 		return fmt.Errorf("mapreduce: split of %s: %w", f.run, err)
 	}
-	Logger(ctx).Info("mapreduce: split handed over to a new split task", "from_page", i)
+	Logger(ctx).Info("mapreduce: split handed over to a new split task", "from_page", f.fed)
 	return errHandedOff
 }
 
@@ -231,4 +348,32 @@ func (c *Client) handOn(ctx context.Context, k runKeys, run, nonce string, resum
 	}
 	step, _ := v[2].(string)
 	return c.enqueueStepAs(ctx, run, nonce, typeSplit, step, o)
+}
+
+// enqueuePages enqueues pages' map tasks, EnqueueConcurrency at a time, and
+// returns the first error.
+func (c *Client) enqueuePages(ctx context.Context, run, nonce string, pages []fedPage, o JobOptions) error {
+	ctx, abort := context.WithCancelCause(ctx)
+	defer abort(nil)
+	slots := make(chan struct{}, c.cfg.EnqueueConcurrency)
+	var wg sync.WaitGroup
+	for _, p := range pages {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.enqueueMap(ctx, run, nonce, p.i, p.page, o); err != nil {
+				abort(err)
+			}
+			<-slots
+		}()
+	}
+	wg.Wait()
+	return context.Cause(ctx)
 }

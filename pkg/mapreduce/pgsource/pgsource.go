@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
@@ -75,25 +76,43 @@ func ident(name string) string {
 // Do for what a permit guarantees); the page bounds are read in full (8
 // bytes a page) and the permit released before emit is called, so the
 // enqueues never hold it. An empty table emits nothing.
+//
+// In a run, each page carries its last key as its cursor
+// (mapreduce.SetSplitCursor), and a split that starts again part-way (a
+// long run's split hands on every half SplitTimeout; a crashed one is
+// retried) goes on after the last key fed (mapreduce.ResumeSplit), with
+// page bounds read from the table as it is then. So every row present
+// throughout the run is in exactly one page, however the table changed;
+// rows inserted or deleted meanwhile are read at most once. Call Split as
+// the only source of a run's pages: its cursor says where it stopped, not
+// where other pages did.
 func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, emit func(KeyRange) error) error {
 	if err := t.validate(true); err != nil {
 		return err
 	}
 	key, table := ident(t.Key), ident(t.Name)
+	after, resumed, err := resumeAfter(ctx, t)
+	if err != nil {
+		return err
+	}
+	where, args := "", []any{}
+	if resumed {
+		where, args = fmt.Sprintf(" WHERE %s > $1", key), []any{after}
+	}
 	var lo, last *int64
 	var bounds []int64
-	err := Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
+	err = Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
 		// One snapshot for both queries: a row inserted between them must
 		// not fall outside every page.
 		return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-			err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s)::bigint - 1, max(%[1]s)::bigint FROM %[2]s", key, table)).Scan(&lo, &last)
+			err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s)::bigint - 1, max(%[1]s)::bigint FROM %[2]s%[3]s", key, table, where), args...).Scan(&lo, &last)
 			if err != nil || lo == nil {
 				return err
 			}
 			// Every PageSize-th key closes a page; the largest key the last.
 			rows, err := tx.Query(ctx, fmt.Sprintf(`
-				SELECT k::bigint FROM (SELECT %[1]s AS k, row_number() OVER (ORDER BY %[1]s) AS n FROM %[2]s) numbered
-				WHERE n %% $1 = 0 ORDER BY k`, key, table), t.PageSize)
+				SELECT k::bigint FROM (SELECT %[1]s AS k, row_number() OVER (ORDER BY %[1]s) AS n FROM %[2]s%[3]s) numbered
+				WHERE n %% $%[4]d = 0 ORDER BY k`, key, table, where, len(args)+1), append(args, t.PageSize)...)
 			if err != nil {
 				return err
 			}
@@ -109,7 +128,11 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 		return fmt.Errorf("pgsource: splitting %s by %s: %w", t.Name, t.Key, err)
 	}
 	if lo == nil {
-		return nil // empty
+		expect(ctx, 0)
+		return nil // empty, or no row after where the split resumes
+	}
+	if resumed {
+		lo = &after
 	}
 	pages := len(bounds)
 	if pages == 0 || bounds[pages-1] < *last {
@@ -118,15 +141,40 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 	expect(ctx, pages)
 	from := *lo
 	for _, hi := range bounds {
+		mapreduce.SetSplitCursor(ctx, t.cursor(hi))
 		if err := emit(KeyRange{Lo: from, Hi: hi}); err != nil {
 			return err
 		}
 		from = hi
 	}
 	if from < *last {
+		mapreduce.SetSplitCursor(ctx, t.cursor(*last))
 		return emit(KeyRange{Lo: from, Hi: *last})
 	}
 	return nil
+}
+
+// cursor is the split cursor of a page whose last key is hi.
+func (t Table) cursor(hi int64) string {
+	return fmt.Sprintf("pgsource:%s:%s:%d", t.Name, t.Key, hi)
+}
+
+// resumeAfter returns the last key of the last page an earlier attempt of
+// the run's split fed, and true, when the split starts again part-way.
+func resumeAfter(ctx context.Context, t Table) (int64, bool, error) {
+	c, ok := mapreduce.ResumeSplit(ctx)
+	if !ok {
+		return 0, false, nil
+	}
+	prefix := t.cursor(0)
+	prefix = prefix[:len(prefix)-1]
+	v, found := strings.CutPrefix(c, prefix)
+	after, err := strconv.ParseInt(v, 10, 64)
+	if !found || err != nil {
+		return 0, false, fmt.Errorf("pgsource: the split resumes after %q, which is not where a Split of %s by %s stopped: "+
+			"call pgsource.Split as the only source of a run's pages (one table, no other emit), or Retry the run to split it from the start", c, t.Name, t.Key)
+	}
+	return after, true, nil
 }
 
 // expect tells the run how many pages the split will emit, so that its

@@ -6,7 +6,10 @@
 -- before (kept by Retry, or by an earlier split attempt) count as done at
 -- once. record.lua counts each page it records below 'fed'. 'resume' is
 -- where a split attempt that starts again can begin enqueuing: every page
--- below it is enqueued or recorded.
+-- below it is enqueued or recorded. The pages between 'resume' and 'fed'
+-- are stored in 'feeding' (the pages of the last move, which the split
+-- enqueues after it), with the cursor of the last one in 'cursor', so that
+-- an attempt that starts again enqueues them and goes on after them.
 -- KEYS[1] run       HASH    the run record
 -- KEYS[2] recorded  STRING  bitmap of recorded pages
 -- ARGV[1] the run's nonce, as the split task carries it
@@ -16,7 +19,11 @@
 --         "split:<resume>.<n>" with n counting the run's hand-ons, so that
 --         no two split tasks of a run share an ID, and records it as the
 --         run's split task, which the reconciler checks; "" for none
--- ARGV[5] optional: the pages Split expects to emit (ExpectPages)
+-- ARGV[5] optional: the pages Split expects to emit (ExpectPages); "" for
+--         no news
+-- ARGV[6] optional, with ARGV[3]: the cursor of page ARGV[3]-1 ("": none)
+-- ARGV[7] optional, with ARGV[3]: the encoded pages of the move, stored
+--         as 'feeding' if the fed mark moves
 -- Returns {fed, fed_done, name} after the call, name being the new split
 -- task's ("" unless handing on), or {-1, state} if the run is not
 -- splitting under this nonce (state "" if it does not exist).
@@ -48,6 +55,14 @@ if to > fed then
   end
   fed = to
   redis.call('HSET', KEYS[1], 'fed', ARGV[3], 'fed_done', string.format('%d', done))
+  if ARGV[7] then
+    redis.call('HSET', KEYS[1], 'feeding', ARGV[7])
+    if ARGV[6] ~= '' then
+      redis.call('HSET', KEYS[1], 'cursor', ARGV[6])
+    else
+      redis.call('HDEL', KEYS[1], 'cursor')
+    end
+  end
 end
 local resume = run[5] or '0'
 if tonumber(ARGV[2]) > tonumber(resume) then
@@ -60,7 +75,7 @@ if ARGV[4] == '1' then
   name = 'split:' .. resume .. '.' .. string.format('%d', n)
   redis.call('HSET', KEYS[1], 'split_task', name)
 end
-if ARGV[5] then
+if ARGV[5] and ARGV[5] ~= '' then
   redis.call('HSET', KEYS[1], 'expected', ARGV[5])
 end
 return {fed, done, name}
