@@ -116,3 +116,34 @@ func exampleCleanup(rdb *redis.Client, prefix, queue string) {
 	}
 	rdb.SRem(ctx, "asynq:queues", queue)
 }
+
+// A Split that goes on from a cursor: it marks each page with the last
+// name it holds, and when the split starts again part-way (a long run's
+// split hands on every half SplitTimeout; a crashed one is retried) it
+// lists only the names after the last page fed, so that a listing that
+// changed meanwhile is neither read twice nor skipped at the join.
+func ExampleResumeSplit() {
+	type page struct{ Names []string }
+	list := func(after string, limit int) []string { // a source listed in order, as an object store is
+		return nil
+	}
+	job := mapreduce.Job[string, page, int, int]{
+		Name: "files",
+		Split: func(ctx context.Context, _ string, emit func(page) error) error {
+			after, _ := mapreduce.ResumeSplit(ctx) // "" unless an earlier attempt fed pages
+			for {
+				names := list(after, 100)
+				if len(names) == 0 {
+					return nil
+				}
+				after = names[len(names)-1]
+				mapreduce.SetSplitCursor(ctx, after) // where to go on after this page
+				if err := emit(page{Names: names}); err != nil {
+					return err
+				}
+			}
+		},
+		Map: func(ctx context.Context, p page) (int, error) { return len(p.Names), nil },
+	}
+	_ = job
+}

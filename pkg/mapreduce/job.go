@@ -21,23 +21,26 @@ type Job[A, P, R, O any] struct {
 	Name string
 
 	// Split streams the run's pages by calling emit once per page, in a
-	// deterministic order: a split that fails part-way is retried from the
-	// start, and the page at position i must be the same page each time.
-	// emit enqueues the page's map task; it blocks while the run's window
-	// (JobOptions.Window) is full, so a run of ten million pages holds only
-	// a window of tasks in Redis, and Split runs, emitting as pages are
-	// recorded, for most of the run. A split that has waited for room and
-	// runs past half its SplitTimeout hands on to a new split task, which
-	// calls Split again (SplitTimeout still bounds Split's own work): a
+	// deterministic order: page i must be the same page each time Split
+	// runs from the start (a retry after it failed part-way, say).
+	//
+	// emit hands the page to the run's window, which enqueues its map task
+	// in a batch with the pages emitted beside it; it blocks while the
+	// window (JobOptions.Window) is full, so a run of ten million pages
+	// holds only a window of tasks in Redis, and Split runs, emitting as
+	// pages are recorded, for most of the run. emit returns an error when
+	// a page could not be enqueued, the run was cancelled (ErrRunCancelled)
+	// or the split was handed on; Split should then return that error. Call
+	// emit from Split's own goroutine: the order of the calls numbers the
+	// pages.
+	//
+	// A split that has waited for room and runs past half its SplitTimeout
+	// hands on to a new split task, which calls Split again (SplitTimeout
+	// still bounds Split's own work); a retried split does the same. A
 	// Split that resumes from a cursor (ResumeSplit, SetSplitCursor) goes
-	// on after the last page fed; any other is run from the start, and the
-	// pages already fed are skipped, by position, without being enqueued
-	// again. A retried split does the same. emit returns
-	// an error when the page cannot be enqueued, the run was cancelled
-	// (ErrRunCancelled) or the split was handed on; Split should then
-	// return that error.
-	// Call emit from Split's own goroutine: the order of the calls numbers
-	// the pages. A retry that emits pages past those of an earlier attempt
+	// on after the last page fed; any other runs from the start, and the
+	// pages already fed are skipped by position, without being enqueued
+	// again. A retry that emits pages past those of an earlier attempt
 	// that were already recorded fails the run, saying so.
 	Split func(ctx context.Context, args A, emit func(page P) error) error
 

@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
 )
 
 // table is a keyset source that changes while a run splits it: sorted
@@ -144,6 +146,30 @@ func (s *keysetSplit) check(start []int) (twice, missed []int) {
 	return twice, missed
 }
 
+// run starts job, runs it on a worker of c, and fails t unless the run
+// succeeds with Split called more than once.
+func (s *keysetSplit) run(t *testing.T, e *env, c *mapreduce.Client, job mapreduce.Job[int, keyRange, int, int]) {
+	t.Helper()
+	id, err := job.Start(context.Background(), c, 0, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.finish(t, e, c, id)
+}
+
+// finish runs a started run on a worker of c, and fails t unless it
+// succeeds with Split called more than once.
+func (s *keysetSplit) finish(t *testing.T, e *env, c *mapreduce.Client, id string) {
+	t.Helper()
+	e.worker(c, 4)
+	if st := wait(t, c, id, time.Minute); st.State != mapreduce.StateSucceeded {
+		t.Fatalf("run ended %s: %s", st.State, st.Error)
+	}
+	if n := s.splits.Load(); n < 2 {
+		t.Fatalf("Split ran %d times: the split never started again, so this test proves nothing", n)
+	}
+}
+
 func TestASplitHandedOnOverAChangedTableResumesFromItsCursor(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -162,18 +188,7 @@ func TestASplitHandedOnOverAChangedTableResumesFromItsCursor(t *testing.T) {
 			job := s.job("keyset", tc.resume, e.opts(mapreduce.JobOptions{Window: 50, SplitTimeout: time.Second}))
 			e.addJob(mapreduce.AddJob(e.jobs, job))
 			c := e.client()
-			e.worker(c, 4)
-			id, err := job.Start(context.Background(), c, 0, mapreduce.StartOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			st := wait(t, c, id, time.Minute)
-			if st.State != mapreduce.StateSucceeded {
-				t.Fatalf("run ended %s: %s", st.State, st.Error)
-			}
-			if n := s.splits.Load(); n < 2 {
-				t.Fatalf("Split ran %d times: the split never handed on, so this test proves nothing", n)
-			}
+			s.run(t, e, c, job)
 			twice, missed := s.check(start)
 			switch {
 			case tc.resume && len(twice)+len(missed) > 0:
@@ -204,19 +219,128 @@ func TestASplitWhoseWorkerDiesBetweenFeedingAndEnqueuingLosesNoPage(t *testing.T
 		}
 		return nil
 	})
-	e.worker(c, 4)
-	id, err := job.Start(context.Background(), c, 0, mapreduce.StartOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := wait(t, c, id, time.Minute)
-	if st.State != mapreduce.StateSucceeded {
-		t.Fatalf("run ended %s: %s", st.State, st.Error)
-	}
-	if !failed.Load() || s.splits.Load() < 2 {
-		t.Fatalf("enqueue fault fired: %v; Split ran %d times: the split never started again, so this test proves nothing", failed.Load(), s.splits.Load())
+	s.run(t, e, c, job)
+	if !failed.Load() {
+		t.Fatal("the enqueue fault never fired, so this test proves nothing")
 	}
 	if twice, missed := s.check(start); len(twice)+len(missed) > 0 {
 		t.Errorf("keys read twice: %v; keys present throughout the run not read: %v", twice, missed)
 	}
+}
+
+// A copy of a split task runs while the original still does (the
+// reconciler copies a task whose worker seems dead), and the table changes
+// between their Splits: the two cut different pages. The one that finds
+// the other feeding ends, so that no page index is fed twice with
+// different pages.
+func TestTwoAttemptsOfASplitAtOnceFeedOnePagingOfTheTable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := newKeysetSplit(1200)
+	start := s.tb.in(-1, 1<<62)
+	job := s.job("twice", true, e.opts(mapreduce.JobOptions{Window: 50}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	ctx := context.Background()
+	id, err := job.Start(ctx, c, 0, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	split := task(e.taskOf("batchmr:split", id))
+	copied := make(chan error, 1)
+	go func() { copied <- c.ProcessTask(ctx, split) }()
+	s.finish(t, e, c, id) // the worker runs the original
+	if err := <-copied; err != nil {
+		t.Errorf("the copy of the split task: %v", err)
+	}
+	if twice, missed := s.check(start); len(twice)+len(missed) > 0 {
+		t.Errorf("keys read twice: %v; keys present throughout the run not read: %v", twice, missed)
+	}
+}
+
+// A run whose split was feeding when its workers were upgraded from a
+// release that did not store its feeds: the new split runs Split from the
+// start, enqueues again the pages in [resume, fed) as they are emitted,
+// without waiting for room (the window counts them), and keeps the window.
+func TestARunSplitByAnEarlierReleaseFinishesWithinItsWindow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages, window = 400, 50
+	var maps mapCalls
+	job := mapreduce.Job[int, int, int, int]{
+		Name: "upgraded",
+		Split: func(ctx context.Context, n int, emit func(int) error) error {
+			for i := range n {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: func(ctx context.Context, i int) (int, error) {
+			time.Sleep(time.Millisecond)
+			maps.add(i)
+			return i, nil
+		},
+		Options: e.opts(mapreduce.JobOptions{Window: window}),
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	ctx := context.Background()
+	id, err := job.Start(ctx, c, pages, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A first attempt, with no worker to run pages, feeds the first fill and
+	// waits for room; it is stopped there, and the run left as the earlier
+	// release left it: no stored feed, resume 0, fed 50, and the first
+	// fill's tasks lost (that release moved fed before enqueuing).
+	k := e.prefix + ":{upgraded}:run:" + id
+	first, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.ProcessTask(first, task(e.taskOf("batchmr:split", id)))
+	}()
+	testenv.WaitFor(t, 10*time.Second, "the first fill", func() bool {
+		fed, _ := e.rdb.HGet(ctx, k, "fed").Int()
+		return fed == window
+	})
+	stop()
+	<-done
+	if err := e.rdb.HDel(ctx, k, "feeding", "cursor").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.HSet(ctx, k, "resume", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	for _, ti := range e.pendingTasks("batchmr:map") {
+		if err := insp.DeleteTask(e.queue, ti.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.worker(c, 4) // runs the split task, still pending, and the pages
+	peak, deadline := 0, time.Now().Add(time.Minute)
+	for {
+		if time.Now().After(deadline) {
+			t.Fatalf("the run did not end within a minute (fed %s)", e.rdb.HGet(ctx, k, "fed").Val())
+		}
+		peak = max(peak, queueTasks(t, e.rdb, e.queue))
+		st, err := c.Status(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State.Ended() {
+			if st.State != mapreduce.StateSucceeded || st.Done != pages {
+				t.Fatalf("run ended %s with %d of %d pages done: %s", st.State, st.Done, pages, st.Error)
+			}
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if peak > window+1 {
+		t.Errorf("asynq held up to %d tasks of a run whose window is %d pages (plus its split)", peak, window)
+	}
+	maps.wantEachOnce(t, pages)
 }

@@ -71,31 +71,31 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	defer stop()
 
 	// Pages below resume are enqueued or recorded. Those in [resume, fed)
-	// were fed, and the last feed stored them: enqueue them again, since a
-	// crash may have come before their enqueues.
-	f.fed = resume
-	if feeding, ok := vals[6].(string); ok && fed > resume {
+	// were fed, and the last feed stored them, with the cursor of page
+	// fed-1: enqueue them again, since a crash may have come before their
+	// enqueues, and go on after them. A stored feed that does not end at
+	// fed-1 is not the last one (a worker of an earlier release fed
+	// since): Split then runs from the start, and its pages in [resume,
+	// fed) are enqueued again as it emits them.
+	f.fed, f.counted = resume, fed
+	last := false // the stored feed is the last one
+	if feeding, ok := vals[6].(string); ok && fed > 0 {
 		pages, derr := decodeFeeding([]byte(feeding))
-		if derr == nil {
-			redo := pages[:0]
+		switch {
+		case derr != nil:
+			Logger(ctx).Warn("mapreduce: the pages the split fed last are unreadable; Split runs again from the start to enqueue them", "error", derr)
+		case len(pages) > 0 && pages[len(pages)-1].i == fed-1:
+			last = true
 			for _, p := range pages {
-				if p.i >= resume && p.i < fed && !bitSet(f.bits, p.i) {
-					redo = append(redo, p)
+				if p.i >= resume && !bitSet(f.bits, p.i) {
+					f.redo = append(f.redo, p)
 				}
 			}
-			f.redo = redo
-			f.fed = fed
-		} else {
-			Logger(ctx).Warn("mapreduce: the pages the split fed last are unreadable; Split runs again from the start to enqueue them", "error", derr)
-			hasCursor = false
+			f.fed = max(fed, resume)
 		}
 	}
-	// Pages Split emits below fed that were not enqueued again above (a run
-	// split before feeds were stored) go without waiting for room: the
-	// window counts them already.
-	f.allow = max(fed-f.fed, 0)
 	skip := f.fed // emit's: the feeder moves f.fed
-	sc := &splitState{cursor: cursor, has: hasCursor && f.fed == fed && fed > 0, base: fed}
+	sc := &splitState{cursor: cursor, has: hasCursor && last, base: fed}
 	sc.expect = func(ctx context.Context, n int) error {
 		return c.withRedis(ctx, "recording the pages expected", func(ctx context.Context) error {
 			return scriptFeed.Run(ctx, c.rdb, []string{k.run, k.recorded}, nonce, 0, 0, "", n).Err()
@@ -146,12 +146,15 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	closed = true
 	n = sc.pages(n)
 	emitMu.Unlock()
+	if splitErr != nil {
+		abort(splitErr) // the pages still buffered wait for a retry: it emits them again
+	}
 	f.close()
 	<-fedAll
 	if cause := context.Cause(ctx); errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded) {
 		return nil // the run ended while splitting: nothing more to do
 	}
-	if cause := context.Cause(gctx); errors.Is(cause, errHandedOff) || errors.Is(cause, errRunGone) {
+	if cause := context.Cause(gctx); errors.Is(cause, errHandedOff) || errors.Is(cause, errRunGone) || errors.Is(cause, errSplitTaken) {
 		return nil // a new split task goes on; or the run has moved on without this one
 	}
 	if splitErr == nil {

@@ -59,9 +59,10 @@ type fedPage struct {
 // the pages and stores them, with the cursor of the last one, as the
 // run's "feeding" pages; then it enqueues them and waits for the
 // enqueues. So every page below fed is enqueued, recorded, or stored in
-// Redis, and a split that starts again after a crash or a hand-on
-// enqueues the stored ones itself and goes on after the last fed page:
-// from its cursor if Split resumes from one (ResumeSplit), or by position.
+// Redis (but for a run fed by a release that did not store feeds), and a
+// split that starts again after a crash or a hand-on enqueues the stored
+// ones itself and goes on after the last fed page: from its cursor if
+// Split resumes from one (ResumeSplit), or by position.
 // A lone page goes at once; pages emitted while a feed is under way go
 // together in the next one.
 type feeder struct {
@@ -73,11 +74,12 @@ type feeder struct {
 	pending string // asynq's list of the queue's pending tasks
 	started time.Time
 
-	bits   []byte    // the recorded pages when the attempt began
-	waited bool      // this task has waited for room
-	fed    int       // pages below it are enqueued, recorded, or stored as feeding
-	redo   []fedPage // pages an earlier attempt fed, to enqueue again first
-	allow  int       // unrecorded pages past fed that the window has room for
+	bits    []byte    // the recorded pages when the attempt began
+	waited  bool      // this task has waited for room
+	fed     int       // pages below it are enqueued, recorded, or stored as feeding
+	redo    []fedPage // pages an earlier attempt fed, to enqueue again first
+	allow   int       // unrecorded pages past fed that the window has room for
+	counted int       // pages below it were fed by an earlier attempt: the window counts them
 
 	mu     sync.Mutex
 	ready  *sync.Cond // buf changed, Split returned, or ctx ended
@@ -153,22 +155,34 @@ func (f *feeder) loop(ctx context.Context) error {
 }
 
 // feed waits for room in the window, then feeds as many of pages as it
-// has room for, and returns how many.
+// has room for, and returns how many. Pages an earlier attempt fed (below
+// counted) need no room.
 func (f *feeder) feed(ctx context.Context, pages []fedPage) (int, error) {
-	if f.allow == 0 {
-		if err := f.waitRoom(ctx); err != nil {
-			return 0, err
+	var from any = "" // the fed mark this feed moves from: no check for counted pages
+	if pages[0].i < f.counted {
+		n := 0
+		for n < len(pages) && pages[n].i < f.counted {
+			n++
 		}
-	} else if f.pastHalf() {
-		return 0, f.handOff(ctx)
+		pages = pages[:n]
+	} else {
+		if f.allow == 0 {
+			if err := f.waitRoom(ctx); err != nil {
+				return 0, err
+			}
+		} else if f.pastHalf() {
+			return 0, f.handOff(ctx)
+		}
+		pages = pages[:min(len(pages), f.allow)]
+		f.allow -= len(pages)
+		from = max(f.fed, f.counted)
 	}
-	pages = pages[:min(len(pages), f.allow)]
 	last := pages[len(pages)-1]
-	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages)}
+	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), from}
 	if _, _, _, err := f.read(ctx, args...); err != nil {
 		return 0, err
 	}
-	f.fed, f.allow = last.i+1, f.allow-len(pages)
+	f.fed = last.i + 1
 	return len(pages), f.c.enqueuePages(ctx, f.run, f.nonce, pages, f.o)
 }
 
@@ -186,11 +200,11 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if fed > f.fed {
-			// Another attempt of this split fed past us: its pages are
-			// counted, and stored in Redis for whichever attempt goes on.
-			f.allow = fed - f.fed
-			return nil
+		if fed > max(f.fed, f.counted) {
+			// Another attempt of this split is feeding (a copy made while
+			// this one seemed dead): it goes on, and this one ends, so that
+			// no page index is fed twice with pages Split cut differently.
+			return errSplitTaken
 		}
 		free := f.o.Window - (fed - done)
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
@@ -233,7 +247,7 @@ func decodeFeeding(b []byte) ([]fedPage, error) {
 	var pages []fedPage
 	for len(b) > 0 {
 		i, n := binary.Uvarint(b)
-		if n <= 0 || i > maxPages {
+		if n <= 0 || i >= maxPages {
 			return nil, errors.New("a bad page index")
 		}
 		b = b[n:]
@@ -305,8 +319,11 @@ func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending int,
 	}
 	v, _ := res.Slice()
 	fed64, _ := v[0].(int64)
-	if fed64 < 0 {
+	switch fed64 {
+	case -1:
 		return 0, 0, 0, errRunGone
+	case -2:
+		return 0, 0, 0, errSplitTaken
 	}
 	done64, _ := v[1].(int64)
 	return int(fed64), int(done64), int(n.Val()), nil
@@ -316,6 +333,10 @@ func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending int,
 // nonce: it ended, was resumed by Retry, or another attempt finished the
 // split.
 var errRunGone = errors.New("mapreduce: the run is no longer splitting")
+
+// errSplitTaken stops a feeder that finds another attempt of its split
+// feeding pages past its own (feed.lua's check of the fed mark).
+var errSplitTaken = errors.New("mapreduce: another attempt of the split is feeding the run")
 
 // handOff records that every page below fed is enqueued and enqueues a
 // new split task that goes on from there, so that this one can end.

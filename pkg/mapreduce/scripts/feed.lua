@@ -24,9 +24,13 @@
 -- ARGV[6] optional, with ARGV[3]: the cursor of page ARGV[3]-1 ("": none)
 -- ARGV[7] optional, with ARGV[3]: the encoded pages of the move, stored
 --         as 'feeding' if the fed mark moves
+-- ARGV[8] optional: the fed mark the move starts from; if the run's is
+--         another, another attempt of the split is feeding: nothing moves,
+--         and the script returns {-2, state}
 -- Returns {fed, fed_done, name} after the call, name being the new split
 -- task's ("" unless handing on), or {-1, state} if the run is not
--- splitting under this nonce (state "" if it does not exist).
+-- splitting under this nonce (state "" if it does not exist), or {-2,
+-- state} (ARGV[8]).
 local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume')
 if not run[1] then
   return {-1, ''}
@@ -35,6 +39,9 @@ if run[1] ~= 'splitting' or run[2] ~= ARGV[1] then
   return {-1, run[1]}
 end
 local fed, done = tonumber(run[3]) or 0, tonumber(run[4]) or 0
+if ARGV[8] and ARGV[8] ~= '' and tonumber(ARGV[8]) ~= fed then
+  return {-2, run[1]}
+end
 local to = tonumber(ARGV[3])
 if to > fed then
   -- Recorded pages in [fed, to): bits before the first whole byte and
