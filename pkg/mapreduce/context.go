@@ -59,6 +59,18 @@ func ExpectPages(ctx context.Context, n int) error {
 // after emit. A Split that does not call it is run again from the start,
 // and the pages fed before are skipped by position.
 func ResumeSplit(ctx context.Context) (cursor string, ok bool) {
+	return splitCursor(ctx, true)
+}
+
+// SplitCursor returns what ResumeSplit would, without resuming: for a
+// Split that goes on from the cursor only if it is one of its own (one
+// that pages several sources, as pgsource.Split may be called for
+// several tables). Such a Split calls ResumeSplit once it knows.
+func SplitCursor(ctx context.Context) (cursor string, ok bool) {
+	return splitCursor(ctx, false)
+}
+
+func splitCursor(ctx context.Context, resume bool) (string, bool) {
 	s, found := ctx.Value(splitKey).(*splitState)
 	if !found {
 		return "", false
@@ -68,7 +80,7 @@ func ResumeSplit(ctx context.Context) (cursor string, ok bool) {
 	if !s.has || s.emitted {
 		return "", false
 	}
-	s.resumed = true
+	s.resumed = s.resumed || resume
 	return s.cursor, true
 }
 

@@ -83,25 +83,23 @@ func ident(name string) string {
 // retried) goes on after the last key fed (mapreduce.ResumeSplit), with
 // page bounds read from the table as it is then. So every row present
 // throughout the run is in exactly one page, however the table changed;
-// rows inserted or deleted meanwhile are read at most once. Call Split as
-// the only source of a run's pages: its cursor says where it stopped, not
-// where other pages did.
+// rows inserted or deleted meanwhile are read at most once. A Split that
+// pages several tables, or emits pages of its own too, goes on from the
+// cursor only when the last page fed was this table's; otherwise the
+// split runs from the start and skips the pages fed by position.
 func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, emit func(KeyRange) error) error {
 	if err := t.validate(true); err != nil {
 		return err
 	}
 	key, table := ident(t.Key), ident(t.Name)
-	after, resumed, err := resumeAfter(ctx, t)
-	if err != nil {
-		return err
-	}
+	after, resumed := resumeAfter(ctx, t)
 	where, args := "", []any{}
 	if resumed {
 		where, args = fmt.Sprintf(" WHERE %s > $1", key), []any{after}
 	}
 	var lo, last *int64
 	var bounds []int64
-	err = Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
+	err := Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
 		// One snapshot for both queries: a row inserted between them must
 		// not fall outside every page.
 		return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -160,21 +158,22 @@ func (t Table) cursor(hi int64) string {
 }
 
 // resumeAfter returns the last key of the last page an earlier attempt of
-// the run's split fed, and true, when the split starts again part-way.
-func resumeAfter(ctx context.Context, t Table) (int64, bool, error) {
-	c, ok := mapreduce.ResumeSplit(ctx)
+// the run's split fed, and true, when the split starts again part-way
+// after a page of this table's: a cursor of another table's (a Split that
+// pages several) leaves the split to go on by position.
+func resumeAfter(ctx context.Context, t Table) (int64, bool) {
+	c, ok := mapreduce.SplitCursor(ctx)
 	if !ok {
-		return 0, false, nil
+		return 0, false
 	}
 	prefix := t.cursor(0)
-	prefix = prefix[:len(prefix)-1]
-	v, found := strings.CutPrefix(c, prefix)
+	v, mine := strings.CutPrefix(c, prefix[:len(prefix)-1])
 	after, err := strconv.ParseInt(v, 10, 64)
-	if !found || err != nil {
-		return 0, false, fmt.Errorf("pgsource: the split resumes after %q, which is not where a Split of %s by %s stopped: "+
-			"call pgsource.Split as the only source of a run's pages (one table, no other emit), or Retry the run to split it from the start", c, t.Name, t.Key)
+	if !mine || err != nil {
+		return 0, false
 	}
-	return after, true, nil
+	mapreduce.ResumeSplit(ctx)
+	return after, true
 }
 
 // expect tells the run how many pages the split will emit, so that its

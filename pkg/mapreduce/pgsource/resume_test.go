@@ -3,6 +3,7 @@ package pgsource_test
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -35,20 +36,68 @@ func ids(t *testing.T, pool *pgxpool.Pool) []int64 {
 // the last one fed or leave a gap before it.
 func TestAKeysetSplitHandedOnOverAChangingTableReadsEveryRowOnce(t *testing.T) {
 	t.Parallel()
+	seen, start, end := handOnKeyset(t, true, false)
+	var twice, missed []int64
+	for id, n := range seen {
+		if n > 1 {
+			twice = append(twice, id)
+		}
+	}
+	for _, id := range start {
+		if slices.Contains(end, id) && seen[id] == 0 {
+			missed = append(missed, id)
+		}
+	}
+	if len(twice)+len(missed) > 0 {
+		slices.Sort(twice)
+		t.Errorf("rows read twice: %v; rows present throughout the run not read: %v", twice, missed)
+	}
+	if seen[2100] != 1 {
+		t.Errorf("row 2100, inserted past the end while the run split, was read %d times, want once: the split that went on read the table as it was", seen[2100])
+	}
+}
+
+// A Split that pages another source besides pgsource's table left a
+// cursor that is not the table's: the split goes on by position, over a
+// table that did not change, and fails nothing.
+func TestAKeysetSplitResumedAfterAnotherSourcesCursorGoesOnByPosition(t *testing.T) {
+	t.Parallel()
+	seen, start, _ := handOnKeyset(t, false, true)
+	for _, id := range start {
+		if seen[id] != 1 {
+			t.Errorf("row %d was read %d times, want once", id, seen[id])
+		}
+	}
+}
+
+// handOnKeyset runs a job that pages the items table with pgsource.Split
+// and hands its split on at least once. With change, the table changes
+// when the split starts again; with foreign, the first attempt's pages
+// carry another source's cursor. It returns how often each row was read,
+// and the rows at the start and at the end.
+func handOnKeyset(t *testing.T, change, foreign bool) (seen map[int64]int, start, end []int64) {
+	t.Helper()
 	pool, _ := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
 	queue := testenv.Queue(t, rdb, prefix)
 	table(t, pool, 2000) // 1715 rows: 572 pages of 3
-	start := ids(t, pool)
+	start = ids(t, pool)
 	var (
 		splits atomic.Int32
 		mu     sync.Mutex
-		seen   = map[int64]int{}
 	)
+	seen = map[int64]int{}
 	job := mapreduce.Job[int, pgsource.KeyRange, int, int]{
 		Name: "keyset",
 		Split: func(ctx context.Context, _ int, emit func(pgsource.KeyRange) error) error {
-			if splits.Add(1) == 2 {
+			attempt := splits.Add(1)
+			if attempt == 1 && foreign {
+				return pgsource.Split(ctx, pool, nil, pgsource.Table{Name: "items", Key: "id", PageSize: 3}, func(r pgsource.KeyRange) error {
+					mapreduce.SetSplitCursor(ctx, "another source's") // replaces pgsource's own
+					return emit(r)
+				})
+			}
+			if attempt == 2 && change {
 				// The first rows go; rows appear between the others and after them.
 				if _, err := pool.Exec(ctx, `DELETE FROM items WHERE id <= 6;
 					INSERT INTO items SELECT g, g * 3 FROM generate_series(7, 2100, 7) g;
@@ -109,25 +158,7 @@ func TestAKeysetSplitHandedOnOverAChangingTableReadsEveryRowOnce(t *testing.T) {
 	if n := splits.Load(); n < 2 {
 		t.Fatalf("Split ran %d times: the split never handed on, so this test proves nothing", n)
 	}
-	end := ids(t, pool)
 	mu.Lock()
 	defer mu.Unlock()
-	var twice, missed []int64
-	for id, n := range seen {
-		if n > 1 {
-			twice = append(twice, id)
-		}
-	}
-	for _, id := range start {
-		if slices.Contains(end, id) && seen[id] == 0 {
-			missed = append(missed, id)
-		}
-	}
-	if len(twice)+len(missed) > 0 {
-		slices.Sort(twice)
-		t.Errorf("rows read twice: %v; rows present throughout the run not read: %v", twice, missed)
-	}
-	if seen[2100] != 1 {
-		t.Errorf("row 2100, inserted past the end while the run split, was read %d times, want once: the split that went on read the table as it was", seen[2100])
-	}
+	return maps.Clone(seen), start, ids(t, pool)
 }
