@@ -228,8 +228,14 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	}
 	base, _, _ := strings.Cut(t.ID, copySep)
 	id := base + copySep + firstSeen
-	_, err = c.aq.EnqueueContext(ctx, asynq.NewTask(t.Type, t.Payload), asynq.TaskID(id), asynq.Queue(t.Queue),
-		asynq.MaxRetry(t.MaxRetry), asynq.Timeout(timeout))
+	opts := []asynq.Option{asynq.TaskID(id), asynq.Queue(t.Queue), asynq.MaxRetry(t.MaxRetry), asynq.Timeout(timeout)}
+	if t.Type != typeMap {
+		// Kept once completed, as the step tasks are (enqueueStepAs): a
+		// split's copy that fed becomes the run's split task (feed.lua),
+		// which the reconciler must find completed, not gone.
+		opts = append(opts, asynq.Retention(o.Retention))
+	}
+	_, err = c.aq.EnqueueContext(ctx, asynq.NewTask(t.Type, t.Payload), opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return false, nil
 	}

@@ -198,10 +198,13 @@ func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOp
 	case typ == typeSplit && info.State == asynq.TaskStateCompleted:
 		// It ended without ending the split (a hand-on whose enqueue was
 		// lost, say): the run is still splitting, so hand it on again.
-		if err := c.handOn(ctx, k, run, st.nonce, 0, o); err != nil && !errors.Is(err, errRunGone) {
+		switch err := c.handOn(ctx, k, run, st.nonce, 0, o); {
+		case errors.Is(err, errRunGone): // it ended the split since the run was read
+		case err != nil:
 			return err
+		default:
+			*enqueued++
 		}
-		*enqueued++
 	case info.State == asynq.TaskStateArchived:
 		msg := fmt.Sprintf("mapreduce: the %s task was archived by asynq after its retries ran out: %s", step, info.LastErr)
 		ended, _, err := c.finish(ctx, run, st.nonce, StateFailed, nil, msg, "")

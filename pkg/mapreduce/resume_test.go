@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -341,6 +342,85 @@ func TestARunSplitByAnEarlierReleaseFinishesWithinItsWindow(t *testing.T) {
 	}
 	if peak > window+1 {
 		t.Errorf("asynq held up to %d tasks of a run whose window is %d pages (plus its split)", peak, window)
+	}
+	maps.wantEachOnce(t, pages)
+}
+
+// The copy of a split task that a live original is still running feeds
+// first; the original, finding it ahead, stops, and asynq marks it
+// completed. The copy is then the run's split task: the reconciler, which
+// hands a splitting run on when its split task completed, must not start
+// a third attempt (each would run Split's own work again, and stop).
+func TestACopyThatFeedsAheadOfItsOriginalIsTheSplitTheReconcilerWatches(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages = 600
+	var (
+		maps   mapCalls
+		splits atomic.Int32
+	)
+	job := mapreduce.Job[int, int, int, int]{
+		Name: "copied",
+		Split: func(ctx context.Context, n int, emit func(int) error) error {
+			splits.Add(1)
+			if id, _ := asynq.GetTaskID(ctx); !strings.HasSuffix(id, "~copy") {
+				time.Sleep(300 * time.Millisecond) // the original, cut off for a while
+			}
+			for i := range n {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: func(ctx context.Context, i int) (int, error) {
+			time.Sleep(2 * time.Millisecond)
+			maps.add(i)
+			return i, nil
+		},
+		Options: e.opts(mapreduce.JobOptions{Window: 50}),
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	ctx := context.Background()
+	id, err := job.Start(ctx, c, pages, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := e.taskOf("batchmr:split", id) // copied as the orphan scan does (orphans.go)
+	if _, err := asynq.NewClientFromRedisClient(e.rdb).Enqueue(asynq.NewTask(orig.Type, orig.Payload),
+		asynq.TaskID(orig.ID+"~copy"), asynq.Queue(e.queue), asynq.MaxRetry(orig.MaxRetry), asynq.Retention(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	e.worker(c, 4)
+	handOns := 0
+	deadline := time.Now().Add(time.Minute)
+	for {
+		rep, err := c.Reconcile(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		handOns += rep.SplitsEnqueued
+		st, err := c.Status(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State.Ended() {
+			if st.State != mapreduce.StateSucceeded || st.Done != pages {
+				t.Fatalf("run ended %s with %d of %d pages done: %s", st.State, st.Done, pages, st.Error)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run did not end within a minute: %s", st.State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := splits.Load(); n != 2 {
+		t.Errorf("Split ran %d times, want 2 (the original and its copy)", n)
+	}
+	if handOns > 0 {
+		t.Errorf("the reconciler handed the split on %d times while the copy was feeding", handOns)
 	}
 	maps.wantEachOnce(t, pages)
 }

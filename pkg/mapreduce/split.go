@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,6 +62,11 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	f := &feeder{c: c, k: k, run: run, nonce: nonce, o: o, pending: pendingKey(o.Queue), started: time.Now(),
 		bits: []byte(recorded.Val())}
 	f.ready = sync.NewCond(&f.mu)
+	if id, ok := asynq.GetTaskID(ctx); ok {
+		if step, ok := strings.CutPrefix(id, taskID(run, nonce, "")); ok {
+			f.step = step
+		}
+	}
 	resume, _ := strconv.Atoi(str(vals[3]))
 	fed, _ := strconv.Atoi(str(vals[4]))
 	cursor, hasCursor := vals[5].(string)

@@ -72,6 +72,7 @@ type feeder struct {
 	nonce   string
 	o       JobOptions
 	pending string // asynq's list of the queue's pending tasks
+	step    string // this task's ID past "<run>:<nonce>:", or "" if unknown
 	started time.Time
 
 	bits    []byte    // the recorded pages when the attempt began
@@ -178,7 +179,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage) (int, error) {
 		from = max(f.fed, f.counted)
 	}
 	last := pages[len(pages)-1]
-	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), from}
+	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), from, f.step}
 	if _, _, _, err := f.read(ctx, args...); err != nil {
 		return 0, err
 	}

@@ -27,11 +27,16 @@
 -- ARGV[8] optional: the fed mark the move starts from; if the run's is
 --         another, another attempt of the split is feeding: nothing moves,
 --         and the script returns {-2, state}
+-- ARGV[9] optional, with a move: the step of the split task that feeds
+--         ("split", "split:<resume>.<n>", a copy's "…~<seen>"), recorded
+--         as the run's split task, which the reconciler checks: an
+--         attempt that stopped because this one fed ahead of it is no
+--         longer the one to watch
 -- Returns {fed, fed_done, name} after the call, name being the new split
 -- task's ("" unless handing on), or {-1, state} if the run is not
 -- splitting under this nonce (state "" if it does not exist), or {-2,
 -- state} (ARGV[8]).
-local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume')
+local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume', 'split_task')
 if not run[1] then
   return {-1, ''}
 end
@@ -62,6 +67,9 @@ if to > fed then
   end
   fed = to
   redis.call('HSET', KEYS[1], 'fed', ARGV[3], 'fed_done', string.format('%d', done))
+  if ARGV[9] and ARGV[9] ~= '' and ARGV[9] ~= (run[6] or 'split') then
+    redis.call('HSET', KEYS[1], 'split_task', ARGV[9])
+  end
   if ARGV[7] then
     redis.call('HSET', KEYS[1], 'feeding', ARGV[7])
     if ARGV[6] ~= '' then
