@@ -55,9 +55,10 @@ func ExpectPages(ctx context.Context, n int) error {
 // reads a row twice nor misses one at the join (pgsource.Split does so).
 //
 // It returns "", false on a run's first split, when the last page fed had
-// no cursor, after Retry (which splits from the start), and when called
-// after emit. A Split that does not call it is run again from the start,
-// and the pages fed before are skipped by position.
+// no cursor, after Retry (which splits from the start), and once Split has
+// emitted a page that was not fed before. A Split that does not call it
+// is run again from the start, and the pages fed before are skipped by
+// position.
 func ResumeSplit(ctx context.Context) (cursor string, ok bool) {
 	return splitCursor(ctx, true)
 }
@@ -77,11 +78,49 @@ func splitCursor(ctx context.Context, resume bool) (string, bool) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.has || s.emitted {
+	// Pages emitted so far that were all fed before (a Split over several
+	// sources that ran one by position up to the one whose cursor this is)
+	// do not stop it from resuming: the pages after the cursor follow them.
+	if !s.has || s.resumed || s.next > s.base {
 		return "", false
 	}
-	s.resumed = s.resumed || resume
+	if resume {
+		s.resumed, s.next = true, s.base
+	}
 	return s.cursor, true
+}
+
+// splitState is what a running Split reaches through its context:
+// ExpectPages, ResumeSplit, SplitCursor and SetSplitCursor. It numbers the
+// pages Split emits.
+type splitState struct {
+	expect func(ctx context.Context, n int) error // records the pages expected in all
+
+	mu      sync.Mutex
+	cursor  string // the cursor of the last page an earlier attempt fed
+	has     bool   // there is one: the split may resume from it
+	base    int    // pages fed before: a resumed Split's next page's index
+	resumed bool   // Split called ResumeSplit and got the cursor
+	next    int    // the index of the page Split emits next
+	cursorN string // SetSplitCursor's cursor for the next page
+}
+
+// emitting is called for each page Split emits: it returns the page's
+// index and cursor.
+func (s *splitState) emitting() (i int, cursor string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, cursor, s.cursorN = s.next, s.cursorN, ""
+	s.next++
+	return i, cursor
+}
+
+// pages returns how many pages the run has: those fed before a resumed
+// Split, and those Split emitted.
+func (s *splitState) pages() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.next
 }
 
 // SetSplitCursor sets the cursor of the page Split emits next: where a
@@ -93,49 +132,9 @@ func splitCursor(ctx context.Context, resume bool) (string, bool) {
 func SetSplitCursor(ctx context.Context, cursor string) {
 	if s, ok := ctx.Value(splitKey).(*splitState); ok {
 		s.mu.Lock()
-		s.next = cursor
+		s.cursorN = cursor
 		s.mu.Unlock()
 	}
-}
-
-// splitState is what a running Split reaches through its context:
-// ExpectPages, ResumeSplit and SetSplitCursor.
-type splitState struct {
-	expect func(ctx context.Context, n int) error // records the pages expected in all
-
-	mu      sync.Mutex
-	cursor  string // the cursor of the last page an earlier attempt fed
-	has     bool   // there is one: the split may resume from it
-	base    int    // pages fed before: a resumed Split's first page's index
-	resumed bool   // Split called ResumeSplit and got the cursor
-	emitted bool   // Split has emitted a page
-	next    string // SetSplitCursor's cursor for the next page
-}
-
-// emitting is called for each page Split emits: it returns the page's
-// cursor, and the index of the first page if this is it (-1 otherwise).
-func (s *splitState) emitting() (cursor string, first int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cursor, s.next, first = s.next, "", -1
-	if !s.emitted {
-		s.emitted, first = true, 0
-		if s.resumed {
-			first = s.base
-		}
-	}
-	return cursor, first
-}
-
-// pages returns how many pages the run has, given that Split emitted to
-// the index end (exclusive) or nothing.
-func (s *splitState) pages(end int) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.resumed && !s.emitted {
-		return s.base
-	}
-	return end
 }
 
 // RunID returns the ID of the run whose Split, Map or Reduce is running

@@ -3,6 +3,9 @@ package mapreduce_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +17,7 @@ import (
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 )
 
 // table is a keyset source that changes while a run splits it: sorted
@@ -423,4 +427,68 @@ func TestACopyThatFeedsAheadOfItsOriginalIsTheSplitTheReconcilerWatches(t *testi
 		t.Errorf("the reconciler handed the split on %d times while the copy was feeding", handOns)
 	}
 	maps.wantEachOnce(t, pages)
+}
+
+// lostReply is a go-redis hook that, once, lets the nth pipeline that
+// moves a split's window (feed.lua with all its arguments) run in Redis
+// and then fails it as a network timeout would: Redis applied the feed,
+// and the feeder does not know.
+type lostReply struct {
+	n, seen int
+	fired   atomic.Bool
+}
+
+func (h *lostReply) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if cmd.Name() == "evalsha" && len(cmd.Args()) == 15 { // 3 + 2 keys + 10 arguments
+				h.seen++
+				if h.seen == h.n && h.fired.CompareAndSwap(false, true) {
+					lost := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+					cmd.SetErr(lost)
+					return lost
+				}
+			}
+		}
+		return err
+	}
+}
+
+// The reply to a feed is lost after Redis applied it, and the feeder sends
+// it again: the run's fed mark has moved past where the feed starts, as if
+// another attempt were feeding, but the feed is the attempt's own, and the
+// split goes on.
+func TestAFeedSentAgainAfterItsReplyWasLostIsTheSplitsOwn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := newKeysetSplit(1200)
+	start := s.tb.in(-1, 1<<62)
+	job := s.job("lost", true, e.opts(mapreduce.JobOptions{Window: 50}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	hook := &lostReply{n: 3}
+	rdb := redis.NewClient(e.rdb.Options())
+	rdb.AddHook(hook)
+	t.Cleanup(func() { rdb.Close() })
+	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, CancelPoll: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.worker(c, 4)
+	id, err := job.Start(context.Background(), c, 0, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded {
+		t.Fatalf("run ended %s: %s", st.State, st.Error)
+	}
+	if !hook.fired.Load() {
+		t.Fatal("no feed's reply was lost, so this test proves nothing")
+	}
+	if twice, missed := s.check(start); len(twice)+len(missed) > 0 {
+		t.Errorf("keys read twice: %v; keys present throughout the run not read: %v", twice, missed)
+	}
 }

@@ -62,6 +62,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	f := &feeder{c: c, k: k, run: run, nonce: nonce, o: o, pending: pendingKey(o.Queue), started: time.Now(),
 		bits: []byte(recorded.Val())}
 	f.ready = sync.NewCond(&f.mu)
+	f.token = newNonce()
 	if id, ok := asynq.GetTaskID(ctx); ok {
 		if step, ok := strings.CutPrefix(id, taskID(run, nonce, "")); ok {
 			f.step = step
@@ -124,7 +125,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	// corrupting the count. It fails after Split returned, and once an
 	// enqueue failed.
 	var emitMu sync.Mutex
-	n, closed := 0, false
+	closed := false
 	splitErr := r.split(gctx, []byte(args), func(page []byte) error {
 		emitMu.Lock()
 		defer emitMu.Unlock()
@@ -134,15 +135,10 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 		case closed:
 			return errors.New("mapreduce: emit called after Split returned")
 		}
-		cursor, first := sc.emitting()
-		if first >= 0 {
-			n = first
-		}
-		if n >= maxPages {
+		i, cursor := sc.emitting()
+		if i >= maxPages {
 			return fmt.Errorf("mapreduce: a run has at most %d pages", maxPages)
 		}
-		i := n
-		n++
 		if i < skip || bitSet(f.bits, i) {
 			return nil // fed by an earlier attempt, or recorded
 		}
@@ -150,7 +146,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	})
 	emitMu.Lock()
 	closed = true
-	n = sc.pages(n)
+	n := sc.pages()
 	emitMu.Unlock()
 	if splitErr != nil {
 		abort(splitErr) // the pages still buffered wait for a retry: it emits them again

@@ -73,6 +73,7 @@ type feeder struct {
 	o       JobOptions
 	pending string // asynq's list of the queue's pending tasks
 	step    string // this task's ID past "<run>:<nonce>:", or "" if unknown
+	token   string // this attempt's, stored with each of its feeds
 	started time.Time
 
 	bits    []byte    // the recorded pages when the attempt began
@@ -179,7 +180,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage) (int, error) {
 		from = max(f.fed, f.counted)
 	}
 	last := pages[len(pages)-1]
-	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), from, f.step}
+	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), from, f.step, f.token}
 	if _, _, _, err := f.read(ctx, args...); err != nil {
 		return 0, err
 	}
@@ -205,7 +206,7 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 			// Another attempt of this split is feeding (a copy made while
 			// this one seemed dead): it goes on, and this one ends, so that
 			// no page index is fed twice with pages Split cut differently.
-			return errSplitTaken
+			return f.taken(ctx)
 		}
 		free := f.o.Window - (fed - done)
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
@@ -324,7 +325,7 @@ func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending int,
 	case -1:
 		return 0, 0, 0, errRunGone
 	case -2:
-		return 0, 0, 0, errSplitTaken
+		return 0, 0, 0, f.taken(ctx)
 	}
 	done64, _ := v[1].(int64)
 	return int(fed64), int(done64), int(n.Val()), nil
@@ -334,6 +335,13 @@ func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending int,
 // nonce: it ended, was resumed by Retry, or another attempt finished the
 // split.
 var errRunGone = errors.New("mapreduce: the run is no longer splitting")
+
+// taken logs that another attempt of the split fed past this one, and
+// returns errSplitTaken.
+func (f *feeder) taken(ctx context.Context) error {
+	Logger(ctx).Info("mapreduce: another attempt of the split is feeding the run (a copy of a task whose worker seemed dead); this one ends", "fed", f.fed)
+	return errSplitTaken
+}
 
 // errSplitTaken stops a feeder that finds another attempt of its split
 // feeding pages past its own (feed.lua's check of the fed mark).

@@ -84,15 +84,18 @@ func ident(name string) string {
 // page bounds read from the table as it is then. So every row present
 // throughout the run is in exactly one page, however the table changed;
 // rows inserted or deleted meanwhile are read at most once. A Split that
-// pages several tables, or emits pages of its own too, goes on from the
-// cursor only when the last page fed was this table's; otherwise the
-// split runs from the start and skips the pages fed by position.
+// pages several tables (or shards) in turn, each with Split, goes on in
+// the table of the last page fed, after its cursor: the tables before it
+// run by position, and their pages, all fed already, are skipped. A Split
+// that emits pages of its own as well may go on by position instead, and
+// then reads a changing table as positions fall.
 func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, emit func(KeyRange) error) error {
 	if err := t.validate(true); err != nil {
 		return err
 	}
 	key, table := ident(t.Key), ident(t.Name)
-	after, resumed := resumeAfter(ctx, t)
+	prefix := cursorPrefix(db, t)
+	after, resumed := resumeAfter(ctx, prefix)
 	where, args := "", []any{}
 	if resumed {
 		where, args = fmt.Sprintf(" WHERE %s > $1", key), []any{after}
@@ -139,35 +142,39 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 	expect(ctx, pages)
 	from := *lo
 	for _, hi := range bounds {
-		mapreduce.SetSplitCursor(ctx, t.cursor(hi))
+		mapreduce.SetSplitCursor(ctx, prefix+strconv.FormatInt(hi, 10))
 		if err := emit(KeyRange{Lo: from, Hi: hi}); err != nil {
 			return err
 		}
 		from = hi
 	}
 	if from < *last {
-		mapreduce.SetSplitCursor(ctx, t.cursor(*last))
+		mapreduce.SetSplitCursor(ctx, prefix+strconv.FormatInt(*last, 10))
 		return emit(KeyRange{Lo: from, Hi: *last})
 	}
 	return nil
 }
 
-// cursor is the split cursor of a page whose last key is hi.
-func (t Table) cursor(hi int64) string {
-	return fmt.Sprintf("pgsource:%s:%s:%d", t.Name, t.Key, hi)
+// cursorPrefix is what the split cursor of a page of t in db's database
+// starts with; its last key follows. It names the server and database as
+// well as the table, so that a Split over two shards' same-named tables
+// resumes in the right one.
+func cursorPrefix(db *pgxpool.Pool, t Table) string {
+	cc := db.Config().ConnConfig
+	return fmt.Sprintf("pgsource %q %q %q ", fmt.Sprintf("%s:%d/%s", cc.Host, cc.Port, cc.Database), t.Name, t.Key)
 }
 
 // resumeAfter returns the last key of the last page an earlier attempt of
 // the run's split fed, and true, when the split starts again part-way
-// after a page of this table's: a cursor of another table's (a Split that
-// pages several) leaves the split to go on by position.
-func resumeAfter(ctx context.Context, t Table) (int64, bool) {
+// after a page of this table's (prefix: cursorPrefix): a cursor of
+// another source's (a Split that pages several) leaves the split to go on
+// by position.
+func resumeAfter(ctx context.Context, prefix string) (int64, bool) {
 	c, ok := mapreduce.SplitCursor(ctx)
 	if !ok {
 		return 0, false
 	}
-	prefix := t.cursor(0)
-	v, mine := strings.CutPrefix(c, prefix[:len(prefix)-1])
+	v, mine := strings.CutPrefix(c, prefix)
 	after, err := strconv.ParseInt(v, 10, 64)
 	if !mine || err != nil {
 		return 0, false

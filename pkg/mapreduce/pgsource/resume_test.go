@@ -19,97 +19,50 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-func ids(t *testing.T, pool *pgxpool.Pool) []int64 {
+// ids returns the keys of the named tables, which the tests give disjoint
+// ranges.
+func ids(t *testing.T, pool *pgxpool.Pool, tables ...string) []int64 {
 	t.Helper()
-	rows, _ := pool.Query(context.Background(), "SELECT id FROM items ORDER BY id")
-	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
+	var out []int64
+	for _, tb := range tables {
+		rows, _ := pool.Query(context.Background(), "SELECT id FROM "+tb+" ORDER BY id")
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, got...)
 	}
 	return out
 }
 
-// A long run's split hands on to a new split task every half SplitTimeout,
-// and the table changes meanwhile. The new task must go on after the last
-// key the first one fed: split again from the start, its pages would be
-// cut from the changed table, and the page after the join would overlap
-// the last one fed or leave a gap before it.
-func TestAKeysetSplitHandedOnOverAChangingTableReadsEveryRowOnce(t *testing.T) {
-	t.Parallel()
-	seen, start, end := handOnKeyset(t, true, false)
-	var twice, missed []int64
-	for id, n := range seen {
-		if n > 1 {
-			twice = append(twice, id)
-		}
-	}
-	for _, id := range start {
-		if slices.Contains(end, id) && seen[id] == 0 {
-			missed = append(missed, id)
-		}
-	}
-	if len(twice)+len(missed) > 0 {
-		slices.Sort(twice)
-		t.Errorf("rows read twice: %v; rows present throughout the run not read: %v", twice, missed)
-	}
-	if seen[2100] != 1 {
-		t.Errorf("row 2100, inserted past the end while the run split, was read %d times, want once: the split that went on read the table as it was", seen[2100])
-	}
+// tablePage is a keyset page of one of several tables.
+type tablePage struct {
+	Table string
+	pgsource.KeyRange
 }
 
-// A Split that pages another source besides pgsource's table left a
-// cursor that is not the table's: the split goes on by position, over a
-// table that did not change, and fails nothing.
-func TestAKeysetSplitResumedAfterAnotherSourcesCursorGoesOnByPosition(t *testing.T) {
-	t.Parallel()
-	seen, start, _ := handOnKeyset(t, false, true)
-	for _, id := range start {
-		if seen[id] != 1 {
-			t.Errorf("row %d was read %d times, want once", id, seen[id])
-		}
-	}
-}
-
-// handOnKeyset runs a job that pages the items table with pgsource.Split
-// and hands its split on at least once. With change, the table changes
-// when the split starts again; with foreign, the first attempt's pages
-// carry another source's cursor. It returns how often each row was read,
-// and the rows at the start and at the end.
-func handOnKeyset(t *testing.T, change, foreign bool) (seen map[int64]int, start, end []int64) {
+// handOn runs a job whose Split is split (given its attempt, from 1) on a
+// worker with a 1s SplitTimeout, and fails t unless the run succeeds after
+// Split ran more than once. Map reads its page's keys (5 ms a page, so
+// that a run of ~600 pages over 4 slots outlasts half the timeout); it
+// returns how often each key was read.
+func handOn(t *testing.T, pool *pgxpool.Pool, split func(ctx context.Context, attempt int32, emit func(tablePage) error) error) map[int64]int {
 	t.Helper()
-	pool, _ := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
 	queue := testenv.Queue(t, rdb, prefix)
-	table(t, pool, 2000) // 1715 rows: 572 pages of 3
-	start = ids(t, pool)
 	var (
 		splits atomic.Int32
 		mu     sync.Mutex
+		seen   = map[int64]int{}
 	)
-	seen = map[int64]int{}
-	job := mapreduce.Job[int, pgsource.KeyRange, int, int]{
+	job := mapreduce.Job[int, tablePage, int, int]{
 		Name: "keyset",
-		Split: func(ctx context.Context, _ int, emit func(pgsource.KeyRange) error) error {
-			attempt := splits.Add(1)
-			if attempt == 1 && foreign {
-				return pgsource.Split(ctx, pool, nil, pgsource.Table{Name: "items", Key: "id", PageSize: 3}, func(r pgsource.KeyRange) error {
-					mapreduce.SetSplitCursor(ctx, "another source's") // replaces pgsource's own
-					return emit(r)
-				})
-			}
-			if attempt == 2 && change {
-				// The first rows go; rows appear between the others and after them.
-				if _, err := pool.Exec(ctx, `DELETE FROM items WHERE id <= 6;
-					INSERT INTO items SELECT g, g * 3 FROM generate_series(7, 2100, 7) g;
-					INSERT INTO items SELECT g, g * 3 FROM generate_series(2001, 2100) g WHERE g % 7 <> 0`); err != nil {
-					return err
-				}
-			}
-			return pgsource.Split(ctx, pool, nil, pgsource.Table{Name: "items", Key: "id", PageSize: 3}, emit)
+		Split: func(ctx context.Context, _ int, emit func(tablePage) error) error {
+			return split(ctx, splits.Add(1), emit)
 		},
-		Map: func(ctx context.Context, r pgsource.KeyRange) (int, error) {
-			time.Sleep(5 * time.Millisecond) // 572 pages over 4 slots: ~0.7s, past half the split's 1s timeout
-			got, err := pgsource.Fetch(ctx, pool, nil, "SELECT id FROM items WHERE id > $1 AND id <= $2", r, pgx.RowTo[int64])
+		Map: func(ctx context.Context, p tablePage) (int, error) {
+			time.Sleep(5 * time.Millisecond)
+			got, err := pgsource.Fetch(ctx, pool, nil, "SELECT id FROM "+p.Table+" WHERE id > $1 AND id <= $2", p, pgx.RowTo[int64])
 			if err != nil {
 				return 0, err
 			}
@@ -160,5 +113,113 @@ func handOnKeyset(t *testing.T, change, foreign bool) (seen map[int64]int, start
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	return maps.Clone(seen), start, ids(t, pool)
+	return maps.Clone(seen)
+}
+
+// wantEachOnce fails t if a key was read twice, or a key of start still
+// present at the end was not read.
+func wantEachOnce(t *testing.T, seen map[int64]int, start, end []int64) {
+	t.Helper()
+	var twice, missed []int64
+	for id, n := range seen {
+		if n > 1 {
+			twice = append(twice, id)
+		}
+	}
+	for _, id := range start {
+		if slices.Contains(end, id) && seen[id] == 0 {
+			missed = append(missed, id)
+		}
+	}
+	if len(twice)+len(missed) > 0 {
+		slices.Sort(twice)
+		t.Errorf("rows read twice: %v; rows present throughout the run not read: %v", twice, missed)
+	}
+}
+
+// splitTable emits the pages of a table, in pages of 3 rows.
+func splitTable(ctx context.Context, pool *pgxpool.Pool, table string, emit func(tablePage) error) error {
+	return pgsource.Split(ctx, pool, nil, pgsource.Table{Name: table, Key: "id", PageSize: 3}, func(r pgsource.KeyRange) error {
+		return emit(tablePage{table, r})
+	})
+}
+
+// change deletes the first rows of items and inserts rows between the
+// others and past them.
+const change = `DELETE FROM items WHERE id <= 6;
+	INSERT INTO items SELECT g, g * 3 FROM generate_series(7, 2100, 7) g;
+	INSERT INTO items SELECT g, g * 3 FROM generate_series(2001, 2100) g WHERE g % 7 <> 0`
+
+// A long run's split hands on to a new split task every half SplitTimeout,
+// and the table changes meanwhile. The new task must go on after the last
+// key the first one fed: split again from the start, its pages would be
+// cut from the changed table, and the page after the join would overlap
+// the last one fed or leave a gap before it.
+func TestAKeysetSplitHandedOnOverAChangingTableReadsEveryRowOnce(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	table(t, pool, 2000) // 1715 rows: 572 pages of 3
+	start := ids(t, pool, "items")
+	seen := handOn(t, pool, func(ctx context.Context, attempt int32, emit func(tablePage) error) error {
+		if attempt == 2 {
+			if _, err := pool.Exec(ctx, change); err != nil {
+				return err
+			}
+		}
+		return splitTable(ctx, pool, "items", emit)
+	})
+	wantEachOnce(t, seen, start, ids(t, pool, "items"))
+	if seen[2100] != 1 {
+		t.Errorf("row 2100, inserted past the end while the run split, was read %d times, want once: the split that went on read the table as it was", seen[2100])
+	}
+}
+
+// A Split that pages two tables in turn is handed on while it pages the
+// second, and both change meanwhile: the first is paged again by position
+// and its pages, all fed, are skipped; the second goes on after its cursor.
+func TestASplitOverTwoTablesResumesInTheSecond(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	table(t, pool, 2000)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE firsts (id bigint PRIMARY KEY);
+		INSERT INTO firsts SELECT -g FROM generate_series(1, 30) g`); err != nil {
+		t.Fatal(err)
+	}
+	start := ids(t, pool, "firsts", "items")
+	seen := handOn(t, pool, func(ctx context.Context, attempt int32, emit func(tablePage) error) error {
+		if attempt == 2 {
+			if _, err := pool.Exec(ctx, change+`; DELETE FROM firsts WHERE id > -10`); err != nil {
+				return err
+			}
+		}
+		if err := splitTable(ctx, pool, "firsts", emit); err != nil {
+			return err
+		}
+		return splitTable(ctx, pool, "items", emit)
+	})
+	wantEachOnce(t, seen, start, ids(t, pool, "firsts", "items"))
+}
+
+// A Split that emits pages of another source besides pgsource's table
+// left a cursor that is not the table's: the split goes on by position,
+// over a table that did not change, and fails nothing.
+func TestAKeysetSplitResumedAfterAnotherSourcesCursorGoesOnByPosition(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	table(t, pool, 2000)
+	start := ids(t, pool, "items")
+	seen := handOn(t, pool, func(ctx context.Context, attempt int32, emit func(tablePage) error) error {
+		if attempt == 1 {
+			return splitTable(ctx, pool, "items", func(p tablePage) error {
+				mapreduce.SetSplitCursor(ctx, "another source's") // replaces pgsource's own
+				return emit(p)
+			})
+		}
+		return splitTable(ctx, pool, "items", emit)
+	})
+	for _, id := range start {
+		if seen[id] != 1 {
+			t.Errorf("row %d was read %d times, want once", id, seen[id])
+		}
+	}
 }

@@ -32,11 +32,15 @@
 --         as the run's split task, which the reconciler checks: an
 --         attempt that stopped because this one fed ahead of it is no
 --         longer the one to watch
+-- ARGV[10] optional, with ARGV[8]: the feeding attempt's token, stored as
+--         'feeder' with each move, so that the same feed sent again (its
+--         reply was lost, and the call retried) is known for its own and
+--         not taken for another attempt's
 -- Returns {fed, fed_done, name} after the call, name being the new split
 -- task's ("" unless handing on), or {-1, state} if the run is not
 -- splitting under this nonce (state "" if it does not exist), or {-2,
 -- state} (ARGV[8]).
-local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume', 'split_task')
+local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume', 'split_task', 'feeder')
 if not run[1] then
   return {-1, ''}
 end
@@ -44,7 +48,8 @@ if run[1] ~= 'splitting' or run[2] ~= ARGV[1] then
   return {-1, run[1]}
 end
 local fed, done = tonumber(run[3]) or 0, tonumber(run[4]) or 0
-if ARGV[8] and ARGV[8] ~= '' and tonumber(ARGV[8]) ~= fed then
+if ARGV[8] and ARGV[8] ~= '' and tonumber(ARGV[8]) ~= fed and
+    not (run[7] == ARGV[10] and fed == tonumber(ARGV[3])) then
   return {-2, run[1]}
 end
 local to = tonumber(ARGV[3])
@@ -69,6 +74,9 @@ if to > fed then
   redis.call('HSET', KEYS[1], 'fed', ARGV[3], 'fed_done', string.format('%d', done))
   if ARGV[9] and ARGV[9] ~= '' and ARGV[9] ~= (run[6] or 'split') then
     redis.call('HSET', KEYS[1], 'split_task', ARGV[9])
+  end
+  if ARGV[10] then
+    redis.call('HSET', KEYS[1], 'feeder', ARGV[10])
   end
   if ARGV[7] then
     redis.call('HSET', KEYS[1], 'feeding', ARGV[7])

@@ -35,7 +35,7 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished', now, 'updated', now)
-redis.call('HDEL', KEYS[1], 'feeding', 'cursor') -- a split's pages in flight: no split goes on
+redis.call('HDEL', KEYS[1], 'feeding', 'cursor', 'feeder') -- a split's pages in flight: no split goes on
 if ARGV[6] == '1' then
   redis.call('HSET', KEYS[1], 'result', ARGV[3])
 end

@@ -37,7 +37,7 @@ if extra then
 end
 
 redis.call('HSET', KEYS[1], 'total', total, 'state', 'mapping', 'split_done', now, 'updated', now)
-redis.call('HDEL', KEYS[1], 'feeding', 'cursor')
+redis.call('HDEL', KEYS[1], 'feeding', 'cursor', 'feeder')
 local done = tonumber(redis.call('HGET', KEYS[1], 'done'))
 local failed = tonumber(redis.call('HGET', KEYS[1], 'failed'))
 if done + failed == total then
