@@ -109,6 +109,31 @@ func wait(t *testing.T, c *mapreduce.Client, id string, timeout time.Duration) *
 
 // --- the sum job: the test workload -----------------------------------------
 
+// sampleUntilEnded calls sample with run id's status every interval until
+// the run ends, and fails t unless it succeeds within a minute with every
+// one of pages done.
+func sampleUntilEnded(t *testing.T, c *mapreduce.Client, id string, pages int, every time.Duration, sample func(*mapreduce.Status)) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st, err := c.Status(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sample(st)
+		if st.State.Ended() {
+			if st.State != mapreduce.StateSucceeded || st.Done != pages {
+				t.Fatalf("run ended %s with %d of %d pages done: %s", st.State, st.Done, pages, st.Error)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run did not end within a minute: %s, %d of %d pages done", st.State, st.Done, pages)
+		}
+		time.Sleep(every)
+	}
+}
+
 // sumArgs asks for the sum of 0..N-1 in pages of PageSize numbers.
 type sumArgs struct {
 	N, PageSize int

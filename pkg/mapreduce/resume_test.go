@@ -326,24 +326,10 @@ func TestARunSplitByAnEarlierReleaseFinishesWithinItsWindow(t *testing.T) {
 		}
 	}
 	e.worker(c, 4) // runs the split task, still pending, and the pages
-	peak, deadline := 0, time.Now().Add(time.Minute)
-	for {
-		if time.Now().After(deadline) {
-			t.Fatalf("the run did not end within a minute (fed %s)", e.rdb.HGet(ctx, k, "fed").Val())
-		}
+	peak := 0
+	sampleUntilEnded(t, c, id, pages, 2*time.Millisecond, func(*mapreduce.Status) {
 		peak = max(peak, queueTasks(t, e.rdb, e.queue))
-		st, err := c.Status(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.State.Ended() {
-			if st.State != mapreduce.StateSucceeded || st.Done != pages {
-				t.Fatalf("run ended %s with %d of %d pages done: %s", st.State, st.Done, pages, st.Error)
-			}
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	})
 	if peak > window+1 {
 		t.Errorf("asynq held up to %d tasks of a run whose window is %d pages (plus its split)", peak, window)
 	}
@@ -398,28 +384,13 @@ func TestACopyThatFeedsAheadOfItsOriginalIsTheSplitTheReconcilerWatches(t *testi
 	}
 	e.worker(c, 4)
 	handOns := 0
-	deadline := time.Now().Add(time.Minute)
-	for {
+	sampleUntilEnded(t, c, id, pages, 20*time.Millisecond, func(*mapreduce.Status) {
 		rep, err := c.Reconcile(ctx)
 		if err != nil {
-			t.Fatal(err)
+			t.Error(err)
 		}
 		handOns += rep.SplitsEnqueued
-		st, err := c.Status(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.State.Ended() {
-			if st.State != mapreduce.StateSucceeded || st.Done != pages {
-				t.Fatalf("run ended %s with %d of %d pages done: %s", st.State, st.Done, pages, st.Error)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the run did not end within a minute: %s", st.State)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	})
 	if n := splits.Load(); n != 2 {
 		t.Errorf("Split ran %d times, want 2 (the original and its copy)", n)
 	}

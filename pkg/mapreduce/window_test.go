@@ -77,21 +77,9 @@ func TestARunKeepsAtMostItsWindowOfTasksInRedis(t *testing.T) {
 	// Sample what asynq holds until the run ends: every task of the queue
 	// is this run's, and the split task itself is one of them.
 	peak, peakInFlight, samples := 0, 0, 0
-	for {
-		n := queueTasks(t, e.rdb, e.queue)
-		st, err := c.Status(context.Background(), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		peak, peakInFlight, samples = max(peak, n), max(peakInFlight, st.InFlight), samples+1
-		if st.State.Ended() {
-			if st.State != mapreduce.StateSucceeded || st.Done != pages {
-				t.Fatalf("run ended %s with %d of %d pages done: %s", st.State, st.Done, pages, st.Error)
-			}
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	sampleUntilEnded(t, c, id, pages, 2*time.Millisecond, func(st *mapreduce.Status) {
+		peak, peakInFlight, samples = max(peak, queueTasks(t, e.rdb, e.queue)), max(peakInFlight, st.InFlight), samples+1
+	})
 	if peak > window+1 {
 		t.Errorf("asynq held up to %d tasks of a run whose window is %d pages (plus its split)", peak, window)
 	}
