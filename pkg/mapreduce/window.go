@@ -93,12 +93,15 @@ type feeder struct {
 	rate     float64   // pages recorded per second, smoothed
 }
 
-// add buffers a page Split emitted, waiting while a batch of them waits.
+// maxFeed is the most pages one feed takes: what the run stores of them
+// until they are enqueued, and how many are enqueued between two waits.
+const maxFeed = 256
+
+// add buffers a page Split emitted, waiting while a feed's worth waits.
 func (f *feeder) add(ctx context.Context, p fedPage) error {
-	batch, _ := windowSizes(f.o.Window)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for len(f.buf) >= batch && ctx.Err() == nil {
+	for len(f.buf) >= maxFeed && ctx.Err() == nil {
 		f.ready.Wait()
 	}
 	if ctx.Err() != nil {
