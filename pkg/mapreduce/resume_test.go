@@ -151,6 +151,14 @@ func (s *keysetSplit) check(start []int) (twice, missed []int) {
 	return twice, missed
 }
 
+// wantEachKeyOnce fails t if check finds a key read twice or missed.
+func (s *keysetSplit) wantEachKeyOnce(t *testing.T, start []int) {
+	t.Helper()
+	if twice, missed := s.check(start); len(twice)+len(missed) > 0 {
+		t.Errorf("keys read twice: %v; keys present throughout the run not read: %v", twice, missed)
+	}
+}
+
 // run starts job, runs it on a worker of c, and fails t unless the run
 // succeeds with Split called more than once.
 func (s *keysetSplit) run(t *testing.T, e *env, c *mapreduce.Client, job mapreduce.Job[int, keyRange, int, int]) {
@@ -228,9 +236,7 @@ func TestASplitWhoseWorkerDiesBetweenFeedingAndEnqueuingLosesNoPage(t *testing.T
 	if !failed.Load() {
 		t.Fatal("the enqueue fault never fired, so this test proves nothing")
 	}
-	if twice, missed := s.check(start); len(twice)+len(missed) > 0 {
-		t.Errorf("keys read twice: %v; keys present throughout the run not read: %v", twice, missed)
-	}
+	s.wantEachKeyOnce(t, start)
 }
 
 // A copy of a split task runs while the original still does (the
@@ -258,9 +264,7 @@ func TestTwoAttemptsOfASplitAtOnceFeedOnePagingOfTheTable(t *testing.T) {
 	if err := <-copied; err != nil {
 		t.Errorf("the copy of the split task: %v", err)
 	}
-	if twice, missed := s.check(start); len(twice)+len(missed) > 0 {
-		t.Errorf("keys read twice: %v; keys present throughout the run not read: %v", twice, missed)
-	}
+	s.wantEachKeyOnce(t, start)
 }
 
 // A run whose split was feeding when its workers were upgraded from a
@@ -459,7 +463,5 @@ func TestAFeedSentAgainAfterItsReplyWasLostIsTheSplitsOwn(t *testing.T) {
 	if !hook.fired.Load() {
 		t.Fatal("no feed's reply was lost, so this test proves nothing")
 	}
-	if twice, missed := s.check(start); len(twice)+len(missed) > 0 {
-		t.Errorf("keys read twice: %v; keys present throughout the run not read: %v", twice, missed)
-	}
+	s.wantEachKeyOnce(t, start)
 }
