@@ -109,6 +109,16 @@ func wait(t *testing.T, c *mapreduce.Client, id string, timeout time.Duration) *
 
 // --- the sum job: the test workload -----------------------------------------
 
+// emitPages is a Split that emits the pages 0 to n-1.
+func emitPages(_ context.Context, n int, emit func(int) error) error {
+	for i := range n {
+		if err := emit(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // sampleUntilEnded calls sample with run id's status every interval until
 // the run ends, and fails t unless it succeeds within a minute with every
 // one of pages done.

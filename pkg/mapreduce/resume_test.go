@@ -277,15 +277,8 @@ func TestARunSplitByAnEarlierReleaseFinishesWithinItsWindow(t *testing.T) {
 	const pages, window = 400, 50
 	var maps mapCalls
 	job := mapreduce.Job[int, int, int, int]{
-		Name: "upgraded",
-		Split: func(ctx context.Context, n int, emit func(int) error) error {
-			for i := range n {
-				if err := emit(i); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
+		Name:  "upgraded",
+		Split: emitPages,
 		Map: func(ctx context.Context, i int) (int, error) {
 			time.Sleep(time.Millisecond)
 			maps.add(i)
@@ -360,12 +353,7 @@ func TestACopyThatFeedsAheadOfItsOriginalIsTheSplitTheReconcilerWatches(t *testi
 			if id, _ := asynq.GetTaskID(ctx); !strings.HasSuffix(id, "~copy") {
 				time.Sleep(300 * time.Millisecond) // the original, cut off for a while
 			}
-			for i := range n {
-				if err := emit(i); err != nil {
-					return err
-				}
-			}
-			return nil
+			return emitPages(ctx, n, emit)
 		},
 		Map: func(ctx context.Context, i int) (int, error) {
 			time.Sleep(2 * time.Millisecond)

@@ -236,12 +236,7 @@ func TestASplitThatRunsPastHalfItsTimeoutHandsOnWithoutRedoingPages(t *testing.T
 		Name: "handed",
 		Split: func(ctx context.Context, n int, emit func(int) error) error {
 			splits.Add(1)
-			for i := range n {
-				if err := emit(i); err != nil {
-					return err
-				}
-			}
-			return nil
+			return emitPages(ctx, n, emit)
 		},
 		Map: func(ctx context.Context, i int) (int, error) {
 			time.Sleep(5 * time.Millisecond) // 600 pages over 4 slots: ~0.75s, past half the split's 1s timeout
@@ -301,12 +296,7 @@ func TestARunShowsThePagesItsSplitExpectsWhileTheSplitRuns(t *testing.T) {
 			if err := mapreduce.ExpectPages(ctx, n); err != nil {
 				return err
 			}
-			for i := range n {
-				if err := emit(i); err != nil {
-					return err
-				}
-			}
-			return nil
+			return emitPages(ctx, n, emit)
 		},
 		Map: func(ctx context.Context, i int) (int, error) {
 			if i == 0 { // the window holds the split back: it is still running
@@ -358,12 +348,7 @@ func TestASplitHandedOnTwiceFromTheSamePageStillEnds(t *testing.T) {
 			if splits.Add(1) == 3 {
 				close(gate) // the window stayed full through two hand-ons at page 8
 			}
-			for i := range n {
-				if err := emit(i); err != nil {
-					return err
-				}
-			}
-			return nil
+			return emitPages(ctx, n, emit)
 		},
 		Map: func(ctx context.Context, i int) (int, error) {
 			<-gate
