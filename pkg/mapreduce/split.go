@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -68,8 +67,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 			f.step = step
 		}
 	}
-	resume, _ := strconv.Atoi(str(vals[3]))
-	fed, _ := strconv.Atoi(str(vals[4]))
+	resume, fed := atoi(str(vals[3])), atoi(str(vals[4]))
 	cursor, hasCursor := vals[5].(string)
 
 	ctx, endStep := c.startStep(ctx, StepSplit, run, -1)
