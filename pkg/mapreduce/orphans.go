@@ -168,6 +168,15 @@ func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]
 	copies := 0
 	for i, t := range cands {
 		s, _ := firsts.Val()[i].(string)
+		if s == settled(t) {
+			continue
+		}
+		if strings.HasPrefix(s, settledPrefix) {
+			// An earlier attempt of this task was settled; this one is
+			// first seen now.
+			c.rdb.HSet(ctx, seenKey, t.ID, now.UnixMilli())
+			continue
+		}
 		first, _ := strconv.ParseInt(s, 10, 64)
 		grace := unclaimedGrace
 		if claimed[i].Val() == 1 {
@@ -183,10 +192,23 @@ func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]
 		if enqueued {
 			copies++
 		}
-		c.rdb.HDel(ctx, seenKey, t.ID)
+		// The orphan stays active until asynq's recoverer takes it back (a
+		// minute or more), and the scans see it all that time: it is
+		// settled, so that they do not copy it again while its copy works.
+		// Its entry goes once it is no longer a candidate. Should the copy
+		// be orphaned in turn, the copy is the candidate then; should asynq
+		// retry the orphan and its worker die too, that attempt is.
+		c.rdb.HSet(ctx, seenKey, t.ID, settled(t))
 	}
 	return copies, nil
 }
+
+// settled is what replaces the first sighting of orphan t once a scan has
+// enqueued its copy, or found that its run needs none. It names t's
+// attempt, which a later orphaned attempt of the same task does not match.
+func settled(t *asynq.TaskInfo) string { return settledPrefix + strconv.Itoa(t.Retried) }
+
+const settledPrefix = "settled#"
 
 // copyOrphan enqueues a copy of orphan t if its run still needs it: an
 // unrecorded page of a run still mapping, the split of a run still

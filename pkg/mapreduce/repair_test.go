@@ -369,3 +369,84 @@ func TestATaskTakenButNeverStartedIsCopiedAtTheNextScan(t *testing.T) {
 		}
 	}
 }
+
+// An orphan stays active in asynq long after its copy is enqueued: asynq's
+// recoverer takes it back only once its lease has been expired for 30s.
+// The scans meanwhile see it again and again; one copy must be all it
+// gets. Each further copy of a page whose copy is still at work would run
+// Map again (a second query of the same page), and each copy of a split
+// would run Split's own work once more before finding the first copy
+// feeding.
+func TestAnOrphanStillActiveAfterItsCopyIsNotCopiedAgain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	c := e.client()
+	id := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
+		t.Fatal(err)
+	}
+	lost := e.pendingTasks(mapreduce.TypeMap)[0]
+	e.takeWithoutHandler(lost.ID)
+	copies := func() (n int) {
+		for _, ti := range e.pendingTasks(mapreduce.TypeMap) {
+			if base, _, ok := strings.Cut(ti.ID, "~"); ok && base == lost.ID {
+				n++
+			}
+		}
+		return n
+	}
+	// Five scans, each a grace apart: without a record of the copy, every
+	// other one would enqueue another.
+	total := 0
+	for range 5 {
+		n, err := c.ScanOrphans(ctx, "sum")
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+		time.Sleep(mapreduce.UnclaimedGrace + 100*time.Millisecond)
+	}
+	if total != 1 || copies() != 1 {
+		t.Fatalf("five scans of an orphan still active enqueued %d copies (%d pending); want 1", total, copies())
+	}
+	e.worker(c, 2)
+	if st := wait(t, c, id, 20*time.Second); st.State != mapreduce.StateSucceeded || st.Done != 4 {
+		t.Fatalf("state %s, done %d (%s); want succeeded with 4 pages", st.State, st.Done, st.Error)
+	}
+}
+
+// A settled sighting names the attempt it settled: a later attempt of the
+// same task, orphaned in turn (asynq retried the orphan, and that worker
+// died too), is sighted afresh and copied.
+func TestALaterAttemptOfASettledOrphanIsCopied(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	c := e.client()
+	id := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
+		t.Fatal(err)
+	}
+	lost := e.pendingTasks(mapreduce.TypeMap)[0]
+	e.takeWithoutHandler(lost.ID)
+	// As a scan leaves the sighting of an earlier attempt it copied
+	// (lost.Retried is 0: this attempt is the next one's earlier).
+	if err := e.rdb.HSet(ctx, e.prefix+":{sum}:orphans", lost.ID, "settled#7").Err(); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for range 3 {
+		n, err := c.ScanOrphans(ctx, "sum")
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+		time.Sleep(mapreduce.UnclaimedGrace + 100*time.Millisecond)
+	}
+	if total != 1 {
+		t.Fatalf("three scans of an orphaned attempt whose earlier attempt was settled enqueued %d copies; want 1", total)
+	}
+}
