@@ -67,6 +67,9 @@ type Client struct {
 	watchMu  sync.Mutex
 	watches  map[string]map[*watch]struct{}
 	watching bool
+
+	sweepMu sync.Mutex
+	swept   map[string]time.Time // job → when the reconciler last read all its runs
 }
 
 // New returns a Client that keeps runs in rdb and enqueues tasks through
@@ -105,6 +108,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		aq:      asynq.NewClientFromRedisClient(rdb),
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
 		watches: map[string]map[*watch]struct{}{},
+		swept:   map[string]time.Time{},
 
 		stallHandOff: stallHandOff,
 	}, nil
@@ -115,11 +119,12 @@ type runKeys struct {
 	run, recorded, results, failures string // the run's own
 	transient                        string // the run's own: transient failures per step (transient.go)
 	runs, active                     string // the job's
+	unfinished                       string // the job's: runs not ended (reconcile.go)
 	job                              string // the job's name: its keys' hash tag
 }
 
 func (k runKeys) all() []string {
-	return []string{k.run, k.recorded, k.results, k.failures, k.active}
+	return []string{k.run, k.recorded, k.results, k.failures, k.active, k.unfinished}
 }
 
 // jobOf returns the job name a run ID starts with.
@@ -140,7 +145,7 @@ func (c *Client) keys(runID string) (runKeys, error) {
 		run: base + ":run:" + runID, recorded: base + ":recorded:" + runID,
 		results: base + ":results:" + runID, failures: base + ":failures:" + runID,
 		transient: base + ":transient:" + runID,
-		runs:      base + ":runs", active: base + ":active",
+		runs:      base + ":runs", active: base + ":active", unfinished: base + ":unfinished",
 		job: job,
 	}, nil
 }
@@ -193,7 +198,7 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 	if o.AllowOverlap {
 		overlap = "1"
 	}
-	res, err := scriptStart.Run(ctx, c.rdb, []string{k.run, k.runs, k.active},
+	res, err := scriptStart.Run(ctx, c.rdb, []string{k.run, k.runs, k.active, k.unfinished},
 		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, newNonce()).Slice()
 	if err != nil {
 		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
@@ -305,6 +310,16 @@ func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
 	}
+	out, _, err := c.statuses(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
+	}
+	return out, nil
+}
+
+// statuses reads the runs ids in one round trip. It returns the status of
+// each that exists, in the order of ids, and the IDs of those that do not.
+func (c *Client) statuses(ctx context.Context, ids []string) (found []*Status, gone []string, err error) {
 	cmds := make([]*redis.MapStringStringCmd, len(ids))
 	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
@@ -314,15 +329,17 @@ func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
+		return nil, nil, err
 	}
-	out := make([]*Status, 0, len(ids))
+	found = make([]*Status, 0, len(ids))
 	for i, cmd := range cmds {
 		if h := cmd.Val(); len(h) > 0 {
-			out = append(out, parseStatus(ids[i], h))
+			found = append(found, parseStatus(ids[i], h))
+		} else {
+			gone = append(gone, ids[i])
 		}
 	}
-	return out, nil
+	return found, gone, nil
 }
 
 // finish runs finish.lua; from restricts the state the run must be in, and

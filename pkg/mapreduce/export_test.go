@@ -64,3 +64,11 @@ func WindowSizes(window int) (batch, backlog int) { return windowSizes(window) }
 // returns for its page (nil: enqueue it), as if the split's worker died
 // between feeding the page to the window and enqueuing it.
 func (c *Client) SetEnqueueFault(fault func(page int) error) { c.enqueueFault = fault }
+
+// ForgetSweeps makes c's next reconcile pass over each job read every run
+// the job keeps, as its first pass does.
+func (c *Client) ForgetSweeps() {
+	c.sweepMu.Lock()
+	clear(c.swept)
+	c.sweepMu.Unlock()
+}

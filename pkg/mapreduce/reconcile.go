@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -149,7 +150,7 @@ func (c *Client) reconcileOrphans(ctx context.Context) (int, error) {
 func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) error {
 	r, _ := c.jobs.lookup(job)
 	o := c.options(r)
-	runs, err := c.Runs(ctx, job)
+	runs, err := c.unfinishedRuns(ctx, job)
 	if err != nil {
 		return err
 	}
@@ -266,4 +267,88 @@ func (c *Client) repairPages(ctx context.Context, st *Status, upto int, o JobOpt
 
 func isTaskGone(err error) bool {
 	return errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound)
+}
+
+// sweepEvery is how often a process's reconciler reads every run a job
+// keeps, rather than only the job's index of unfinished runs.
+const sweepEvery = 10 * time.Minute
+
+// unfinishedRuns returns the job's runs that have not ended, for the
+// reconciler. It reads the job's index of them (start.lua lists a run,
+// finish.lua takes it out, retry.lua lists it again), so that a pass costs
+// the runs in progress, not every run kept for its retention: a job run
+// every minute and kept a day keeps 1,440, and every worker's reconciler
+// read them all on every pass.
+//
+// A process's first pass over a job, and one every sweepEvery, read every
+// run the job keeps as well, and list the unfinished ones the index lacks:
+// runs started by a release before the index, which would otherwise go
+// unreconciled. Runs the index lists that have ended (by such a release)
+// or whose record is gone are taken out.
+func (c *Client) unfinishedRuns(ctx context.Context, job string) ([]*Status, error) {
+	k, _ := c.keys(job + ":x")
+	if c.sweepDue(job) {
+		if err := c.sweepRuns(ctx, job, k); err != nil {
+			return nil, err
+		}
+	}
+	ids, err := c.rdb.ZRange(ctx, k.unfinished, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
+	}
+	found, stale, err := c.statuses(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
+	}
+	out := found[:0]
+	for _, st := range found {
+		if st.State.Ended() {
+			stale = append(stale, st.ID)
+		} else {
+			out = append(out, st)
+		}
+	}
+	if len(stale) > 0 {
+		args := []any{strings.TrimSuffix(k.run, job+":x")}
+		for _, id := range stale {
+			args = append(args, id)
+		}
+		if err := scriptUnlist.Run(ctx, c.rdb, []string{k.unfinished}, args...).Err(); err != nil {
+			return nil, fmt.Errorf("unlisting ended runs of %q: %w", job, err)
+		}
+	}
+	return out, nil
+}
+
+// sweepRuns lists in the job's index every unfinished run the job keeps
+// that it lacks.
+func (c *Client) sweepRuns(ctx context.Context, job string, k runKeys) error {
+	all, err := c.Runs(ctx, job)
+	if err != nil {
+		return err
+	}
+	var missing []redis.Z
+	for _, st := range all {
+		if !st.State.Ended() {
+			missing = append(missing, redis.Z{Score: float64(st.Created.UnixMilli()), Member: st.ID})
+		}
+	}
+	if len(missing) > 0 {
+		if err := c.rdb.ZAddNX(ctx, k.unfinished, missing...).Err(); err != nil {
+			return fmt.Errorf("listing the unfinished runs of %q: %w", job, err)
+		}
+	}
+	c.sweepMu.Lock()
+	c.swept[job] = time.Now()
+	c.sweepMu.Unlock()
+	return nil
+}
+
+// sweepDue reports whether this process's reconciler last swept job's runs
+// sweepEvery ago or more, or never.
+func (c *Client) sweepDue(job string) bool {
+	c.sweepMu.Lock()
+	defer c.sweepMu.Unlock()
+	last, ok := c.swept[job]
+	return !ok || time.Since(last) >= sweepEvery
 }

@@ -3,6 +3,7 @@ package mapreduce_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -448,5 +449,142 @@ func TestALaterAttemptOfASettledOrphanIsCopied(t *testing.T) {
 	}
 	if total != 1 {
 		t.Fatalf("three scans of an orphaned attempt whose earlier attempt was settled enqueued %d copies; want 1", total)
+	}
+}
+
+// runReads is a go-redis hook that counts the run records read whole
+// (HGETALL of a key under prefix), in pipelines and alone.
+type runReads struct {
+	prefix string
+	n      atomic.Int64
+}
+
+func (h *runReads) count(cmds ...redis.Cmder) {
+	for _, cmd := range cmds {
+		if a := cmd.Args(); cmd.Name() == "hgetall" && len(a) == 2 && strings.HasPrefix(fmt.Sprint(a[1]), h.prefix) {
+			h.n.Add(1)
+		}
+	}
+}
+
+func (h *runReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *runReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.count(cmd); return next(ctx, cmd) }
+}
+func (h *runReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.count(cmds...); return next(ctx, cmds) }
+}
+
+// countingClient returns a client of e's registry on a Redis client of its
+// own, which counts the run records it reads whole.
+func (e *env) countingClient(job string) (*mapreduce.Client, *runReads) {
+	e.t.Helper()
+	h := &runReads{prefix: e.prefix + ":{" + job + "}:run:"}
+	rdb := redis.NewClient(e.rdb.Options())
+	rdb.AddHook(h)
+	e.t.Cleanup(func() { rdb.Close() })
+	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c, h
+}
+
+// Every worker's reconciler passes over the unfinished runs of every job
+// every 30 s. It used to read every run kept for its retention: a job run
+// every minute and kept a day keeps 1,440. It reads the job's index of
+// unfinished runs, and every run only on its first pass and every ten
+// minutes after.
+func TestAReconcilePassReadsTheUnfinishedRunsNotEveryRunKept(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{AllowOverlap: true}))))
+	c := e.client()
+	const ended = 30
+	for range ended {
+		id := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+		if err := c.Cancel(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	loseSplit := func() {
+		t.Helper()
+		if err := insp.DeleteTask(e.queue, e.taskOf(mapreduce.TypeSplit, live).ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loseSplit()
+	rc, reads := e.countingClient("sum")
+	rep, err := rc.Reconcile(ctx)
+	if err != nil || rep.SplitsEnqueued != 1 {
+		t.Fatalf("the first pass: %+v, %v; want the lost split enqueued", rep, err)
+	}
+	if n := reads.n.Load(); n < ended+1 {
+		t.Fatalf("the first pass read %d runs; want all %d kept: it lists runs an earlier release started", n, ended+1)
+	}
+	loseSplit()
+	reads.n.Store(0)
+	rep, err = rc.Reconcile(ctx)
+	if err != nil || rep.SplitsEnqueued != 1 {
+		t.Fatalf("the second pass: %+v, %v; want the lost split enqueued again", rep, err)
+	}
+	if n := reads.n.Load(); n != 1 {
+		t.Fatalf("the second pass read %d runs; want 1, the one unfinished, of the %d kept", n, ended+1)
+	}
+}
+
+// A run started by a release before the index of unfinished runs is not
+// in it: the first pass finds it and lists it. A run such a release ended
+// is still in it: a pass takes it out. Retry lists a run again.
+func TestTheIndexOfUnfinishedRunsIsMendedFromEveryRunKept(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{AllowOverlap: true}))))
+	c := e.client()
+	index := e.prefix + ":{sum}:unfinished"
+	listed := func(id string) bool {
+		t.Helper()
+		_, err := e.rdb.ZScore(ctx, index, id).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	old := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	if !listed(old) {
+		t.Fatal("Start did not list its run as unfinished")
+	}
+	e.rdb.ZRem(ctx, index, old) // as a release before the index left it
+	if err := asynq.NewInspectorFromRedisClient(e.rdb).DeleteTask(e.queue, e.taskOf(mapreduce.TypeSplit, old).ID); err != nil {
+		t.Fatal(err)
+	}
+	endedOld := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	if err := c.Cancel(ctx, endedOld); err != nil {
+		t.Fatal(err)
+	}
+	if listed(endedOld) {
+		t.Fatal("Cancel left its run listed as unfinished")
+	}
+	e.rdb.ZAdd(ctx, index, redis.Z{Score: 1, Member: endedOld})   // as a release before the index ended it
+	e.rdb.ZAdd(ctx, index, redis.Z{Score: 1, Member: "sum:gone"}) // a record evicted or deleted by hand
+
+	rep, err := e.client().Reconcile(ctx)
+	if err != nil || rep.SplitsEnqueued != 1 {
+		t.Fatalf("%+v, %v; want the split of the run the index lacked enqueued", rep, err)
+	}
+	if !listed(old) || listed(endedOld) || listed("sum:gone") {
+		t.Fatalf("listed as unfinished: the run the index lacked %v (want true), the ended one %v, the gone one %v (want false)",
+			listed(old), listed(endedOld), listed("sum:gone"))
+	}
+	if err := c.Retry(ctx, endedOld); err != nil {
+		t.Fatal(err)
+	}
+	if !listed(endedOld) {
+		t.Fatal("Retry did not list its run as unfinished again")
 	}
 }

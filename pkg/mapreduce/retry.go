@@ -49,7 +49,7 @@ func (c *Client) Retry(ctx context.Context, id string) error {
 		overlap = "1"
 	}
 	nonce := newNonce()
-	res, err := scriptRetry.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures, k.active, k.transient},
+	res, err := scriptRetry.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures, k.active, k.transient, k.unfinished},
 		id, overlap, nonce).Slice()
 	if err != nil {
 		return fmt.Errorf("mapreduce: retry %s: %w", id, err)

@@ -21,6 +21,8 @@ var (
 	luaRetry string
 	//go:embed scripts/feed.lua
 	luaFeed string
+	//go:embed scripts/unlist.lua
+	luaUnlist string
 
 	scriptStart     = redis.NewScript(luaStart)
 	scriptRecord    = redis.NewScript(luaRecord)
@@ -28,4 +30,5 @@ var (
 	scriptFinish    = redis.NewScript(luaFinish)
 	scriptRetry     = redis.NewScript(luaRetry)
 	scriptFeed      = redis.NewScript(luaFeed)
+	scriptUnlist    = redis.NewScript(luaUnlist)
 )

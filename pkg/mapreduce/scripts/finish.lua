@@ -9,6 +9,7 @@
 -- KEYS[3] results   HASH
 -- KEYS[4] failures  HASH
 -- KEYS[5] active    STRING  the job's active run ID
+-- KEYS[6] unfinished ZSET   the job's runs that have not ended (start.lua)
 -- ARGV[1] run ID
 -- ARGV[2] new state: succeeded, failed or cancelled
 -- ARGV[3] encoded result ("" for none)
@@ -49,4 +50,5 @@ end
 if redis.call('GET', KEYS[5]) == ARGV[1] then
   redis.call('DEL', KEYS[5])
 end
+redis.call('ZREM', KEYS[6], ARGV[1])
 return {1, ARGV[2]}

@@ -15,6 +15,8 @@
 -- KEYS[5] active    STRING  the job's active run ID (jobs without overlap)
 -- KEYS[6] transient HASH    transient failures per step: forgotten, so that
 --                           the resumed run rides out outages afresh
+-- KEYS[7] unfinished ZSET   the job's runs that have not ended (start.lua):
+--                           the resumed run is one again
 -- ARGV[1] run ID
 -- ARGV[2] "1" if runs of this job may overlap
 -- ARGV[3] the new nonce
@@ -57,4 +59,5 @@ redis.call('HSET', KEYS[1], 'state', 'splitting', 'nonce', ARGV[3], 'total', -1,
 for i = 1, 3 do
   redis.call('PERSIST', KEYS[i])
 end
+redis.call('ZADD', KEYS[7], tonumber(redis.call('HGET', KEYS[1], 'created')) or now, ARGV[1])
 return {'resumed', #failed, tonumber(run[2]) or 0, retries}

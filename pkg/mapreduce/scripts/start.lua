@@ -4,6 +4,8 @@
 -- KEYS[1] run      HASH    the run record
 -- KEYS[2] runs     ZSET    the job's runs: run ID -> created (ms)
 -- KEYS[3] active   STRING  the job's active run ID (jobs without overlap)
+-- KEYS[4] unfinished ZSET  the job's runs that have not ended: run ID ->
+--                          created (ms); what the reconciler reads
 -- ARGV[1] run ID
 -- ARGV[2] job name
 -- ARGV[3] args (encoded)
@@ -39,6 +41,7 @@ redis.call('HSET', KEYS[1], 'job', ARGV[2], 'args', ARGV[3], 'state', 'splitting
   'queue', ARGV[6], 'nonce', ARGV[7], 'retention', ARGV[5], 'total', -1, 'done', 0, 'failed', 0,
   'created', now, 'updated', now)
 redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('ZADD', KEYS[4], now, ARGV[1])
 -- Forget runs older than the retention whose records have expired; a run
 -- that is older but still going stays listed (and reconciled).
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[5]), 'LIMIT', 0, 100)
