@@ -322,13 +322,16 @@ func TestARunSplitByAnEarlierReleaseFinishesWithinItsWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.worker(c, 4) // runs the split task, still pending, and the pages
+	const concurrency = 4
+	e.worker(c, concurrency) // runs the split task, still pending, and the pages
 	peak := 0
 	sampleUntilEnded(t, c, id, pages, 2*time.Millisecond, func(*mapreduce.Status) {
 		peak = max(peak, queueTasks(t, e.rdb, e.queue))
 	})
-	if peak > window+1 {
-		t.Errorf("asynq held up to %d tasks of a run whose window is %d pages (plus its split)", peak, window)
+	// A page leaves the window when it is recorded, just before asynq drops
+	// its task: each handler may hold one such task beyond it.
+	if peak > window+1+concurrency {
+		t.Errorf("asynq held up to %d tasks of a run whose window is %d pages (plus its split, and %d tasks handlers are finishing)", peak, window, concurrency)
 	}
 	maps.wantEachOnce(t, pages)
 }

@@ -64,24 +64,27 @@ func TestTheSplitReadsAsynqsOwnListOfPendingTasks(t *testing.T) {
 func TestARunKeepsAtMostItsWindowOfTasksInRedis(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	const pages, window = 10_000, 250
+	const pages, window, concurrency = 10_000, 250, 8
 	cnt := newCounts()
 	job := sumJob("wide", cnt, e.opts(mapreduce.JobOptions{Window: window}))
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	c := e.client()
-	e.worker(c, 8)
+	e.worker(c, concurrency)
 	id, err := job.Start(context.Background(), c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Sample what asynq holds until the run ends: every task of the queue
-	// is this run's, and the split task itself is one of them.
+	// is this run's, and the split task itself is one of them. A page
+	// leaves the window when it is recorded, just before its handler
+	// returns and asynq drops its task: each of the worker's handlers may
+	// hold one such task beyond the window.
 	peak, peakInFlight, samples := 0, 0, 0
 	sampleUntilEnded(t, c, id, pages, 2*time.Millisecond, func(st *mapreduce.Status) {
 		peak, peakInFlight, samples = max(peak, queueTasks(t, e.rdb, e.queue)), max(peakInFlight, st.InFlight), samples+1
 	})
-	if peak > window+1 {
-		t.Errorf("asynq held up to %d tasks of a run whose window is %d pages (plus its split)", peak, window)
+	if peak > window+1+concurrency {
+		t.Errorf("asynq held up to %d tasks of a run whose window is %d pages (plus its split, and %d tasks handlers are finishing)", peak, window, concurrency)
 	}
 	if peakInFlight > window {
 		t.Errorf("Status.InFlight reached %d, over the window of %d", peakInFlight, window)
