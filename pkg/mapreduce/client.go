@@ -199,7 +199,7 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 		overlap = "1"
 	}
 	res, err := scriptStart.Run(ctx, c.rdb, []string{k.run, k.runs, k.active, k.unfinished},
-		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, newNonce()).Slice()
+		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, newNonce(), bundlePages).Slice()
 	if err != nil {
 		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
 	}

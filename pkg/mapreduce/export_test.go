@@ -3,6 +3,8 @@ package mapreduce
 import (
 	"context"
 	"encoding/json"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -71,4 +73,39 @@ func (c *Client) ForgetSweeps() {
 	c.sweepMu.Lock()
 	clear(c.swept)
 	c.sweepMu.Unlock()
+}
+
+// StoredResults counts the results a run's results hash holds: a field per
+// page, and each entry of a bundle of small results.
+func (c *Client) StoredResults(ctx context.Context, id string) (int, error) {
+	k, err := c.keys(id)
+	if err != nil {
+		return 0, err
+	}
+	h, err := c.rdb.HGetAll(ctx, k.results).Result()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for f, v := range h {
+		b, isBundle := strings.CutPrefix(f, "b")
+		if !isBundle {
+			n++
+			continue
+		}
+		lo, err := strconv.Atoi(b)
+		if err != nil {
+			return 0, err
+		}
+		got, err := unbundle(lo*bundlePages, (lo+1)*bundlePages, []any{v})
+		if err != nil {
+			return 0, err
+		}
+		for _, r := range got {
+			if r != nil {
+				n++
+			}
+		}
+	}
+	return n, nil
 }

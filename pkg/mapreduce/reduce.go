@@ -96,8 +96,17 @@ func (c *Client) end(ctx context.Context, run, nonce string, to State, result []
 	return nil
 }
 
-// storedPageChunk is how many pages one round trip reads.
-const storedPageChunk = 512
+// storedPageChunk is how many pages one round trip reads: a whole number
+// of bundles.
+const storedPageChunk = 4 * bundlePages
+
+// bundlePages is how many pages' small results share one field of a run's
+// results hash (record.lua): a result of at most 64 bytes costs its length
+// plus two bytes there, where a field of its own costs ~60 bytes more (a
+// 10M-page run's results hash was 644 MiB). start.lua keeps it in the run,
+// so that a run keeps the layout it started with; a run started by a
+// release before bundles has none, and its results have a field each.
+const bundlePages = 128
 
 // storedPages yields every page of a run in index order, reading them from
 // Redis a chunk at a time, so that Reduce over a million pages never holds
@@ -106,18 +115,26 @@ func (c *Client) storedPages(ctx context.Context, k runKeys, total int) iter.Seq
 	return func(yield func(storedPage, error) bool) {
 		for lo := 0; lo < total; lo += storedPageChunk {
 			hi := min(lo+storedPageChunk, total)
-			fields := make([]string, 0, hi-lo)
+			fields := make([]string, 0, hi-lo+storedPageChunk/bundlePages)
 			for i := lo; i < hi; i++ {
 				fields = append(fields, strconv.Itoa(i))
+			}
+			for b := lo / bundlePages; b*bundlePages < hi; b++ {
+				fields = append(fields, "b"+strconv.Itoa(b))
 			}
 			var res, fail *redis.SliceCmd
 			_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 				res = p.HMGet(ctx, k.results, fields...)
-				fail = p.HMGet(ctx, k.failures, fields...)
+				fail = p.HMGet(ctx, k.failures, fields[:hi-lo]...)
 				return nil
 			})
 			if err != nil {
 				yield(storedPage{index: lo}, fmt.Errorf("reading pages %d-%d: %w", lo, hi-1, err))
+				return
+			}
+			bundled, err := unbundle(lo, hi, res.Val()[hi-lo:])
+			if err != nil {
+				yield(storedPage{index: lo}, err)
 				return
 			}
 			for j, i := 0, lo; i < hi; i, j = i+1, j+1 {
@@ -125,6 +142,8 @@ func (c *Client) storedPages(ctx context.Context, k runKeys, total int) iter.Seq
 				var err error
 				if s, ok := res.Val()[j].(string); ok {
 					sp.result = []byte(s)
+				} else if r := bundled[j]; r != nil {
+					sp.result = r
 				} else if s, ok := fail.Val()[j].(string); ok {
 					sp.failure = &failure{}
 					if uerr := json.Unmarshal([]byte(s), sp.failure); uerr != nil {
@@ -139,6 +158,33 @@ func (c *Client) storedPages(ctx context.Context, k runKeys, total int) iter.Seq
 			}
 		}
 	}
+}
+
+// unbundle returns the results of pages lo to hi-1 (lo a multiple of
+// bundlePages) held in the bundles read for them, in page order; a page
+// with none in them is nil. Bundles are strings of entries <index within
+// the bundle><length><bytes> (record.lua); a missing one is nil.
+func unbundle(lo, hi int, bundles []any) ([][]byte, error) {
+	out := make([][]byte, hi-lo)
+	for n, v := range bundles {
+		s, ok := v.(string)
+		if !ok {
+			continue
+		}
+		first := (lo/bundlePages + n) * bundlePages
+		for at := 0; at < len(s); {
+			if at+2 > len(s) || at+2+int(s[at+1]) > len(s) || int(s[at]) >= bundlePages {
+				return nil, fmt.Errorf("the results of pages %d-%d are malformed at byte %d of %d: field b%d of the run's results hash was written by something other than batchmr",
+					first, first+bundlePages-1, at, len(s), lo/bundlePages+n)
+			}
+			i, size := first+int(s[at]), int(s[at+1])
+			if i >= lo && i < hi {
+				out[i-lo] = []byte(s[at+2 : at+2+size])
+			}
+			at += 2 + size
+		}
+	}
+	return out, nil
 }
 
 // describeFailures names the failed pages of a run, for the error of a run

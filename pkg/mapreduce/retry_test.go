@@ -369,8 +369,8 @@ func TestRetryRecordsEachPageOnceWhateverIsDeliveredAgain(t *testing.T) {
 	if n := e.rdb.BitCount(ctx, e.runKey(id, "recorded"), nil).Val(); n != 10 {
 		t.Errorf("%d pages recorded, want 10", n)
 	}
-	if n := e.rdb.HLen(ctx, e.runKey(id, "results")).Val(); n != 10 {
-		t.Errorf("%d results stored, want 10", n)
+	if n, err := c.StoredResults(ctx, id); err != nil || n != 10 {
+		t.Errorf("%d results stored (%v), want 10", n, err)
 	}
 	if st, _ := c.Status(ctx, id); st.Done != 10 || st.State != mapreduce.StateSucceeded {
 		t.Errorf("after every copy ran: %s with %d done; want succeeded with 10", st.State, st.Done)

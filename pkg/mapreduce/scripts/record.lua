@@ -5,7 +5,14 @@
 -- is still emitting, the total is unknown and no call can be the last.
 -- KEYS[1] run       HASH    the run record
 -- KEYS[2] recorded  STRING  bitmap: bit i set once page i is recorded
--- KEYS[3] results   HASH    page index -> encoded result
+-- KEYS[3] results   HASH    page index -> encoded result; in a run whose
+--                           record has 'packed' (its pages per bundle,
+--                           start.lua), a result of at most 64 bytes goes
+--                           instead into field "b<index / packed>", a
+--                           bundle of entries <index % packed><length>
+--                           <bytes> (one byte each for the first two), so
+--                           that a small result costs a few bytes rather
+--                           than a hash entry's ~60 (reduce.go reads both)
 -- KEYS[4] failures  HASH    page index -> encoded {page, error}
 -- KEYS[5] claim     STRING  optional: the mark of the handler's attempt
 --                           (orphans.go), deleted: its work is done
@@ -22,7 +29,7 @@
 if KEYS[5] then
   redis.call('DEL', KEYS[5])
 end
-local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'total', 'done', 'failed', 'fed', 'fed_done')
+local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'total', 'done', 'failed', 'fed', 'fed_done', 'packed')
 local st = run[1]
 if not st then
   return {0, ''}
@@ -50,7 +57,14 @@ if ARGV[3] == '1' then
   failed = failed + 1
   fields[#fields + 1], fields[#fields + 2] = 'failed', failed
 else
-  redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+  local packed = tonumber(run[8])
+  if packed and #ARGV[2] <= 64 then
+    local field = 'b' .. string.format('%d', math.floor(i / packed))
+    local bundle = redis.call('HGET', KEYS[3], field) or ''
+    redis.call('HSET', KEYS[3], field, bundle .. string.char(i % packed, #ARGV[2]) .. ARGV[2])
+  else
+    redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+  end
   done = done + 1
   fields[#fields + 1], fields[#fields + 2] = 'done', done
 end

@@ -16,6 +16,7 @@
 -- ARGV[7] nonce: a fresh random string, part of the run's task IDs, so that
 --         a run started again under the same ID after the first one expired
 --         never collides with the first one's tasks still kept by asynq
+-- ARGV[8] pages per bundle of small results (record.lua), kept in the run
 -- Returns {1, "", nonce} created; {0, state, nonce} already exists;
 -- {-1, activeRunID, ""} refused because another run of the job is active.
 local t = redis.call('TIME')
@@ -39,7 +40,7 @@ if ARGV[4] ~= '1' then
 end
 redis.call('HSET', KEYS[1], 'job', ARGV[2], 'args', ARGV[3], 'state', 'splitting',
   'queue', ARGV[6], 'nonce', ARGV[7], 'retention', ARGV[5], 'total', -1, 'done', 0, 'failed', 0,
-  'created', now, 'updated', now)
+  'created', now, 'updated', now, 'packed', ARGV[8])
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 redis.call('ZADD', KEYS[4], now, ARGV[1])
 -- Forget runs older than the retention whose records have expired; a run

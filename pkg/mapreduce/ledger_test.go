@@ -1,0 +1,178 @@
+package mapreduce_test
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+)
+
+// resultOfPage is what the ledger job's Map returns for page i: results
+// from empty to 200 bytes, so that some share bundles and some have a
+// field of their own; every 50th page fails for good.
+func resultOfPage(i int) (string, error) {
+	switch {
+	case i%50 == 3:
+		return "", fmt.Errorf("page %d fails", i)
+	case i%7 == 0:
+		return strings.Repeat("L", 100+i%100), nil // beyond a bundle's 64 bytes
+	case i%11 == 0:
+		return "", nil
+	}
+	return strings.Repeat("s", i%60), nil
+}
+
+// ledgerJob emits pages 0 to n-1 and reduces them to one line per page,
+// in the order Reduce sees them.
+func ledgerJob(o mapreduce.JobOptions) mapreduce.Job[int, int, string, []string] {
+	o.MapRetries = -1 // a failing page fails for good at once
+	o.Semantics = mapreduce.CompleteSemantics
+	return mapreduce.Job[int, int, string, []string]{
+		Name:    "ledger",
+		Options: o,
+		Split:   emitPages,
+		Map:     func(_ context.Context, i int) (string, error) { return resultOfPage(i) },
+		Reduce: func(_ context.Context, _ int, pages iter.Seq2[mapreduce.PageResult[int, string], error]) ([]string, error) {
+			var out []string
+			for p, err := range pages {
+				if err != nil {
+					return nil, err
+				}
+				line := fmt.Sprintf("%d %q", p.Index, p.Result)
+				if p.Err != nil {
+					line = fmt.Sprintf("%d failed: %s", p.Index, p.Err)
+				}
+				out = append(out, line)
+			}
+			return out, nil
+		},
+	}
+}
+
+func wantLedger(t *testing.T, got []string, n int) {
+	t.Helper()
+	if len(got) != n {
+		t.Fatalf("Reduce saw %d pages, want %d", len(got), n)
+	}
+	for i, line := range got {
+		r, err := resultOfPage(i)
+		want := fmt.Sprintf("%d %q", i, r)
+		if err != nil {
+			want = fmt.Sprintf("%d failed: ", i)
+			if !strings.HasPrefix(line, want) || !strings.Contains(line, err.Error()) {
+				t.Fatalf("Reduce saw %q for page %d; want its failure %q", line, i, err)
+			}
+			continue
+		}
+		if line != want {
+			t.Fatalf("Reduce saw %q; want %q", line, want)
+		}
+	}
+}
+
+// A page's result of at most 64 bytes shares a field of the results hash
+// with the other small results of its bundle of 128 pages, at two bytes
+// beside its own, where a field of its own costs ~60: a 10M-page run's
+// results hash was 644 MiB. Reduce reads every page back, in order,
+// whichever way it was kept.
+func TestSmallResultsShareBundlesAndReduceReadsEveryPage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	job := ledgerJob(e.opts(mapreduce.JobOptions{}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, 8)
+	const pages = 300 // three bundles, the last one partly filled
+	id, err := job.Start(context.Background(), c, pages, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := wait(t, c, id, 30*time.Second)
+	if st.State != mapreduce.StateSucceeded {
+		t.Fatalf("state %s (%s), want succeeded", st.State, st.Error)
+	}
+	got, err := job.Result(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLedger(t, got, pages)
+	own := 0
+	for i := range pages {
+		if r, err := resultOfPage(i); err == nil && len(r) > 64 {
+			own++
+		}
+	}
+	fields := e.rdb.HKeys(context.Background(), e.runKey(id, "results")).Val()
+	if len(fields) != own+3 {
+		t.Fatalf("the results hash has %d fields; want %d: one per result over 64 bytes, and 3 bundles for the rest", len(fields), own+3)
+	}
+	if n, err := c.StoredResults(context.Background(), id); err != nil || n != pages-pages/50 {
+		t.Fatalf("%d results stored (%v); want %d, one per page that succeeded", n, err, pages-pages/50)
+	}
+}
+
+// A run started by a release before bundles keeps a field per result to
+// its end, whichever release records its pages: a reducer of that release
+// reads nothing else.
+func TestARunStartedBeforeBundlesKeepsAFieldPerResult(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	job := ledgerJob(e.opts(mapreduce.JobOptions{}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	ctx := context.Background()
+	const pages = 200
+	id, err := job.Start(ctx, c, pages, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.HDel(ctx, e.runKey(id, "run"), "packed").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.worker(c, 8)
+	st := wait(t, c, id, 30*time.Second)
+	got, err := job.Result(st)
+	if err != nil || st.State != mapreduce.StateSucceeded {
+		t.Fatalf("state %s (%s), %v; want succeeded", st.State, st.Error, err)
+	}
+	wantLedger(t, got, pages)
+	if n := e.rdb.HLen(ctx, e.runKey(id, "results")).Val(); n != int64(pages-pages/50) {
+		t.Fatalf("the results hash has %d fields; want %d, one per page that succeeded", n, pages-pages/50)
+	}
+}
+
+// A bundle that something other than batchmr wrote fails the reduce with
+// an error that names its field, rather than handing Reduce wrong pages.
+func TestAMalformedBundleFailsTheReduceNamingIt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{StepRetries: -1}))))
+	c := e.client()
+	ctx := context.Background()
+	id := mustStart(t, c, "sum", sumArgs{N: 2000, PageSize: 5}, mapreduce.StartOptions{}) // 400 pages
+	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
+		t.Fatal(err)
+	}
+	for _, ti := range e.pendingTasks(mapreduce.TypeMap) {
+		if err := c.ProcessTask(ctx, task(ti)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, _ := c.Status(ctx, id); st.State != mapreduce.StateReducing {
+		t.Fatalf("state %s, want reducing", st.State)
+	}
+	key := e.runKey(id, "results")
+	b1 := e.rdb.HGet(ctx, key, "b1").Val()
+	if err := e.rdb.HSet(ctx, key, "b1", b1[:len(b1)-1]).Err(); err != nil { // cut short
+		t.Fatal(err)
+	}
+	e.worker(c, 2) // runs the reduce
+	st := wait(t, c, id, 20*time.Second)
+	if st.State != mapreduce.StateFailed || !strings.Contains(st.Error, "pages 128-255 are malformed") || !strings.Contains(st.Error, "field b1") {
+		t.Fatalf("run %s (%s); want it failed naming pages 128-255 and field b1", st.State, st.Error)
+	}
+}
