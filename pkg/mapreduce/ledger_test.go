@@ -12,14 +12,19 @@ import (
 )
 
 // resultOfPage is what the ledger job's Map returns for page i: results
-// from empty to 200 bytes, so that some share bundles and some have a
-// field of their own; every 50th page fails for good.
+// whose encodings (the string in quotes) run from 2 to 201 bytes, so that
+// some share bundles and some have a field of their own, with both sides
+// of a bundle's limit of 64 bytes; every 50th page fails for good.
 func resultOfPage(i int) (string, error) {
 	switch {
 	case i%50 == 3:
 		return "", fmt.Errorf("page %d fails", i)
 	case i%7 == 0:
-		return strings.Repeat("L", 100+i%100), nil // beyond a bundle's 64 bytes
+		return strings.Repeat("L", 100+i%100), nil
+	case i%13 == 0:
+		return strings.Repeat("e", 62), nil // 64 bytes encoded: bundled
+	case i%17 == 0:
+		return strings.Repeat("o", 63), nil // 65 bytes encoded: a field of its own
 	case i%11 == 0:
 		return "", nil
 	}
@@ -102,7 +107,7 @@ func TestSmallResultsShareBundlesAndReduceReadsEveryPage(t *testing.T) {
 	wantLedger(t, got, pages)
 	own := 0
 	for i := range pages {
-		if r, err := resultOfPage(i); err == nil && len(r) > 64 {
+		if r, err := resultOfPage(i); err == nil && len(r)+2 > 64 {
 			own++
 		}
 	}

@@ -380,16 +380,7 @@ func TestATaskTakenButNeverStartedIsCopiedAtTheNextScan(t *testing.T) {
 // feeding.
 func TestAnOrphanStillActiveAfterItsCopyIsNotCopiedAgain(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
-	c := e.client()
-	id := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
-	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
-		t.Fatal(err)
-	}
-	lost := e.pendingTasks(mapreduce.TypeMap)[0]
-	e.takeWithoutHandler(lost.ID)
+	e, c, id, lost := orphanedPage(t)
 	copies := func() (n int) {
 		for _, ti := range e.pendingTasks(mapreduce.TypeMap) {
 			if base, _, ok := strings.Cut(ti.ID, "~"); ok && base == lost.ID {
@@ -400,16 +391,7 @@ func TestAnOrphanStillActiveAfterItsCopyIsNotCopiedAgain(t *testing.T) {
 	}
 	// Five scans, each a grace apart: without a record of the copy, every
 	// other one would enqueue another.
-	total := 0
-	for range 5 {
-		n, err := c.ScanOrphans(ctx, "sum")
-		if err != nil {
-			t.Fatal(err)
-		}
-		total += n
-		time.Sleep(mapreduce.UnclaimedGrace + 100*time.Millisecond)
-	}
-	if total != 1 || copies() != 1 {
+	if total := scanOrphans(t, c, 5); total != 1 || copies() != 1 {
 		t.Fatalf("five scans of an orphan still active enqueued %d copies (%d pending); want 1", total, copies())
 	}
 	e.worker(c, 2)
@@ -423,33 +405,46 @@ func TestAnOrphanStillActiveAfterItsCopyIsNotCopiedAgain(t *testing.T) {
 // died too), is sighted afresh and copied.
 func TestALaterAttemptOfASettledOrphanIsCopied(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
-	c := e.client()
-	id := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
-	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
-		t.Fatal(err)
-	}
-	lost := e.pendingTasks(mapreduce.TypeMap)[0]
-	e.takeWithoutHandler(lost.ID)
+	e, c, _, lost := orphanedPage(t)
 	// As a scan leaves the sighting of an earlier attempt it copied
 	// (lost.Retried is 0: this attempt is the next one's earlier).
-	if err := e.rdb.HSet(ctx, e.prefix+":{sum}:orphans", lost.ID, "settled#7").Err(); err != nil {
+	if err := e.rdb.HSet(context.Background(), e.prefix+":{sum}:orphans", lost.ID, "settled#7").Err(); err != nil {
 		t.Fatal(err)
 	}
-	total := 0
-	for range 3 {
-		n, err := c.ScanOrphans(ctx, "sum")
+	if total := scanOrphans(t, c, 3); total != 1 {
+		t.Fatalf("three scans of an orphaned attempt whose earlier attempt was settled enqueued %d copies; want 1", total)
+	}
+}
+
+// orphanedPage starts a run of job "sum" (four pages), splits it, and
+// makes its first page's task an orphan that no handler started.
+func orphanedPage(t *testing.T) (e *env, c *mapreduce.Client, id string, lost *asynq.TaskInfo) {
+	t.Helper()
+	e = newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	c = e.client()
+	id = mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	if err := c.ProcessTask(context.Background(), task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
+		t.Fatal(err)
+	}
+	lost = e.pendingTasks(mapreduce.TypeMap)[0]
+	e.takeWithoutHandler(lost.ID)
+	return e, c, id, lost
+}
+
+// scanOrphans runs n orphan scans of job "sum", each a grace after the
+// one before, and returns how many copies they enqueued.
+func scanOrphans(t *testing.T, c *mapreduce.Client, n int) (copies int) {
+	t.Helper()
+	for range n {
+		k, err := c.ScanOrphans(context.Background(), "sum")
 		if err != nil {
 			t.Fatal(err)
 		}
-		total += n
+		copies += k
 		time.Sleep(mapreduce.UnclaimedGrace + 100*time.Millisecond)
 	}
-	if total != 1 {
-		t.Fatalf("three scans of an orphaned attempt whose earlier attempt was settled enqueued %d copies; want 1", total)
-	}
+	return copies
 }
 
 // runReads is a go-redis hook that counts the run records read whole
