@@ -69,7 +69,7 @@ type Client struct {
 	watching bool
 
 	sweepMu sync.Mutex
-	swept   map[string]time.Time // job → when the reconciler last read all its runs
+	swept   map[string]sweep // job → where the reconciler stands in its runs
 }
 
 // New returns a Client that keeps runs in rdb and enqueues tasks through
@@ -108,7 +108,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		aq:      asynq.NewClientFromRedisClient(rdb),
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
 		watches: map[string]map[*watch]struct{}{},
-		swept:   map[string]time.Time{},
+		swept:   map[string]sweep{},
 
 		stallHandOff: stallHandOff,
 	}, nil

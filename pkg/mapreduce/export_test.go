@@ -97,7 +97,7 @@ func (c *Client) StoredResults(ctx context.Context, id string) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		got, err := unbundle(lo*bundlePages, (lo+1)*bundlePages, []any{v})
+		got, err := unbundle(lo*bundlePages, (lo+1)*bundlePages, bundlePages, []any{v})
 		if err != nil {
 			return 0, err
 		}
@@ -108,4 +108,16 @@ func (c *Client) StoredResults(ctx context.Context, id string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// Unlist runs unlist.lua for runs of job, as a reconcile pass does for
+// the runs it read as ended or gone; it returns how many it took out of
+// the index of unfinished runs.
+func (c *Client) Unlist(ctx context.Context, job string, ids ...string) (int, error) {
+	k, _ := c.keys(job + ":x")
+	args := []any{strings.TrimSuffix(k.run, job+":x")}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return scriptUnlist.Run(ctx, c.rdb, []string{k.unfinished}, args...).Int()
 }

@@ -2,6 +2,7 @@ package mapreduce_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"iter"
 	"strings"
@@ -91,7 +92,7 @@ func TestSmallResultsShareBundlesAndReduceReadsEveryPage(t *testing.T) {
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	c := e.client()
 	e.worker(c, 8)
-	const pages = 300 // three bundles, the last one partly filled
+	const pages = 1100 // three reads of 512 pages, nine bundles, the last ones partly filled
 	id, err := job.Start(context.Background(), c, pages, mapreduce.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -112,8 +113,8 @@ func TestSmallResultsShareBundlesAndReduceReadsEveryPage(t *testing.T) {
 		}
 	}
 	fields := e.rdb.HKeys(context.Background(), e.runKey(id, "results")).Val()
-	if len(fields) != own+3 {
-		t.Fatalf("the results hash has %d fields; want %d: one per result over 64 bytes, and 3 bundles for the rest", len(fields), own+3)
+	if len(fields) != own+9 {
+		t.Fatalf("the results hash has %d fields; want %d: one per result over 64 bytes, and 9 bundles for the rest", len(fields), own+9)
 	}
 	if n, err := c.StoredResults(context.Background(), id); err != nil || n != pages-pages/50 {
 		t.Fatalf("%d results stored (%v); want %d, one per page that succeeded", n, err, pages-pages/50)
@@ -180,4 +181,81 @@ func TestAMalformedBundleFailsTheReduceNamingIt(t *testing.T) {
 	if st.State != mapreduce.StateFailed || !strings.Contains(st.Error, "pages 128-255 are malformed") || !strings.Contains(st.Error, "field b1") {
 		t.Fatalf("run %s (%s); want it failed naming pages 128-255 and field b1", st.State, st.Error)
 	}
+}
+
+// A run keeps the bundle size it started with: the reduce reads the run's,
+// not its own release's. A size no release writes fails the run, naming
+// it.
+func TestAReduceReadsBundlesOfTheSizeTheRunStartedWith(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	job := ledgerJob(e.opts(mapreduce.JobOptions{AllowOverlap: true}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	ctx := context.Background()
+	start := func(packed string) string {
+		t.Helper()
+		id, err := job.Start(ctx, c, 700, mapreduce.StartOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.rdb.HSet(ctx, e.runKey(id, "run"), "packed", packed).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	by64, bad := start("64"), start("300")
+	e.worker(c, 8)
+	st := wait(t, c, by64, 30*time.Second)
+	got, err := job.Result(st)
+	if err != nil || st.State != mapreduce.StateSucceeded {
+		t.Fatalf("bundled by 64: state %s (%s), %v; want succeeded", st.State, st.Error, err)
+	}
+	wantLedger(t, got, 700)
+	if n := e.rdb.HExists(ctx, e.runKey(by64, "results"), "b10").Val(); !n {
+		t.Fatal("no field b10 in a 700-page run bundled by 64: its pages were not bundled by 64")
+	}
+	st = wait(t, c, bad, 30*time.Second)
+	if st.State != mapreduce.StateFailed || !strings.Contains(st.Error, `bundled "300" pages`) {
+		t.Fatalf("bundled by 300: state %s (%s); want failed, naming it", st.State, st.Error)
+	}
+}
+
+// rawStrings encodes strings as their bytes, so that an empty result is
+// no bytes at all; anything else as JSON.
+type rawStrings struct{}
+
+func (rawStrings) Marshal(v any) ([]byte, error) {
+	if s, ok := v.(string); ok {
+		return []byte(s), nil
+	}
+	return json.Marshal(v)
+}
+
+func (rawStrings) Unmarshal(b []byte, v any) error {
+	if p, ok := v.(*string); ok {
+		*p = string(b)
+		return nil
+	}
+	return json.Unmarshal(b, v)
+}
+
+// A result a codec encodes as no bytes is a result, not a missing page.
+func TestAResultOfNoBytesIsKeptInItsBundle(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	job := ledgerJob(e.opts(mapreduce.JobOptions{Codec: rawStrings{}}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, 8)
+	id, err := job.Start(context.Background(), c, 300, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := wait(t, c, id, 30*time.Second)
+	got, err := job.Result(st)
+	if err != nil || st.State != mapreduce.StateSucceeded {
+		t.Fatalf("state %s (%s), %v; want succeeded", st.State, st.Error, err)
+	}
+	wantLedger(t, got, 300) // pages 11, 22, 33, ... returned ""
 }

@@ -205,8 +205,13 @@ func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]
 
 // settled is what replaces the first sighting of orphan t once a scan has
 // enqueued its copy, or found that its run needs none. It names t's
-// attempt, which a later orphaned attempt of the same task does not match.
-func settled(t *asynq.TaskInfo) string { return settledPrefix + strconv.Itoa(t.Retried) }
+// attempt, which a later orphaned attempt of the same task does not match:
+// by its retry count and, since asynq retries without counting what
+// Client.IsFailure calls no failure (a transient error, a task handed
+// back), by when it last failed.
+func settled(t *asynq.TaskInfo) string {
+	return settledPrefix + strconv.Itoa(t.Retried) + "#" + strconv.FormatInt(t.LastFailedAt.UnixMilli(), 10)
+}
 
 const settledPrefix = "settled#"
 

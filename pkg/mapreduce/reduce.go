@@ -32,7 +32,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 	var fields *redis.SliceCmd
 	err = c.withRedis(ctx, "reading the run", func(ctx context.Context) error {
 		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			fields = p.HMGet(ctx, k.run, "state", "args", "total", "failed", "nonce")
+			fields = p.HMGet(ctx, k.run, "state", "args", "total", "failed", "nonce", "packed")
 			c.claim(ctx, p, r.name())
 			return nil
 		})
@@ -48,10 +48,20 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 	args, _ := vals[1].(string)
 	total, _ := strconv.Atoi(fmt.Sprint(vals[2]))
 	failedPages, _ := strconv.Atoi(fmt.Sprint(vals[3]))
+	per := bundlePages // a run started before bundles has none to read
+	if s, ok := vals[5].(string); ok {
+		if per, err = strconv.Atoi(s); err != nil || per < 1 || per > 256 {
+			msg := fmt.Sprintf("the run's record says its small results are bundled %q pages to a field; a release of batchmr bundles 1 to 256: the record was changed by something other than batchmr", s)
+			if err := c.end(ctx, run, pl.Nonce, StateFailed, nil, msg); err != nil {
+				return err
+			}
+			return nil
+		}
+	}
 	ctx, endStep := c.startStep(ctx, StepReduce, run, -1)
 	stepCtx := ctx // the reduce's watched context, once it has one
 	defer func() { endStep(stepCtx, err) }()
-	pages := c.storedPages(ctx, k, total)
+	pages := c.storedPages(ctx, k, total, per)
 	rctx, cancel := afterWork(ctx)
 	defer cancel()
 
@@ -96,30 +106,34 @@ func (c *Client) end(ctx context.Context, run, nonce string, to State, result []
 	return nil
 }
 
-// storedPageChunk is how many pages one round trip reads: a whole number
-// of bundles.
-const storedPageChunk = 4 * bundlePages
+// storedPageChunk is about how many pages one round trip reads: rounded
+// to a whole number of bundles.
+const storedPageChunk = 512
 
 // bundlePages is how many pages' small results share one field of a run's
 // results hash (record.lua): a result of at most 64 bytes costs its length
 // plus two bytes there, where a field of its own costs ~60 bytes more (a
-// 10M-page run's results hash was 644 MiB). start.lua keeps it in the run,
-// so that a run keeps the layout it started with; a run started by a
-// release before bundles has none, and its results have a field each.
+// 10M-page run's results hash was 644 MiB). start.lua keeps it in the run
+// ('packed'), and a reduce reads the run's, so that a run keeps the layout
+// it started with; a run started by a release before bundles has none, and
+// its results have a field each. At most 256: an entry's index in its
+// bundle is one byte.
 const bundlePages = 128
 
 // storedPages yields every page of a run in index order, reading them from
 // Redis a chunk at a time, so that Reduce over a million pages never holds
 // them all.
-func (c *Client) storedPages(ctx context.Context, k runKeys, total int) iter.Seq2[storedPage, error] {
+// Small results are read from bundles of per pages.
+func (c *Client) storedPages(ctx context.Context, k runKeys, total, per int) iter.Seq2[storedPage, error] {
+	chunk := max(1, storedPageChunk/per) * per
 	return func(yield func(storedPage, error) bool) {
-		for lo := 0; lo < total; lo += storedPageChunk {
-			hi := min(lo+storedPageChunk, total)
-			fields := make([]string, 0, hi-lo+storedPageChunk/bundlePages)
+		for lo := 0; lo < total; lo += chunk {
+			hi := min(lo+chunk, total)
+			fields := make([]string, 0, hi-lo+chunk/per)
 			for i := lo; i < hi; i++ {
 				fields = append(fields, strconv.Itoa(i))
 			}
-			for b := lo / bundlePages; b*bundlePages < hi; b++ {
+			for b := lo / per; b*per < hi; b++ {
 				fields = append(fields, "b"+strconv.Itoa(b))
 			}
 			var res, fail *redis.SliceCmd
@@ -132,7 +146,7 @@ func (c *Client) storedPages(ctx context.Context, k runKeys, total int) iter.Seq
 				yield(storedPage{index: lo}, fmt.Errorf("reading pages %d-%d: %w", lo, hi-1, err))
 				return
 			}
-			bundled, err := unbundle(lo, hi, res.Val()[hi-lo:])
+			bundled, err := unbundle(lo, hi, per, res.Val()[hi-lo:])
 			if err != nil {
 				yield(storedPage{index: lo}, err)
 				return
@@ -160,22 +174,22 @@ func (c *Client) storedPages(ctx context.Context, k runKeys, total int) iter.Seq
 	}
 }
 
-// unbundle returns the results of pages lo to hi-1 (lo a multiple of
-// bundlePages) held in the bundles read for them, in page order; a page
+// unbundle returns the results of pages lo to hi-1 (lo a multiple of per)
+// held in the bundles of per pages read for them, in page order; a page
 // with none in them is nil. Bundles are strings of entries <index within
 // the bundle><length><bytes> (record.lua); a missing one is nil.
-func unbundle(lo, hi int, bundles []any) ([][]byte, error) {
+func unbundle(lo, hi, per int, bundles []any) ([][]byte, error) {
 	out := make([][]byte, hi-lo)
 	for n, v := range bundles {
 		s, ok := v.(string)
 		if !ok {
 			continue
 		}
-		first := (lo/bundlePages + n) * bundlePages
+		first := (lo/per + n) * per
 		for at := 0; at < len(s); {
-			if at+2 > len(s) || at+2+int(s[at+1]) > len(s) || int(s[at]) >= bundlePages {
+			if at+2 > len(s) || at+2+int(s[at+1]) > len(s) || int(s[at]) >= per {
 				return nil, fmt.Errorf("the results of pages %d-%d are malformed at byte %d of %d: field b%d of the run's results hash was written by something other than batchmr",
-					first, first+bundlePages-1, at, len(s), lo/bundlePages+n)
+					first, first+per-1, at, len(s), lo/per+n)
 			}
 			i, size := first+int(s[at]), int(s[at+1])
 			if i >= lo && i < hi {

@@ -406,9 +406,9 @@ func TestAnOrphanStillActiveAfterItsCopyIsNotCopiedAgain(t *testing.T) {
 func TestALaterAttemptOfASettledOrphanIsCopied(t *testing.T) {
 	t.Parallel()
 	e, c, _, lost := orphanedPage(t)
-	// As a scan leaves the sighting of an earlier attempt it copied
-	// (lost.Retried is 0: this attempt is the next one's earlier).
-	if err := e.rdb.HSet(context.Background(), e.prefix+":{sum}:orphans", lost.ID, "settled#7").Err(); err != nil {
+	// As a scan leaves the sighting of an earlier attempt it copied: one
+	// that had failed once, at another time.
+	if err := e.rdb.HSet(context.Background(), e.prefix+":{sum}:orphans", lost.ID, "settled#0#1700000000000").Err(); err != nil {
 		t.Fatal(err)
 	}
 	if total := scanOrphans(t, c, 3); total != 1 {
@@ -527,8 +527,11 @@ func TestAReconcilePassReadsTheUnfinishedRunsNotEveryRunKept(t *testing.T) {
 	if err != nil || rep.SplitsEnqueued != 1 {
 		t.Fatalf("the second pass: %+v, %v; want the lost split enqueued again", rep, err)
 	}
-	if n := reads.n.Load(); n != 1 {
-		t.Fatalf("the second pass read %d runs; want 1, the one unfinished, of the %d kept", n, ended+1)
+	// The one unfinished, from the index; and the newest run kept (the
+	// same one here), read again in case runs started in its millisecond
+	// after the first pass read it.
+	if n := reads.n.Load(); n != 2 {
+		t.Fatalf("the second pass read %d runs; want 2, of the %d kept: the one unfinished, and the newest again", n, ended+1)
 	}
 }
 
@@ -568,7 +571,8 @@ func TestTheIndexOfUnfinishedRunsIsMendedFromEveryRunKept(t *testing.T) {
 	e.rdb.ZAdd(ctx, index, redis.Z{Score: 1, Member: endedOld})   // as a release before the index ended it
 	e.rdb.ZAdd(ctx, index, redis.Z{Score: 1, Member: "sum:gone"}) // a record evicted or deleted by hand
 
-	rep, err := e.client().Reconcile(ctx)
+	rc := e.client()
+	rep, err := rc.Reconcile(ctx)
 	if err != nil || rep.SplitsEnqueued != 1 {
 		t.Fatalf("%+v, %v; want the split of the run the index lacked enqueued", rep, err)
 	}
@@ -576,10 +580,50 @@ func TestTheIndexOfUnfinishedRunsIsMendedFromEveryRunKept(t *testing.T) {
 		t.Fatalf("listed as unfinished: the run the index lacked %v (want true), the ended one %v, the gone one %v (want false)",
 			listed(old), listed(endedOld), listed("sum:gone"))
 	}
+	// A run such a release starts after the first pass is found by the
+	// next one, not by the full sweep ten minutes on.
+	time.Sleep(2 * time.Millisecond) // a later creation time
+	later := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	e.rdb.ZRem(ctx, index, later)
+	if err := asynq.NewInspectorFromRedisClient(e.rdb).DeleteTask(e.queue, e.taskOf(mapreduce.TypeSplit, later).ID); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := rc.Reconcile(ctx); err != nil || rep.SplitsEnqueued != 1 || !listed(later) {
+		t.Fatalf("the next pass: %+v, %v, listed %v; want the split of the run started since enqueued, and the run listed", rep, err, listed(later))
+	}
 	if err := c.Retry(ctx, endedOld); err != nil {
 		t.Fatal(err)
 	}
 	if !listed(endedOld) {
 		t.Fatal("Retry did not list its run as unfinished again")
+	}
+}
+
+// A pass unlists the runs it read as ended; unlist.lua checks each again,
+// so that a run Retry resumed after the pass read it stays listed.
+func TestUnlistKeepsARunResumedSinceItWasReadAsEnded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{AllowOverlap: true}))))
+	c := e.client()
+	resumed := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	ended := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	for _, id := range []string{resumed, ended} {
+		if err := c.Cancel(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Retry(ctx, resumed); err != nil {
+		t.Fatal(err)
+	}
+	index := e.prefix + ":{sum}:unfinished"
+	e.rdb.ZAdd(ctx, index, redis.Z{Score: 1, Member: ended}) // as a release before the index left it
+	n, err := c.Unlist(ctx, "sum", resumed, ended)
+	if err != nil || n != 1 {
+		t.Fatalf("unlist took out %d runs (%v); want 1, the ended one", n, err)
+	}
+	if ids := e.rdb.ZRange(ctx, index, 0, -1).Val(); len(ids) != 1 || ids[0] != resumed {
+		t.Fatalf("the index lists %v; want only the resumed run %s", ids, resumed)
 	}
 }

@@ -58,7 +58,7 @@ if ARGV[3] == '1' then
   fields[#fields + 1], fields[#fields + 2] = 'failed', failed
 else
   local packed = tonumber(run[8])
-  if packed and #ARGV[2] <= 64 then
+  if packed and packed >= 1 and packed <= 256 and #ARGV[2] <= 64 then
     local field = 'b' .. string.format('%d', math.floor(i / packed))
     local bundle = redis.call('HGET', KEYS[3], field) or ''
     redis.call('HSET', KEYS[3], field, bundle .. string.char(i % packed, #ARGV[2]) .. ARGV[2])
