@@ -114,10 +114,5 @@ func (c *Client) StoredResults(ctx context.Context, id string) (int, error) {
 // the runs it read as ended or gone; it returns how many it took out of
 // the index of unfinished runs.
 func (c *Client) Unlist(ctx context.Context, job string, ids ...string) (int, error) {
-	k, _ := c.keys(job + ":x")
-	args := []any{strings.TrimSuffix(k.run, job+":x")}
-	for _, id := range ids {
-		args = append(args, id)
-	}
-	return scriptUnlist.Run(ctx, c.rdb, []string{k.unfinished}, args...).Int()
+	return c.unlist(ctx, job, ids)
 }

@@ -317,15 +317,23 @@ func (c *Client) unfinishedRuns(ctx context.Context, job string) ([]*Status, err
 		}
 	}
 	if len(stale) > 0 {
-		args := []any{strings.TrimSuffix(k.run, job+":x")}
-		for _, id := range stale {
-			args = append(args, id)
-		}
-		if err := scriptUnlist.Run(ctx, c.rdb, []string{k.unfinished}, args...).Err(); err != nil {
+		if _, err := c.unlist(ctx, job, stale); err != nil {
 			return nil, fmt.Errorf("unlisting ended runs of %q: %w", job, err)
 		}
 	}
 	return out, nil
+}
+
+// unlist runs unlist.lua: it takes those of job's runs ids that have ended
+// or are gone out of the job's index of unfinished runs, and returns how
+// many it took out.
+func (c *Client) unlist(ctx context.Context, job string, ids []string) (int, error) {
+	k, _ := c.keys(job + ":x")
+	args := []any{strings.TrimSuffix(k.run, job+":x")}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return scriptUnlist.Run(ctx, c.rdb, []string{k.unfinished}, args...).Int()
 }
 
 // sweepRuns lists in the job's index the unfinished runs it lacks among
