@@ -46,16 +46,12 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 		return nil // ended already, expired, or a task of an earlier run under this ID
 	}
 	args, _ := vals[1].(string)
-	total, _ := strconv.Atoi(fmt.Sprint(vals[2]))
-	failedPages, _ := strconv.Atoi(fmt.Sprint(vals[3]))
+	total, failedPages := atoi(str(vals[2])), atoi(str(vals[3]))
 	per := bundlePages // a run started before bundles has none to read
 	if s, ok := vals[5].(string); ok {
 		if per, err = strconv.Atoi(s); err != nil || per < 1 || per > 256 {
 			msg := fmt.Sprintf("the run's record says its small results are bundled %q pages to a field; a release of batchmr bundles 1 to 256: the record was changed by something other than batchmr", s)
-			if err := c.end(ctx, run, pl.Nonce, StateFailed, nil, msg); err != nil {
-				return err
-			}
-			return nil
+			return c.end(ctx, run, pl.Nonce, StateFailed, nil, msg)
 		}
 	}
 	ctx, endStep := c.startStep(ctx, StepReduce, run, -1)
