@@ -47,7 +47,23 @@ func deleteQueue(rdb *redis.Client, queue string) {
 // client returns a mapreduce client of the env's registry.
 func (e *env) client() *mapreduce.Client {
 	e.t.Helper()
-	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, CancelPoll: 20 * time.Millisecond,
+	return e.clientOn(e.rdb)
+}
+
+// hookedClient returns a mapreduce client of the env's registry on a Redis
+// client of its own, with hook added; the client closes when the test
+// ends.
+func (e *env) hookedClient(hook redis.Hook) *mapreduce.Client {
+	e.t.Helper()
+	rdb := redis.NewClient(e.rdb.Options())
+	rdb.AddHook(hook)
+	e.t.Cleanup(func() { rdb.Close() })
+	return e.clientOn(rdb)
+}
+
+func (e *env) clientOn(rdb *redis.Client) *mapreduce.Client {
+	e.t.Helper()
+	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, CancelPoll: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
 	if err != nil {
 		e.t.Fatal(err)

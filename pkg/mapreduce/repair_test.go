@@ -475,15 +475,7 @@ func (h *runReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 func (e *env) countingClient(job string) (*mapreduce.Client, *runReads) {
 	e.t.Helper()
 	h := &runReads{prefix: e.prefix + ":{" + job + "}:run:"}
-	rdb := redis.NewClient(e.rdb.Options())
-	rdb.AddHook(h)
-	e.t.Cleanup(func() { rdb.Close() })
-	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return c, h
+	return e.hookedClient(h), h
 }
 
 // Every worker's reconciler passes over the unfinished runs of every job

@@ -3,7 +3,6 @@ package mapreduce_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net"
 	"os"
 	"slices"
@@ -435,14 +434,7 @@ func TestAFeedSentAgainAfterItsReplyWasLostIsTheSplitsOwn(t *testing.T) {
 	job := s.job("lost", true, e.opts(mapreduce.JobOptions{Window: 50}))
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	hook := &lostReply{n: 3}
-	rdb := redis.NewClient(e.rdb.Options())
-	rdb.AddHook(hook)
-	t.Cleanup(func() { rdb.Close() })
-	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, CancelPoll: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := e.hookedClient(hook)
 	e.worker(c, 4)
 	id, err := job.Start(context.Background(), c, 0, mapreduce.StartOptions{})
 	if err != nil {
