@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/batchmr/batchmr/internal/testenv"
@@ -272,5 +273,140 @@ func TestBatcherTurnsAPanicIntoTheErrorOfItsTripsCalls(t *testing.T) {
 	var incr *redis.IntCmd
 	if err := b.do(ctx, func(pl redis.Pipeliner) { incr = pl.Incr(ctx, prefix+":after") }); err != nil || incr.Val() != 1 {
 		t.Fatalf("the next call: do = %v, INCR = %d; want nil, 1", err, incr.Val())
+	}
+}
+
+// newHeldEnqueuer returns an asynq client that enqueues through
+// batchedScripts, on a Redis client whose first round trip the returned
+// hook holds until release is closed, and a queue of the test's own.
+func newHeldEnqueuer(t *testing.T) (aq *asynq.Client, enq batchedScripts, queue string, hook *tripHook, release chan struct{}) {
+	rdb, prefix := testenv.Redis(t)
+	queue = testenv.Queue(t, rdb, prefix)
+	// asynq registers a queue with an SADD of its own on its first
+	// enqueue there; do it now, so that the trips counted are EVALSHAs.
+	if err := rdb.SAdd(context.Background(), "asynq:queues", queue).Err(); err != nil {
+		t.Fatal(err)
+	}
+	hook = &tripHook{hold: make(chan struct{})}
+	rdb.AddHook(hook)
+	enq = batchedScripts{UniversalClient: rdb, batches: &sync.Map{}}
+	aq = asynq.NewClientFromRedisClient(enq)
+	return aq, enq, queue, hook, hook.hold
+}
+
+func (e batchedScripts) queued(tag string) int {
+	b, ok := e.batches.Load(tag)
+	if !ok {
+		return 0
+	}
+	return b.(*batcher).queued()
+}
+
+// Enqueues made while one is under way go together in the next round
+// trip, and each task is enqueued as sent, with its own ID and payload;
+// an ID taken twice in one trip is a conflict for one of the two only.
+func TestEnqueuesMadeTogetherShareARoundTrip(t *testing.T) {
+	aq, enq, queue, hook, release := newHeldEnqueuer(t)
+	ctx := context.Background()
+
+	const n = 20
+	errs := make([]error, n+2)
+	var wg sync.WaitGroup
+	enqueue := func(slot int, id string) {
+		defer wg.Done()
+		_, errs[slot] = aq.EnqueueContext(ctx, asynq.NewTask("t", []byte("payload "+id)), asynq.Queue(queue), asynq.TaskID(id))
+	}
+	wg.Add(1)
+	go enqueue(0, "0") // its round trip is held in the hook
+	testenv.WaitFor(t, 10*time.Second, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
+	for i := 1; i <= n; i++ {
+		wg.Add(1)
+		go enqueue(i, strconv.Itoa(i))
+	}
+	wg.Add(1)
+	go enqueue(n+1, "7") // the same ID as another in the same trip
+	testenv.WaitFor(t, 10*time.Second, "the other enqueues to queue", func() bool { return enq.queued(queue) == n+1 })
+	close(release)
+	wg.Wait()
+
+	if trips := hook.sent(); len(trips) != 2 || trips[0] != 1 || trips[1] != n+1 {
+		t.Fatalf("round trips (commands in each) = %v, want [1 %d]: the enqueues that waited should go together", trips, n+1)
+	}
+	conflicts := 0
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, asynq.ErrTaskIDConflict) && (i == 7 || i == n+1):
+			conflicts++
+		case err != nil:
+			t.Errorf("enqueue %d: %v", i, err)
+		}
+	}
+	if conflicts != 1 {
+		t.Errorf("%d of the two enqueues of task 7 got ErrTaskIDConflict, want exactly 1", conflicts)
+	}
+	insp := asynq.NewInspectorFromRedisClient(enq.UniversalClient)
+	for i := 0; i <= n; i++ {
+		id := strconv.Itoa(i)
+		info, err := insp.GetTaskInfo(queue, id)
+		if err != nil {
+			t.Fatalf("task %s: %v", id, err)
+		}
+		if string(info.Payload) != "payload "+id || info.State != asynq.TaskStatePending {
+			t.Errorf("task %s: payload %q, state %v; want %q, pending", id, info.Payload, info.State, "payload "+id)
+		}
+	}
+}
+
+// A Redis that lost its scripts (a restart, SCRIPT FLUSH) gets asynq's
+// enqueue script again: the NOSCRIPT reply reaches asynq, which sends it.
+func TestBatchedEnqueuesSurviveAFlushOfRedisScripts(t *testing.T) {
+	aq, enq, queue, _, release := newHeldEnqueuer(t)
+	close(release)
+	ctx := context.Background()
+	if _, err := aq.EnqueueContext(ctx, asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := enq.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := aq.EnqueueContext(ctx, asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("b")); err != nil {
+		t.Fatalf("enqueue after SCRIPT FLUSH: %v", err)
+	}
+	if n, err := asynq.NewInspectorFromRedisClient(enq.UniversalClient).GetQueueInfo(queue); err != nil || n.Pending != 2 {
+		t.Fatalf("queue info %+v, %v; want 2 pending", n, err)
+	}
+}
+
+// An enqueue whose context ends while it waits for a round trip returns
+// the context's error and is not sent.
+func TestABatchedEnqueueWhoseContextEndsIsNotSent(t *testing.T) {
+	aq, enq, queue, hook, release := newHeldEnqueuer(t)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = aq.EnqueueContext(context.Background(), asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("held"))
+	}()
+	testenv.WaitFor(t, 10*time.Second, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := aq.EnqueueContext(ctx, asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("cancelled"))
+		errc <- err
+	}()
+	testenv.WaitFor(t, 10*time.Second, "the second enqueue to queue", func() bool { return enq.queued(queue) == 1 })
+	cancel()
+	// asynq wraps a Redis error as text, as it does for one sent alone.
+	if err := <-errc; err == nil || !strings.Contains(err.Error(), context.Canceled.Error()) {
+		t.Errorf("cancelled enqueue: %v, want context.Canceled", err)
+	}
+	close(release)
+	wg.Wait()
+	insp := asynq.NewInspectorFromRedisClient(enq.UniversalClient)
+	if _, err := insp.GetTaskInfo(queue, "cancelled"); !errors.Is(err, asynq.ErrTaskNotFound) {
+		t.Errorf("the cancelled enqueue's task: %v, want ErrTaskNotFound", err)
+	}
+	if _, err := insp.GetTaskInfo(queue, "held"); err != nil {
+		t.Errorf("the held enqueue's task: %v", err)
 	}
 }

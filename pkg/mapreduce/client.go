@@ -99,19 +99,20 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if cfg.CancelPoll == 0 {
 		cfg.CancelPoll = 250 * time.Millisecond
 	}
-	return &Client{
+	c := &Client{
 		rdb:     rdb,
 		jobs:    cfg.Jobs,
 		prefix:  cfg.Prefix,
 		log:     cfg.Logger,
 		cfg:     cfg,
-		aq:      asynq.NewClientFromRedisClient(rdb),
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
 		watches: map[string]map[*watch]struct{}{},
 		swept:   map[string]sweep{},
 
 		stallHandOff: stallHandOff,
-	}, nil
+	}
+	c.aq = asynq.NewClientFromRedisClient(batchedScripts{UniversalClient: rdb, batches: &sync.Map{}})
+	return c, nil
 }
 
 // runKeys are the Redis keys of one run and of its job.

@@ -51,6 +51,7 @@ var (
 	repeat      = flag.Int("repeat", 5, "interleaved rounds of the overhead comparison")
 	concurrency = flag.Int("concurrency", 32, "asynq worker concurrency in every measurement")
 	only        = flag.String("only", "", "run only these sections, comma-separated: scale,fairness,overhead (fairness runs with scale)")
+	enqueueConc = flag.Int("enqueue-concurrency", 0, "mapreduce.Config.EnqueueConcurrency of every run (0: the default)")
 	cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole benchmark (worker and client: one process) to this file")
 )
 
@@ -95,9 +96,13 @@ func main() {
 			qb, qm := fmt.Sprintf("%s-bare-%d", base, r), fmt.Sprintf("%s-mr-%d", base, r)
 			queues = append(queues, qb, qm)
 			u0 := benchutil.TakeUse(ctx, rdb)
-			b := bareRound(ctx, rdb, qb)
+			var b, m time.Duration
+			// Labels tell the two apart in a -cpuprofile: pprof -tagfocus round=bare (or mapreduce).
+			pprof.Do(ctx, pprof.Labels("round", "bare"), func(ctx context.Context) { b = bareRound(ctx, rdb, qb) })
 			u1 := benchutil.TakeUse(ctx, rdb)
-			m := mapreduceRound(ctx, rdb, fmt.Sprintf("%s:mr%d", base, r), qm, *tasks)
+			pprof.Do(ctx, pprof.Labels("round", "mapreduce"), func(ctx context.Context) {
+				m = mapreduceRound(ctx, rdb, fmt.Sprintf("%s:mr%d", base, r), qm, *tasks)
+			})
 			u2 := benchutil.TakeUse(ctx, rdb)
 			bare, mr, ratios = append(bare, b), append(mr, m), append(ratios, float64(m)/float64(b))
 			bareUse, mrUse = append(bareUse, u1.Sub(u0)), append(mrUse, u2.Sub(u1))
@@ -125,7 +130,7 @@ func main() {
 	}
 }
 
-func newServer(rdb *redis.Client, queue string) *asynq.Server {
+func newServer(rdb redis.UniversalClient, queue string) *asynq.Server {
 	return asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:       *concurrency,
 		Queues:            map[string]int{queue: 1},
@@ -161,7 +166,7 @@ func noopJob(queue string) mapreduce.Job[int, int, struct{}, int] {
 }
 
 func newClient(rdb *redis.Client, prefix, queue string) *mapreduce.Client {
-	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: noopJobs(queue), Prefix: prefix,
+	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: noopJobs(queue), Prefix: prefix, EnqueueConcurrency: *enqueueConc,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	must(err)
 	return c
