@@ -28,11 +28,13 @@ const batchTimeout = 30 * time.Second
 // several handlers. Each call's commands are its own: they succeed or
 // fail one by one, as they would sent alone.
 //
-// A page's first read and its record go this way. Alone they were two of
-// a page's five round trips, asynq's enqueue, dequeue and done being the
-// others; batched, a no-op page costs 4.1 round trips at asynq
-// concurrency 32 (mrbench's overhead section), a round trip carrying two
-// calls on average: a serial dequeue starts handlers one by one.
+// A page's first read and its record go this way, and so does asynq's
+// enqueue of the page (batchedScripts). Alone they were three of a page's
+// five round trips, asynq's dequeue and done being the others; batched, a
+// no-op page costs 3.2 round trips at asynq concurrency 32 (mrbench's
+// overhead section): a page's read and record share a round trip with
+// another handler's on average, a serial dequeue starting handlers one by
+// one, and a split's enqueues go up to EnqueueConcurrency to a trip.
 type batcher struct {
 	rdb redis.UniversalClient
 

@@ -32,8 +32,9 @@ type Config struct {
 	// repairs, and each task done (debug). The steps it runs get it, with
 	// their attributes, from Logger(ctx). Default slog.Default().
 	Logger *slog.Logger
-	// EnqueueConcurrency is how many map tasks one split enqueues at once.
-	// Default 16.
+	// EnqueueConcurrency is how many map tasks one split enqueues at once;
+	// enqueues made at once share a Redis round trip. Default 16 (64
+	// measured no faster).
 	EnqueueConcurrency int
 	// CancelPoll is how often a process checks whether the runs its
 	// handlers work on were cancelled. Default 250ms.
