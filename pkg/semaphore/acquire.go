@@ -128,7 +128,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 }
 
 // enlist gives w a fresh token and registers it under that token,
-// replacing its old one.
+// replacing its old one. Only w's own Acquire call enlists it.
 func (s *Semaphore) enlist(w *waiter) error {
 	token := s.newToken(w.weight)
 	s.mu.Lock()
@@ -138,10 +138,25 @@ func (s *Semaphore) enlist(w *waiter) error {
 	}
 	if w.token != "" {
 		delete(s.waiters, w.token)
+		dropRequeues(w)
 	}
 	w.token, w.heartbeat, w.known = token, time.Now(), false
 	s.waiters[token] = w
 	return nil
+}
+
+// dropRequeues takes out of w.ch the requeue notices still unread, keeping
+// anything else. They were for w's old token: a second refresh's notice
+// can arrive after w read the first and before it re-queued, and read
+// under the new token it would send w to the back of the queue again.
+// Called with s.mu held by w's own Acquire call, its only reader: the
+// senders send under s.mu, so nothing comes or goes meanwhile.
+func dropRequeues(w *waiter) {
+	for range len(w.ch) {
+		if m := <-w.ch; !m.requeue {
+			w.ch <- m
+		}
+	}
 }
 
 func (s *Semaphore) tokenOf(w *waiter) string {
