@@ -62,8 +62,13 @@ func (c *Client) batch(job string) *batcher {
 // trip; this way those made together share one (mrbench's overhead
 // section: 4.1 round trips per no-op page before, 3.2 after, and 11% less
 // wall time; BENCHMARKS.md). Each command keeps its own reply and error,
-// so asynq reads it as if sent alone. Everything else asynq sends (the
-// SADD that registers a queue, EVAL after NOSCRIPT) goes as rdb sends it.
+// so asynq reads it as if sent alone, with one difference: go-redis sends
+// a whole pipeline again when its first reply is a retryable error or the
+// read times out, and an enqueue of the trip that had run then answers
+// that its task ID is taken. The package takes a taken ID as enqueued, as
+// it does when a command sent alone is retried after its reply was lost.
+// Everything else asynq sends (the SADD that registers a queue, EVAL after
+// NOSCRIPT) goes as rdb sends it.
 //
 // Not for an asynq server: its processor dequeues one task at a time, and
 // a dequeue that waited for a trip of other handlers' "done" calls would

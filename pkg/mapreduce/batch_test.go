@@ -2,12 +2,14 @@ package mapreduce
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -276,22 +278,21 @@ func TestBatcherTurnsAPanicIntoTheErrorOfItsTripsCalls(t *testing.T) {
 	}
 }
 
-// newHeldEnqueuer returns an asynq client that enqueues through
-// batchedScripts, on a Redis client whose first round trip the returned
-// hook holds until release is closed, and a queue of the test's own.
-func newHeldEnqueuer(t *testing.T) (aq *asynq.Client, enq batchedScripts, queue string, hook *tripHook, release chan struct{}) {
+// newHeldClient returns a Client on a Redis client whose first round trip
+// the returned hook holds until release is closed, and a queue of the
+// test's own. asynq's first enqueue to a queue registers it with an
+// SADD sent alone, which the hook neither counts nor holds: it counts
+// pipelines.
+func newHeldClient(t *testing.T) (c *Client, queue string, hook *tripHook, release chan struct{}) {
 	rdb, prefix := testenv.Redis(t)
 	queue = testenv.Queue(t, rdb, prefix)
-	// asynq registers a queue with an SADD of its own on its first
-	// enqueue there; do it now, so that the trips counted are EVALSHAs.
-	if err := rdb.SAdd(context.Background(), "asynq:queues", queue).Err(); err != nil {
-		t.Fatal(err)
-	}
 	hook = &tripHook{hold: make(chan struct{})}
 	rdb.AddHook(hook)
-	enq = batchedScripts{UniversalClient: rdb, batches: &sync.Map{}}
-	aq = asynq.NewClientFromRedisClient(enq)
-	return aq, enq, queue, hook, hook.hold
+	c, err := New(rdb, Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, queue, hook, hook.hold
 }
 
 func (e batchedScripts) queued(tag string) int {
@@ -306,7 +307,7 @@ func (e batchedScripts) queued(tag string) int {
 // trip, and each task is enqueued as sent, with its own ID and payload;
 // an ID taken twice in one trip is a conflict for one of the two only.
 func TestEnqueuesMadeTogetherShareARoundTrip(t *testing.T) {
-	aq, enq, queue, hook, release := newHeldEnqueuer(t)
+	c, queue, hook, release := newHeldClient(t)
 	ctx := context.Background()
 
 	const n = 20
@@ -314,7 +315,7 @@ func TestEnqueuesMadeTogetherShareARoundTrip(t *testing.T) {
 	var wg sync.WaitGroup
 	enqueue := func(slot int, id string) {
 		defer wg.Done()
-		_, errs[slot] = aq.EnqueueContext(ctx, asynq.NewTask("t", []byte("payload "+id)), asynq.Queue(queue), asynq.TaskID(id))
+		_, errs[slot] = c.aq.EnqueueContext(ctx, asynq.NewTask("t", []byte("payload "+id)), asynq.Queue(queue), asynq.TaskID(id))
 	}
 	wg.Add(1)
 	go enqueue(0, "0") // its round trip is held in the hook
@@ -325,7 +326,7 @@ func TestEnqueuesMadeTogetherShareARoundTrip(t *testing.T) {
 	}
 	wg.Add(1)
 	go enqueue(n+1, "7") // the same ID as another in the same trip
-	testenv.WaitFor(t, 10*time.Second, "the other enqueues to queue", func() bool { return enq.queued(queue) == n+1 })
+	testenv.WaitFor(t, 10*time.Second, "the other enqueues to queue", func() bool { return c.enqueue.queued(queue) == n+1 })
 	close(release)
 	wg.Wait()
 
@@ -344,10 +345,9 @@ func TestEnqueuesMadeTogetherShareARoundTrip(t *testing.T) {
 	if conflicts != 1 {
 		t.Errorf("%d of the two enqueues of task 7 got ErrTaskIDConflict, want exactly 1", conflicts)
 	}
-	insp := asynq.NewInspectorFromRedisClient(enq.UniversalClient)
 	for i := 0; i <= n; i++ {
 		id := strconv.Itoa(i)
-		info, err := insp.GetTaskInfo(queue, id)
+		info, err := c.insp.GetTaskInfo(queue, id)
 		if err != nil {
 			t.Fatalf("task %s: %v", id, err)
 		}
@@ -357,44 +357,121 @@ func TestEnqueuesMadeTogetherShareARoundTrip(t *testing.T) {
 	}
 }
 
-// A Redis that lost its scripts (a restart, SCRIPT FLUSH) gets asynq's
-// enqueue script again: the NOSCRIPT reply reaches asynq, which sends it.
-func TestBatchedEnqueuesSurviveAFlushOfRedisScripts(t *testing.T) {
-	aq, enq, queue, _, release := newHeldEnqueuer(t)
+// The pages a split enqueues at once go in one round trip, each as its own
+// map task.
+func TestTheSplitEnqueuesItsPagesTogether(t *testing.T) {
+	c, queue, hook, release := newHeldClient(t)
+	const n = 8 // under EnqueueConcurrency: all at once
+	pages := make([]fedPage, n)
+	for i := range pages {
+		pages[i] = fedPage{i: i, page: []byte(strconv.Itoa(i * 10))}
+	}
+	run := "job:" + strings.ReplaceAll(queue, ":", "-")
+	errc := make(chan error, 1)
+	go func() {
+		errc <- c.enqueuePages(context.Background(), run, "nonce", pages, JobOptions{Queue: queue, Codec: JSON})
+	}()
+	// The first enqueuers to arrive go in the held trip, the rest wait.
+	testenv.WaitFor(t, 10*time.Second, "every page to be sent or waiting", func() bool {
+		trips := hook.sent()
+		return len(trips) == 1 && trips[0]+c.enqueue.queued(queue) == n
+	})
 	close(release)
-	ctx := context.Background()
-	if _, err := aq.EnqueueContext(ctx, asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("a")); err != nil {
+	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	if err := enq.ScriptFlush(ctx).Err(); err != nil {
+	// Sent one by one, the pages would have taken n round trips.
+	trips := hook.sent()
+	sent := 0
+	for _, k := range trips {
+		sent += k
+	}
+	if len(trips) > 2 || sent != n {
+		t.Fatalf("round trips (commands in each) = %v, want at most two carrying the %d pages", trips, n)
+	}
+	for _, p := range pages {
+		info, err := c.insp.GetTaskInfo(queue, mapTaskID(run, "nonce", p.i))
+		if err != nil {
+			t.Fatalf("page %d: %v", p.i, err)
+		}
+		var got mapPayload
+		if err := json.Unmarshal(info.Payload, &got); err != nil || got.Index != p.i || string(got.page()) != string(p.page) {
+			t.Errorf("page %d's task: payload %s (%v), want index %d and page %s", p.i, info.Payload, err, p.i, p.page)
+		}
+	}
+}
+
+// noScriptOnce answers the first pipeline of EVALSHAs with NOSCRIPT for
+// each command, unsent, as a Redis that lost its scripts would, and counts
+// the EVALs sent alone.
+type noScriptOnce struct {
+	done  atomic.Bool
+	evals atomic.Int32
+}
+
+func (h *noScriptOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *noScriptOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "eval" {
+			h.evals.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *noScriptOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if cmds[0].Name() == "evalsha" && h.done.CompareAndSwap(false, true) {
+			for _, cmd := range cmds {
+				cmd.SetErr(redis.ErrNoScript)
+			}
+			return redis.ErrNoScript
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A Redis that lost its scripts (a restart, SCRIPT FLUSH) gets asynq's
+// enqueue script again: the NOSCRIPT reply reaches asynq, which sends the
+// script by EVAL. (Injected: a real SCRIPT FLUSH would reach the tests of
+// other packages that share the server.)
+func TestABatchedEnqueueRedisHasNoScriptForIsSentByEval(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	queue := testenv.Queue(t, rdb, prefix)
+	hook := &noScriptOnce{}
+	rdb.AddHook(hook)
+	c, err := New(rdb, Config{Prefix: prefix})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := aq.EnqueueContext(ctx, asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("b")); err != nil {
-		t.Fatalf("enqueue after SCRIPT FLUSH: %v", err)
+	if _, err := c.aq.EnqueueContext(context.Background(), asynq.NewTask("t", []byte("p")), asynq.Queue(queue), asynq.TaskID("a")); err != nil {
+		t.Fatalf("enqueue after NOSCRIPT: %v", err)
 	}
-	if n, err := asynq.NewInspectorFromRedisClient(enq.UniversalClient).GetQueueInfo(queue); err != nil || n.Pending != 2 {
-		t.Fatalf("queue info %+v, %v; want 2 pending", n, err)
+	if !hook.done.Load() || hook.evals.Load() != 1 {
+		t.Fatalf("NOSCRIPT injected: %v, EVALs sent: %d; want true, 1", hook.done.Load(), hook.evals.Load())
+	}
+	if info, err := c.insp.GetTaskInfo(queue, "a"); err != nil || string(info.Payload) != "p" {
+		t.Fatalf("the task: %+v, %v", info, err)
 	}
 }
 
 // An enqueue whose context ends while it waits for a round trip returns
 // the context's error and is not sent.
 func TestABatchedEnqueueWhoseContextEndsIsNotSent(t *testing.T) {
-	aq, enq, queue, hook, release := newHeldEnqueuer(t)
+	c, queue, hook, release := newHeldClient(t)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, _ = aq.EnqueueContext(context.Background(), asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("held"))
+		_, _ = c.aq.EnqueueContext(context.Background(), asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("held"))
 	}()
 	testenv.WaitFor(t, 10*time.Second, "the first round trip to start", func() bool { return len(hook.sent()) == 1 })
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := aq.EnqueueContext(ctx, asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("cancelled"))
+		_, err := c.aq.EnqueueContext(ctx, asynq.NewTask("t", nil), asynq.Queue(queue), asynq.TaskID("cancelled"))
 		errc <- err
 	}()
-	testenv.WaitFor(t, 10*time.Second, "the second enqueue to queue", func() bool { return enq.queued(queue) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the second enqueue to queue", func() bool { return c.enqueue.queued(queue) == 1 })
 	cancel()
 	// asynq wraps a Redis error as text, as it does for one sent alone.
 	if err := <-errc; err == nil || !strings.Contains(err.Error(), context.Canceled.Error()) {
@@ -402,11 +479,10 @@ func TestABatchedEnqueueWhoseContextEndsIsNotSent(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
-	insp := asynq.NewInspectorFromRedisClient(enq.UniversalClient)
-	if _, err := insp.GetTaskInfo(queue, "cancelled"); !errors.Is(err, asynq.ErrTaskNotFound) {
+	if _, err := c.insp.GetTaskInfo(queue, "cancelled"); !errors.Is(err, asynq.ErrTaskNotFound) {
 		t.Errorf("the cancelled enqueue's task: %v, want ErrTaskNotFound", err)
 	}
-	if _, err := insp.GetTaskInfo(queue, "held"); err != nil {
+	if _, err := c.insp.GetTaskInfo(queue, "held"); err != nil {
 		t.Errorf("the held enqueue's task: %v", err)
 	}
 }

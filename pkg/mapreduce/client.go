@@ -60,7 +60,8 @@ type Client struct {
 	cfg     Config
 	aq      *asynq.Client
 	insp    *asynq.Inspector
-	batches sync.Map // job name → *batcher: handlers' page reads and records
+	batches sync.Map       // job name → *batcher: handlers' page reads and records
+	enqueue batchedScripts // what aq sends its enqueues through
 
 	stallHandOff time.Duration        // tests shorten it
 	enqueueFault func(page int) error // tests fail a page's enqueue with it
@@ -112,7 +113,8 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 
 		stallHandOff: stallHandOff,
 	}
-	c.aq = asynq.NewClientFromRedisClient(batchedScripts{UniversalClient: rdb, batches: &sync.Map{}})
+	c.enqueue = batchedScripts{UniversalClient: rdb, batches: &sync.Map{}}
+	c.aq = asynq.NewClientFromRedisClient(c.enqueue)
 	return c, nil
 }
 
