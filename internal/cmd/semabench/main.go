@@ -43,7 +43,7 @@ var (
 	repeat     = flag.Int("repeat", 3, "interleaved runs per design in the utilisation runs; the median is reported")
 	hold       = flag.Duration("hold", 0, "internal: work per grant of a utilisation worker")
 	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,idle,utilisation,capacity")
-	designList = flag.String("designs", "", "utilisation designs to run, comma-separated (default all)")
+	designList = flag.String("designs", "", "utilisation designs to run, comma-separated (default all but the diagnostic token-dispatch ones)")
 
 	// Set on the worker subprocesses of the utilisation runs.
 	worker        = flag.String("worker", "", "internal: run as a utilisation worker for this design")
@@ -404,18 +404,24 @@ func capacity(ctx context.Context, rdb *redis.Client, prefix string) {
 
 type design struct {
 	name, about string
+	// diagnostic designs run only when -designs names them: they take one
+	// part of a design apart (see BENCHMARKS.md, "Where the points go").
+	diagnostic bool
 }
 
 var designs = []design{
-	{"batchmr", "batchmr semaphore: FIFO queue, hand-off on release"},
-	{"batchmr-before", "batchmr semaphore as built by -before-exe"},
-	{"batchmr-eval", "batchmr semaphore, scripts by EVALSHA (as on Redis < 7)"},
-	{"zset-poll-10ms", "asynq x/rate style: ZREMRANGEBYSCORE+ZCARD+ZADD, retry after 10 ms"},
-	{"zset-poll-1ms", "asynq x/rate style, retry after 1 ms"},
-	{"lock-counter", "SET NX lock + counter, backoff 1→32 ms with jitter"},
-	{"token-list", "redis-semaphore gem style: BLPOP a token list, RPUSH it back (fair, but no leases)"},
-	{"bound-1rtt", "bound, not a design: limit split over the processes, in-process hand-off after one PING"},
-	{"bound-local", "bound, not a design: limit split over the processes, in-process hand-off"},
+	{name: "batchmr", about: "batchmr semaphore: FIFO queue, hand-off on release"},
+	{name: "batchmr-before", about: "batchmr semaphore as built by -before-exe"},
+	{name: "batchmr-eval", about: "batchmr semaphore, scripts by EVALSHA (as on Redis < 7)"},
+	{name: "zset-poll-10ms", about: "asynq x/rate style: ZREMRANGEBYSCORE+ZCARD+ZADD, retry after 10 ms"},
+	{name: "zset-poll-1ms", about: "asynq x/rate style, retry after 1 ms"},
+	{name: "lock-counter", about: "SET NX lock + counter, backoff 1→32 ms with jitter"},
+	{name: "token-list", about: "redis-semaphore gem style: BLPOP a token list, RPUSH it back (fair, but no leases)"},
+	{name: "token-dispatch", about: "not a design: the token list behind one BLPOP per process, routed to local waiters (batchmr's wake path)", diagnostic: true},
+	{name: "token-dispatch-lua", about: "not a design: token-dispatch, released by a one-command Lua script", diagnostic: true},
+	{name: "token-dispatch-lua24", about: "not a design: token-dispatch, released by a Lua script of 25 commands", diagnostic: true},
+	{name: "bound-1rtt", about: "bound, not a design: limit split over the processes, in-process hand-off after one PING"},
+	{name: "bound-local", about: "bound, not a design: limit split over the processes, in-process hand-off"},
 }
 
 // utilisation runs each design with -processes worker processes of
@@ -458,7 +464,7 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 		if d.name == "batchmr-before" && *beforeExe == "" {
 			continue
 		}
-		if *designList == "" || slices.Contains(strings.Split(*designList, ","), d.name) {
+		if (*designList == "" && !d.diagnostic) || slices.Contains(strings.Split(*designList, ","), d.name) {
 			chosen = append(chosen, d)
 			if strings.HasPrefix(d.name, "bound-") && *limit%*processes != 0 {
 				fmt.Fprintf(os.Stderr, "semabench: %s splits -limit over the processes: make -limit (%d) a multiple of -processes (%d), or leave it out with -designs\n", d.name, *limit, *processes)
@@ -661,6 +667,15 @@ func runWorker(rdb *redis.Client) {
 		trdb.AddHook(sent)
 		defer trdb.Close()
 		acquire = newTokenList(ctx, trdb, *prefix+":tokens", *limit).acquire
+	case "token-dispatch", "token-dispatch-lua", "token-dispatch-lua24":
+		d := newTokenDispatch(ctx, rdb, *prefix+":tokens", *limit)
+		switch *worker {
+		case "token-dispatch-lua":
+			d.script = pushScript
+		case "token-dispatch-lua24":
+			d.script = pushScript24
+		}
+		acquire = d.acquire
 	case "bound-1rtt", "bound-local": // -limit is a multiple of -processes: see utilisationFor
 		acquire = newLocalBound(rdb, *limit / *processes, *worker == "bound-1rtt").acquire
 	case "lock-counter":
