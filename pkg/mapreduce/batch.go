@@ -47,12 +47,23 @@ type batcher struct {
 // keys share one hash slot, so that on Redis Cluster a round trip goes to
 // one node, and a slow or failing node holds up only the calls of the jobs
 // it serves.
-func (c *Client) batch(job string) *batcher {
-	if b, ok := c.batches.Load(job); ok {
+func (c *Client) batch(job string) *batcher { return batcherIn(&c.batches, job, c.rdb) }
+
+// batcherIn returns m's batcher for key, made on rdb the first time.
+func batcherIn(m *sync.Map, key string, rdb redis.UniversalClient) *batcher {
+	if b, ok := m.Load(key); ok {
 		return b.(*batcher)
 	}
-	b, _ := c.batches.LoadOrStore(job, &batcher{rdb: c.rdb})
+	b, _ := m.LoadOrStore(key, &batcher{rdb: rdb})
 	return b.(*batcher)
+}
+
+// unsent returns a command that carries err, for a call whose own command
+// was not sent, or may still be under way: its caller must not read that.
+func unsent(ctx context.Context, err error) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(err)
+	return cmd
 }
 
 // batchedScripts is the Redis client the Client's asynq.Client enqueues
@@ -89,16 +100,9 @@ func (e batchedScripts) EvalSha(ctx context.Context, sha1 string, keys []string,
 			}
 		}
 	}
-	b, ok := e.batches.Load(tag)
-	if !ok {
-		b, _ = e.batches.LoadOrStore(tag, &batcher{rdb: e.UniversalClient})
-	}
 	var cmd *redis.Cmd
-	if err := b.(*batcher).do(ctx, func(pl redis.Pipeliner) { cmd = pl.EvalSha(ctx, sha1, keys, args...) }); err != nil {
-		// Not cmd: the call may still be under way, and cmd is its.
-		failed := redis.NewCmd(ctx, "evalsha", sha1)
-		failed.SetErr(err)
-		return failed
+	if err := batcherIn(e.batches, tag, e.UniversalClient).do(ctx, func(pl redis.Pipeliner) { cmd = pl.EvalSha(ctx, sha1, keys, args...) }); err != nil {
+		return unsent(ctx, err) // not cmd: the call may still be under way, and cmd is its
 	}
 	return cmd
 }
@@ -207,10 +211,7 @@ func (b *batcher) runScript(ctx context.Context, script *redis.Script, keys []st
 		sha = script.EvalSha(ctx, pl, keys, args...)
 		return sha
 	}); err != nil {
-		// Not sha: the call may still be under way, and sha is its.
-		failed := redis.NewCmd(ctx)
-		failed.SetErr(err)
-		return failed
+		return unsent(ctx, err) // not sha: the call may still be under way, and sha is its
 	}
 	return sha
 }

@@ -124,6 +124,7 @@ type runKeys struct {
 	transient                        string // the run's own: transient failures per step (transient.go)
 	runs, active                     string // the job's
 	unfinished                       string // the job's: runs not ended (reconcile.go)
+	records                          string // the job's: what its runs' records are named after (run = records + run ID)
 	job                              string // the job's name: its keys' hash tag
 }
 
@@ -145,8 +146,9 @@ func (c *Client) keys(runID string) (runKeys, error) {
 	// The kind comes before the run ID: IDs may contain ':', and a kind
 	// after it could make one run's key another run's ("k:results").
 	base := c.prefix + ":{" + job + "}"
+	records := base + ":run:"
 	return runKeys{
-		run: base + ":run:" + runID, recorded: base + ":recorded:" + runID,
+		run: records + runID, records: records, recorded: base + ":recorded:" + runID,
 		results: base + ":results:" + runID, failures: base + ":failures:" + runID,
 		transient: base + ":transient:" + runID,
 		runs:      base + ":runs", active: base + ":active", unfinished: base + ":unfinished",

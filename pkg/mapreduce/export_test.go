@@ -114,5 +114,6 @@ func (c *Client) StoredResults(ctx context.Context, id string) (int, error) {
 // the runs it read as ended or gone; it returns how many it took out of
 // the index of unfinished runs.
 func (c *Client) Unlist(ctx context.Context, job string, ids ...string) (int, error) {
-	return c.unlist(ctx, job, ids)
+	k, _ := c.keys(job + ":x")
+	return c.unlist(ctx, k, ids)
 }

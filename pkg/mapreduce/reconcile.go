@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -317,19 +316,18 @@ func (c *Client) unfinishedRuns(ctx context.Context, job string) ([]*Status, err
 		}
 	}
 	if len(stale) > 0 {
-		if _, err := c.unlist(ctx, job, stale); err != nil {
+		if _, err := c.unlist(ctx, k, stale); err != nil {
 			return nil, fmt.Errorf("unlisting ended runs of %q: %w", job, err)
 		}
 	}
 	return out, nil
 }
 
-// unlist runs unlist.lua: it takes those of job's runs ids that have ended
-// or are gone out of the job's index of unfinished runs, and returns how
-// many it took out.
-func (c *Client) unlist(ctx context.Context, job string, ids []string) (int, error) {
-	k, _ := c.keys(job + ":x")
-	args := []any{strings.TrimSuffix(k.run, job+":x")}
+// unlist runs unlist.lua: it takes those of the runs ids of k's job that
+// have ended or are gone out of the job's index of unfinished runs, and
+// returns how many it took out.
+func (c *Client) unlist(ctx context.Context, k runKeys, ids []string) (int, error) {
+	args := []any{k.records}
 	for _, id := range ids {
 		args = append(args, id)
 	}
