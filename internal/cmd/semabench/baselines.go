@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -178,6 +179,11 @@ type tokenDispatch struct {
 	list    *tokenList
 	waiting chan chan string // local waiters, in arrival order
 	script  *redis.Script    // if set, a release pushes the token back by this script
+	// ticket, if set, is run by every acquire before it waits: one round
+	// trip to a script that does the Redis work of batchmr's queued acquire.
+	ticket *redis.Script
+	id     string       // this process, in ticket tokens
+	seq    atomic.Int64 // ticket tokens' sequence
 }
 
 var pushScript = redis.NewScript(`return redis.call('RPUSH', KEYS[1], ARGV[1])`)
@@ -189,6 +195,34 @@ for i = 1, 12 do
   redis.call('TIME')
   redis.call('HGET', KEYS[1] .. ':info', ARGV[1])
 end
+return redis.call('RPUSH', KEYS[1], ARGV[1])`)
+
+// ticketScript does what a batchmr acquire that finds the semaphore full
+// does in Redis (lib.lua's begin, the purge, the retry check, then the
+// ticket, the queue entry, the heartbeat and the info entry: ten
+// commands), so that token-dispatch-ticket measures the acquire round trip
+// that S2's global FIFO ticket costs. Its keys are trimmed by the release
+// so that they stay small.
+var ticketScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('MGET', KEYS[1] .. ':limit', KEYS[1] .. ':fence', KEYS[1] .. ':held')
+redis.call('ZCARD', KEYS[1] .. ':holders')
+redis.call('ZRANGEBYSCORE', KEYS[1] .. ':holders', '-inf', string.format('%d', now))
+redis.call('HGET', KEYS[1] .. ':info', ARGV[1])
+local ticket = redis.call('INCR', KEYS[1] .. ':ticket')
+redis.call('ZADD', KEYS[1] .. ':queue', string.format('%d', ticket), ARGV[1])
+redis.call('ZADD', KEYS[1] .. ':alive', string.format('%d', now + 30000), ARGV[1])
+redis.call('HSET', KEYS[1] .. ':info', ARGV[1], string.format('%d', now))
+return {0, ticket}`)
+
+// unticketScript is ticketScript's undo, run by the release before it
+// pushes the token back (three commands, as a grant's removal of the
+// waiter's entries).
+var unticketScript = redis.NewScript(`
+redis.call('ZREM', KEYS[1] .. ':queue', ARGV[2])
+redis.call('ZREM', KEYS[1] .. ':alive', ARGV[2])
+redis.call('HDEL', KEYS[1] .. ':info', ARGV[2])
 return redis.call('RPUSH', KEYS[1], ARGV[1])`)
 
 func newTokenDispatch(ctx context.Context, rdb *redis.Client, key string, limit int) *tokenDispatch {
@@ -223,10 +257,20 @@ func (d *tokenDispatch) dispatch(ctx context.Context) {
 }
 
 func (d *tokenDispatch) acquire(ctx context.Context) (func(), error) {
+	var me string
+	if d.ticket != nil {
+		me = strconv.FormatInt(d.seq.Add(1), 10) + ":" + d.id
+		if err := d.ticket.Run(ctx, d.list.rdb, []string{d.list.key}, me).Err(); err != nil {
+			return nil, err
+		}
+	}
 	w := make(chan string, 1)
 	d.waiting <- w
 	select {
 	case tok := <-w:
+		if d.ticket != nil {
+			return func() { unticketScript.Run(context.Background(), d.list.rdb, []string{d.list.key}, tok, me) }, nil
+		}
 		if d.script != nil {
 			return func() { d.script.Run(context.Background(), d.list.rdb, []string{d.list.key}, tok) }, nil
 		}

@@ -420,6 +420,7 @@ var designs = []design{
 	{name: "token-dispatch", about: "not a design: the token list behind one BLPOP per process, routed to local waiters (batchmr's wake path)", diagnostic: true},
 	{name: "token-dispatch-lua", about: "not a design: token-dispatch, released by a one-command Lua script", diagnostic: true},
 	{name: "token-dispatch-lua24", about: "not a design: token-dispatch, released by a Lua script of 25 commands", diagnostic: true},
+	{name: "token-dispatch-ticket", about: "not a design: token-dispatch, each acquire first taking a FIFO ticket by a script as batchmr's queued acquire does", diagnostic: true},
 	{name: "bound-1rtt", about: "bound, not a design: limit split over the processes, in-process hand-off after one PING"},
 	{name: "bound-local", about: "bound, not a design: limit split over the processes, in-process hand-off"},
 }
@@ -667,13 +668,15 @@ func runWorker(rdb *redis.Client) {
 		trdb.AddHook(sent)
 		defer trdb.Close()
 		acquire = newTokenList(ctx, trdb, *prefix+":tokens", *limit).acquire
-	case "token-dispatch", "token-dispatch-lua", "token-dispatch-lua24":
+	case "token-dispatch", "token-dispatch-lua", "token-dispatch-lua24", "token-dispatch-ticket":
 		d := newTokenDispatch(ctx, rdb, *prefix+":tokens", *limit)
 		switch *worker {
 		case "token-dispatch-lua":
 			d.script = pushScript
 		case "token-dispatch-lua24":
 			d.script = pushScript24
+		case "token-dispatch-ticket":
+			d.ticket, d.id = ticketScript, strconv.Itoa(os.Getpid())
 		}
 		acquire = d.acquire
 	case "bound-1rtt", "bound-local": // -limit is a multiple of -processes: see utilisationFor
