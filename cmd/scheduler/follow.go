@@ -25,7 +25,6 @@ const pollEvery = 200 * time.Millisecond
 // (ErrRunNotFound), Redis answers with an error no retry will fix, or ctx
 // is done.
 func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*mapreduce.Status, error) {
-	start := time.Now()
 	var last string
 	var lastLine time.Time
 	unreachable := false
@@ -50,7 +49,7 @@ func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*ma
 				unreachable = false
 				say("Redis at %s is back; following %s", c.addr, id)
 			}
-			line := progressLine(st, time.Since(start))
+			line := progressLine(st, time.Now())
 			switch {
 			case tty:
 				fmt.Fprintf(w, "\r%s\x1b[K", line)
@@ -133,11 +132,18 @@ func progress(st *mapreduce.Status) string {
 }
 
 // progressLine: "[#####.....] 5120/10000 pages  812/s  ETA 6s  0 failed  mapping".
-func progressLine(st *mapreduce.Status, elapsed time.Duration) string {
+// The rate and ETA are the run's own (Status.Rate), not the time since
+// this command began to follow it: following a run started or resumed
+// earlier, or one already finished, shows its real rate.
+func progressLine(st *mapreduce.Status, now time.Time) string {
 	done := st.Done + st.Failed
 	total, known := st.Pages()
+	rate := "—/s"
+	if r, ok := st.Rate(now); ok {
+		rate = fmt.Sprintf("%.0f/s", r)
+	}
 	if !known {
-		return fmt.Sprintf("[%s] %d/? pages  %s  (splitting)", strings.Repeat("·", 30), done, rate(done, elapsed))
+		return fmt.Sprintf("[%s] %d/? pages  %s  (splitting)", strings.Repeat("·", 30), done, rate)
 	}
 	frac := 1.0
 	if total > 0 {
@@ -145,16 +151,9 @@ func progressLine(st *mapreduce.Status, elapsed time.Duration) string {
 	}
 	filled := int(frac * 30)
 	eta := "—"
-	if r := float64(done) / elapsed.Seconds(); r > 0 && done < total {
-		eta = time.Duration(float64(total-done) / r * float64(time.Second)).Round(time.Second).String()
+	if d, ok := st.Remaining(now); ok {
+		eta = d.Round(time.Second).String()
 	}
 	return fmt.Sprintf("[%s%s] %d/%s pages  %s  ETA %s  %d failed  %s",
-		strings.Repeat("#", filled), strings.Repeat("·", 30-filled), done, st.PagesText(), rate(done, elapsed), eta, st.Failed, st.State)
-}
-
-func rate(n int, elapsed time.Duration) string {
-	if elapsed <= 0 {
-		return "0/s"
-	}
-	return fmt.Sprintf("%.0f/s", float64(n)/elapsed.Seconds())
+		strings.Repeat("#", filled), strings.Repeat("·", 30-filled), done, st.PagesText(), rate, eta, st.Failed, st.State)
 }

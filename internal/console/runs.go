@@ -40,27 +40,21 @@ func row(st *mapreduce.Status, now time.Time) runRow {
 	r := runRow{Status: st, Pages: st.Done + st.Failed,
 		Link:   "/run?" + url.Values{"id": {st.ID}}.Encode(),
 		Cancel: !st.State.Ended(), Retry: st.State == mapreduce.StateFailed || st.State == mapreduce.StateCancelled}
-	total, known := st.Pages()
+	total, _ := st.Pages()
 	r.Of = st.PagesText()
 	if total > 0 {
 		r.Percent = min(100, float64(r.Pages)*100/float64(total))
 	} else if st.Total == 0 && st.State.Ended() {
 		r.Percent = 100
 	}
-	start, end := st.Created, now
-	if !st.Retried.IsZero() {
-		start = st.Retried
-	}
 	if !st.Finished.IsZero() {
-		end = st.Finished
 		r.Took = duration(st.Finished.Sub(st.Created))
 	}
-	if el := end.Sub(start).Seconds(); el > 0 && r.Pages > 0 {
-		rate := float64(r.Pages) / el
+	if rate, ok := st.Rate(now); ok {
 		r.Rate = fmt.Sprintf("%.1f", rate)
-		if !st.State.Ended() && known && total > r.Pages {
-			r.ETA = duration(time.Duration(float64(total-r.Pages) / rate * float64(time.Second)))
-		}
+	}
+	if left, ok := st.Remaining(now); ok {
+		r.ETA = duration(left)
 	}
 	return r
 }

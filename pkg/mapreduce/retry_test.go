@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,9 @@ func TestRetryRerunsOnlyTheFailedPagesOfAFailedRunAndReducesOnceMore(t *testing.
 				st.Done != 7 || st.Failed != 0 || st.Error != "" || st.Result != nil || !st.Finished.IsZero() || !st.SplitDone.IsZero() {
 				t.Fatalf("resumed run: %+v; want splitting, retry 1, 7 pages kept, no failure, error, result or end", st)
 			}
+			if r, ok := st.Rate(time.Now()); ok {
+				t.Errorf("the resumed run has recorded nothing since its Retry, yet its rate reads %.1f pages/s", r)
+			}
 			for _, kind := range []string{"run", "recorded", "results"} {
 				if ttl := e.rdb.PTTL(ctx, e.runKey(id, kind)).Val(); ttl != -1 {
 					t.Errorf("the resumed run's %s key expires in %v; want no expiry until it ends", kind, ttl)
@@ -127,6 +131,20 @@ func TestRetryRerunsOnlyTheFailedPagesOfAFailedRunAndReducesOnceMore(t *testing.
 			}
 			if got := resultOf(t, c, st); got != 100*99/2 {
 				t.Errorf("result %d, want %d", got, 100*99/2)
+			}
+			// Its rate counts the 3 pages done since the last Retry, over
+			// the time since then, whenever it is read.
+			if r, ok := st.Rate(time.Now().Add(time.Hour)); !ok || math.Abs(r*st.Finished.Sub(st.Retried).Seconds()-3) > 1e-6 {
+				t.Errorf("rate %.2f pages/s (%v) over the %v since the Retry; want 3 pages over that time, not the 7 kept",
+					r, ok, st.Finished.Sub(st.Retried))
+			}
+			// A run resumed by a release that did not note the pages it kept
+			// has no rate, rather than a wrong one.
+			e.rdb.HDel(ctx, e.runKey(id, "run"), "retried_done")
+			if old, err := c.Status(ctx, id); err != nil {
+				t.Fatal(err)
+			} else if r, ok := old.Rate(time.Now()); ok {
+				t.Errorf("a resumed run with no note of the pages it kept: rate %.2f; want none", r)
 			}
 			if ttl := e.rdb.PTTL(ctx, e.runKey(id, "run")).Val(); ttl <= 0 {
 				t.Errorf("the run succeeded, but its record does not expire (TTL %v)", ttl)

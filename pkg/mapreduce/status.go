@@ -62,6 +62,9 @@ type Status struct {
 	// another Codec): decode it with the job's Job.Result.
 	Result []byte
 
+	// keptDone is Done as the last Retry left it, the pages it kept; -1
+	// when not known (a run retried by a release that did not record it).
+	keptDone  int
 	nonce     string // part of the run's task IDs
 	splitTask string // the last part of the ID of the run's split task
 	resume    int    // while splitting: every page below it was enqueued
@@ -99,7 +102,49 @@ func parseStatus(id string, h map[string]string) *Status {
 	st.Updated = msTime(h["updated"])
 	st.Finished = msTime(h["finished"])
 	st.Retried = msTime(h["retried"])
+	st.keptDone = -1
+	if st.Retried.IsZero() {
+		st.keptDone = 0
+	} else if n, err := strconv.Atoi(h["retried_done"]); err == nil {
+		st.keptDone = n
+	}
 	return st
+}
+
+// Rate returns the pages per second the run has recorded, done or failed,
+// since Start created it or Retry last resumed it, up to when it ended or
+// now; pages a Retry kept from before are not counted. ok is false while
+// no page has been recorded since then, and for a run resumed by a
+// release older than this method, which did not note the pages it kept.
+func (st *Status) Rate(now time.Time) (perSecond float64, ok bool) {
+	if st.keptDone < 0 {
+		return 0, false
+	}
+	start, end := st.Created, now
+	if !st.Retried.IsZero() {
+		start = st.Retried
+	}
+	if !st.Finished.IsZero() {
+		end = st.Finished
+	}
+	n := st.Done - st.keptDone + st.Failed
+	if el := end.Sub(start).Seconds(); el > 0 && n > 0 {
+		return float64(n) / el, true
+	}
+	return 0, false
+}
+
+// Remaining estimates how long the run needs to record its other pages at
+// its Rate. ok is false once the run has ended, while neither its total
+// nor the pages its Split said to expect are known, and while Rate is not.
+func (st *Status) Remaining(now time.Time) (d time.Duration, ok bool) {
+	total, known := st.Pages()
+	r, rated := st.Rate(now)
+	left := total - st.Done - st.Failed
+	if st.State.Ended() || !known || !rated || left <= 0 {
+		return 0, false
+	}
+	return time.Duration(float64(left) / r * float64(time.Second)), true
 }
 
 // Pages returns the run's number of pages for showing its progress: its
