@@ -47,3 +47,14 @@ func TestTheProgressLineShowsTheRunsOwnRateWhoeverStartedIt(t *testing.T) {
 		t.Errorf("a run at 300 of 1000 pages after 60s: %q", line)
 	}
 }
+
+// The runs table's ERROR column is 60 characters: the run ID its row
+// already shows would take most of them, and cut off the cause.
+func TestTheRunsTableShowsAnErrorsCauseNotTheRunIDAgain(t *testing.T) {
+	id := "count-kinds:20261123T104616.839Z-4ff24455"
+	st := &mapreduce.Status{ID: id, Error: "mapreduce: split of " + id + " after 3 pages: page_size -1: give a page size of at least 1"}
+	got := oneLine(shortError(st), 60)
+	if want := "split after 3 pages: page_size -1: give a page size of at l…"; got != want {
+		t.Errorf("ERROR column %q, want %q", got, want)
+	}
+}

@@ -53,7 +53,7 @@ func jobs(ctx context.Context, args []string) int {
 		return 0
 	}
 	if len(all) == 0 {
-		fmt.Fprintln(os.Stderr, "scheduler: the catalogue is empty: no worker has announced a job yet; start a worker that runs your jobs")
+		fmt.Fprintln(os.Stderr, "scheduler: "+app.EmptyCatalogue(c.rdb, app.Prefix))
 		return 0
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
@@ -147,14 +147,14 @@ func lookupJob(ctx context.Context, c *conn, job, what string) mapreduce.JobInfo
 			return j
 		}
 	}
-	app.Fail("%s: %s", what, unknownJob(job, all))
+	app.Fail("%s: %s", what, c.unknownJob(job, all))
 	panic("unreachable")
 }
 
 // unknownJob says that no job of that name exists, and which do.
-func unknownJob(job string, all []mapreduce.JobInfo) string {
+func (c *conn) unknownJob(job string, all []mapreduce.JobInfo) string {
 	if len(all) == 0 {
-		return fmt.Sprintf("no job %q: the catalogue is empty (no worker has announced a job yet): start a worker that runs it", job)
+		return fmt.Sprintf("no job %q: %s", job, app.EmptyCatalogue(c.rdb, app.Prefix))
 	}
 	names := make([]string, len(all))
 	for i, j := range all {

@@ -240,6 +240,19 @@ func TestRunsListsEveryJobOrOneAndRefusesAnUnknownJob(t *testing.T) {
 	if code != 1 || out != "" || !oneLine(errs) || !strings.Contains(errs, `no job "nosuchjob"`) || !strings.Contains(errs, "known jobs: lost, other, sum") {
 		t.Errorf("runs nosuchjob: exit %d, stdout %q, stderr %q; want exit 1 and one line saying there is no such job", code, out, errs)
 	}
+
+	// Under a prefix no worker uses (a BATCHMR_PREFIX or database number
+	// that differs from the workers'), the catalogue is empty: every
+	// command says where it looked, and what to check.
+	lost := s.with("BATCHMR_PREFIX=" + f.prefix + "-typo")
+	for _, args := range [][]string{{"jobs"}, {"runs"}, {"run", "sum"}} {
+		out, errs, code := lost.run(args...)
+		if !oneLine(errs) || !strings.Contains(errs, `under prefix "`+f.prefix+`-typo" in Redis database `) ||
+			!strings.Contains(errs, "BATCHMR_PREFIX they use") || out != "" {
+			t.Errorf("%v under a prefix no worker uses: exit %d, stdout %q, stderr %q; want one line naming the prefix and database, and what to check",
+				args, code, out, errs)
+		}
+	}
 }
 
 func TestJobsShowsWhoRunsEachJobAndWarnsOfJobsNobodyRuns(t *testing.T) {

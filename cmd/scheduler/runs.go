@@ -53,14 +53,14 @@ func runs(ctx context.Context, args []string) int {
 		list, err = c.mr.Runs(ctx, pos[0])
 		// A job the catalogue lost may still have runs: show them.
 		if !slices.Contains(jobs, pos[0]) && (err != nil || len(list) == 0) {
-			app.Fail("runs: %s", unknownJob(pos[0], catalogue))
+			app.Fail("runs: %s", c.unknownJob(pos[0], catalogue))
 		}
 		if err != nil {
 			app.Fail("runs: %s", trim(err))
 		}
 	} else {
 		if len(jobs) == 0 {
-			fmt.Fprintln(os.Stderr, "scheduler: the catalogue is empty: no worker has announced a job yet, so there are no runs to list")
+			fmt.Fprintln(os.Stderr, "scheduler: no runs to list: "+app.EmptyCatalogue(c.rdb, app.Prefix))
 			return 0
 		}
 		for _, job := range jobs {
@@ -88,7 +88,7 @@ func runs(ctx context.Context, args []string) int {
 		if !st.Finished.IsZero() {
 			took = st.Finished.Sub(st.Created).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.State, progress(st), st.Created.Format(time.RFC3339), took, oneLine(st.Error, 60))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.State, progress(st), st.Created.Format(time.RFC3339), took, oneLine(shortError(st), 60))
 	}
 	_ = w.Flush()
 	return 0
@@ -100,6 +100,14 @@ func joinStates() string {
 		s[i] = string(st)
 	}
 	return strings.Join(s, ", ")
+}
+
+// shortError is a run's error for a column: without the run ID the row
+// already shows ("split of <ID> after 3 pages: …" reads "split after 3
+// pages: …") and the package prefix, so that the cause fits.
+func shortError(st *mapreduce.Status) string {
+	s := strings.TrimPrefix(st.Error, "mapreduce: ")
+	return strings.Replace(s, " of "+st.ID, "", 1)
 }
 
 func oneLine(s string, max int) string {

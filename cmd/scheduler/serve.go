@@ -105,7 +105,7 @@ func serve(ctx context.Context, args []string) int {
 		s.args = argsOf[s.job]
 		i := slices.IndexFunc(catalogue, func(j mapreduce.JobInfo) bool { return j.Name == s.job })
 		if i < 0 {
-			app.Fail("--schedule %s=%s: %s, then serve (it checks its jobs at start-up)", s.job, s.spec, unknownJob(s.job, catalogue))
+			app.Fail("--schedule %s=%s: %s; then serve again (it checks its jobs at start-up)", s.job, s.spec, c.unknownJob(s.job, catalogue))
 		}
 		info := catalogue[i]
 		if !info.JSON {

@@ -195,6 +195,17 @@ func MapReduce(rdb *redis.Client, jobs *mapreduce.Jobs, log *slog.Logger) (*mapr
 	return mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: Prefix, Logger: log})
 }
 
+// EmptyCatalogue says that no worker has announced a job where rdb and
+// prefix point, naming both: a REDIS_URL with another database number, or
+// another BATCHMR_PREFIX, than the workers' is the likeliest cause when
+// workers do run.
+func EmptyCatalogue(rdb *redis.Client, prefix string) string {
+	o := rdb.Options()
+	return fmt.Sprintf("the catalogue is empty: no worker has announced a job under prefix %q in Redis database %d at %s. "+
+		"Start a worker that runs your jobs; if workers do run, give this the REDIS_URL (with its database number) and BATCHMR_PREFIX they use",
+		prefix, o.DB, o.Addr)
+}
+
 // Semaphore opens the named fleet-wide semaphore under Prefix.
 func Semaphore(rdb *redis.Client, name string, opts semaphore.Options) (*semaphore.Semaphore, error) {
 	opts.Prefix = Prefix + ":sem"

@@ -282,6 +282,12 @@ func TestBadLimitsAreRefusedWithAMessageAndChangeNothing(t *testing.T) {
 func TestRunsPageFiltersByJobAndState(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, console.Config{})
+	// Before any worker announced a job: the page says where it looked.
+	if code, body := f.get("/runs"); code != http.StatusOK ||
+		!strings.Contains(body, "no worker has announced a job under prefix &#34;"+f.prefix+"&#34; in Redis database ") ||
+		!strings.Contains(body, "BATCHMR_PREFIX they use") {
+		t.Errorf("GET /runs with an empty catalogue: %d, want 200 and where the console looked; body:\n%s", code, body)
+	}
 	f.host(2, nil, workJob("alpha", nil, nil), workJob("beta", nil, func(int) error { return &pageError{"no"} }))
 	a := f.start("alpha", workArgs{N: 2})
 	b := f.start("beta", workArgs{N: 2})
