@@ -543,6 +543,7 @@ func TestBadInputGetsOneLineAndANonZeroExit(t *testing.T) {
 		{[]string{"run"}, 2, "missing JOB"},
 		{[]string{"run", "sum", "--bogus"}, 2, "-bogus"},
 		{[]string{"run", "sum", "--args", `{"n": 1`}, 2, "is not JSON"},
+		{[]string{"run", "sum", "--args", `{n: 1}`}, 2, "is not JSON (invalid character 'n' looking for beginning of object key string, at byte 2): keys and strings take double quotes"},
 		{[]string{"status", "not-a-run"}, 1, "<job>:<key>"},
 		{[]string{"runs", "--state", "done"}, 2, `--state "done": use one of splitting, mapping`},
 		{[]string{"permits", "get", "db", "extra"}, 2, `unexpected argument "extra"`},

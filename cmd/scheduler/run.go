@@ -45,8 +45,8 @@ func run(ctx context.Context, args []string) int {
 	job := pos[0]
 	var a json.RawMessage
 	if *argsJSON != "" {
-		if !json.Valid([]byte(*argsJSON)) {
-			app.Usage("--args %.100q is not JSON: quote it for the shell, e.g. --args '{\"page_size\": 100}'", *argsJSON)
+		if err := app.JSONError(*argsJSON); err != nil {
+			app.Usage("--args %.100q is not JSON (%v): keys and strings take double quotes, and the whole takes single quotes for the shell, e.g. --args '{\"page_size\": 100}'", *argsJSON, err)
 		}
 		a = json.RawMessage(*argsJSON)
 	}

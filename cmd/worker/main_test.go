@@ -127,6 +127,9 @@ func TestBadFlagsAreOneLineNamingTheFlagAndExitTwo(t *testing.T) {
 		{[]string{"--shutdown-timeout", "-1s"}, "", "--shutdown-timeout -1s is negative"},
 		{[]string{"--concurrency", "0"}, "", "--concurrency 0: use at least 1"},
 		{[]string{"--weight", "orders-report=x"}, "", "use NAME=N"},
+		{[]string{"--weight", "nosuch=2"}, "", `--weight nosuch=2: this worker runs no job "nosuch" (it runs: orders-report)`},
+		{nil, "WORKER_CONCURRENCY=abc", `WORKER_CONCURRENCY="abc" is not a whole number: give one such as 10`},
+		{nil, "WORKER_SHUTDOWN_TIMEOUT=soon", `WORKER_SHUTDOWN_TIMEOUT="soon" is not a duration: give one such as 30s`},
 		{[]string{"--log-level", "loud"}, "", `--log-level "loud" (env LOG_LEVEL): use debug, info, warn or error`},
 		{nil, "LOG_LEVEL=warning", `--log-level "warning" (env LOG_LEVEL): use debug, info, warn or error`},
 		{[]string{"--log-format", "xml"}, "", `--log-format "xml" (env LOG_FORMAT): use text or json`},
@@ -146,7 +149,16 @@ func TestBadFlagsAreOneLineNamingTheFlagAndExitTwo(t *testing.T) {
 			t.Errorf("worker %v %s: exit %d, %q; want exit 2 and one line saying %q", tc.args, tc.env, code, out, tc.want)
 		}
 	}
-	out, err := exec.Command(bin, "--help").Output()
+	// A good command line that cannot start: exit 1, one line, its
+	// cause named once.
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "REDIS_URL=redis://127.0.0.1:1/0", "DATABASE_URL=")
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 ||
+		!strings.Contains(string(out), "cannot reach the Redis server at 127.0.0.1:1") || strings.Contains(string(out), "worker: worker:") {
+		t.Errorf("worker with Redis unreachable: %v, %q; want exit 1 and one line, prefixed once", err, out)
+	}
+	out, err = exec.Command(bin, "--help").Output()
 	if err != nil || !strings.Contains(string(out), "Example") || !strings.Contains(string(out), "WORKER_RECONCILE_EVERY") || !strings.Contains(string(out), "orders-report") ||
 		!strings.Contains(string(out), "--log-level") || !strings.Contains(string(out), "component=asynq") {
 		t.Errorf("worker --help: %v\n%s", err, out)

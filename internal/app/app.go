@@ -4,6 +4,8 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -41,7 +43,7 @@ func EnvInt(name string, def int) int {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil {
-		Fail("%s=%q is not a number", name, v)
+		Usage("%s=%q is not a whole number: give one such as %d, or unset it for that default", name, v, def)
 	}
 	return n
 }
@@ -54,7 +56,7 @@ func EnvDuration(name string, def time.Duration) time.Duration {
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		Fail("%s=%q is not a duration (use e.g. 30s)", name, v)
+		Usage("%s=%q is not a duration: give one such as %v (units ms, s, m, h), or unset it for that default", name, v, def)
 	}
 	return d
 }
@@ -118,7 +120,7 @@ func Redis(ctx context.Context, url string) (*redis.Client, error) {
 	}
 	opt, err := redis.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("--redis-url: %w", err)
+		return nil, fmt.Errorf("--redis-url (env REDIS_URL): %w: give it as redis://[user:password@]host:port/db, e.g. redis://localhost:6379/0 (rediss:// for TLS)", err)
 	}
 	rdb := redis.NewClient(opt)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -171,6 +173,16 @@ func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.
 			return nil, fmt.Errorf("the Postgres server at %s:%d refused: %s (SQLSTATE %s): check the user, password and database of --database-url (env DATABASE_URL)",
 				cfg.ConnConfig.Host, cfg.ConnConfig.Port, reply.Message, reply.Code)
 		}
+		var cert *tls.CertificateVerificationError
+		switch {
+		case strings.Contains(err.Error(), "server refused TLS connection"):
+			// It answered, without TLS: up, but sslmode asks for TLS.
+			return nil, fmt.Errorf("the Postgres server at %s:%d does not accept TLS, which the sslmode of --database-url (env DATABASE_URL) requires: "+
+				"use sslmode=disable or sslmode=prefer, or turn TLS on in the server (ssl = on)", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+		case errors.As(err, &cert):
+			return nil, fmt.Errorf("the Postgres server at %s:%d sent a certificate that did not verify (%v): give its CA with sslrootcert=FILE in --database-url (env DATABASE_URL), "+
+				"or use sslmode=require to encrypt without verifying", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cert.Err)
+		}
 		return nil, fmt.Errorf("cannot reach the Postgres server at %s:%d (%w): check --database-url (env DATABASE_URL) and that the server is up", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}
 	return pool, nil
@@ -204,6 +216,17 @@ func EmptyCatalogue(rdb *redis.Client, prefix string) string {
 	return fmt.Sprintf("the catalogue is empty: no worker has announced a job under prefix %q in Redis database %d at %s. "+
 		"Start a worker that runs your jobs; if workers do run, give this the REDIS_URL (with its database number) and BATCHMR_PREFIX they use",
 		prefix, o.DB, o.Addr)
+}
+
+// JSONError says why s is not JSON, and where, or returns nil.
+func JSONError(s string) error {
+	var v any
+	err := json.Unmarshal([]byte(s), &v)
+	var syn *json.SyntaxError
+	if errors.As(err, &syn) {
+		return fmt.Errorf("%v, at byte %d", syn, syn.Offset)
+	}
+	return err
 }
 
 // Semaphore opens the named fleet-wide semaphore under Prefix.

@@ -42,6 +42,28 @@ func TestConnectErrorsTellAServerThatRefusedFromOneThatDoesNotAnswer(t *testing.
 	if _, err = app.Postgres(ctx, "postgres://postgres@127.0.0.1:1/x?connect_timeout=2", "app-test", 1); err == nil || !strings.Contains(err.Error(), "cannot reach") {
 		t.Errorf("Postgres on a closed port: %v; want 'cannot reach'", err)
 	}
+
+	// The test server runs without TLS: a URL that requires it reaches a
+	// server that is up, and the fix is the URL's sslmode.
+	tlsURL, err := url.Parse(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := tlsURL.Query()
+	q.Set("sslmode", "require")
+	tlsURL.RawQuery = q.Encode()
+	pool, err := app.Postgres(ctx, tlsURL.String(), "app-test", 1)
+	if err == nil {
+		pool.Close()
+		t.Log("the test server accepts TLS: its refusal is not checked")
+	} else if !strings.Contains(err.Error(), "does not accept TLS") || !strings.Contains(err.Error(), "sslmode=disable") || strings.Contains(err.Error(), "cannot reach") {
+		t.Errorf("sslmode=require against a server without TLS: %v; want the sslmode named as the fix", err)
+	}
+
+	// A bare host:port is not a Redis URL: the message shows one.
+	if _, err = app.Redis(ctx, "localhost:6379"); err == nil || !strings.Contains(err.Error(), "redis://localhost:6379/0") {
+		t.Errorf("REDIS_URL=localhost:6379: %v; want the URL's form, with an example", err)
+	}
 }
 
 // A worker's pool cancels a query on the server when its context ends, and

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -68,7 +69,7 @@ func Main(jobs ...mapreduce.AnyJob) {
 			cfg.Logger.Info("worker: stopped before starting")
 			os.Exit(0)
 		}
-		app.Fail("%v", err)
+		app.Fail("%s", strings.TrimPrefix(err.Error(), "worker: "))
 	}
 	<-ctx.Done()
 	stop() // a second signal kills the process at once
@@ -125,6 +126,11 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	}
 	if cfg.Weights, err = parseCounts("--weight", weights); err != nil {
 		app.Usage("%v", err)
+	}
+	for job, n := range cfg.Weights {
+		if !slices.Contains(names, job) {
+			app.Usage("--weight %s=%d: this worker runs no job %q (it runs: %s)", job, n, job, strings.Join(names, ", "))
+		}
 	}
 	if err := cfg.withDefaults().validate(); err != nil {
 		app.Usage("%v", strings.TrimPrefix(err.Error(), "worker: "))
