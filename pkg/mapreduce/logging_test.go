@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -64,9 +65,13 @@ func TestEveryPageFailureIsLoggedWithRunJobPageAttemptAndError(t *testing.T) {
 	ended := 0
 	for _, r := range logs.records(t) {
 		switch r["msg"] {
-		case "mapreduce: page failed; retrying", "mapreduce: page failed for good: its retries are spent":
+		case "mapreduce: page failed; retrying", "mapreduce: page failed for good: it is not retried":
 			if task, _ := r["task"].(string); r["run"] != id || r["job"] != "logged" || r["step"] != "map" || task == "" || r["error"] == nil {
 				t.Errorf("page failure logged without its run, job, step, task or error: %v", r)
+			}
+			// The error is the page's, without asynq's skip-retry marker.
+			if msg, _ := r["error"].(string); !strings.HasSuffix(msg, "row 7 is malformed") {
+				t.Errorf("page failure logged with error %q; want the page's own, ending in %q", msg, "row 7 is malformed")
 			}
 			page, _ := r["page"].(float64)
 			attempt, _ := r["attempt"].(float64)

@@ -11,8 +11,10 @@ import (
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
-// Config configures a worker. Every field has a command-line flag and an
-// environment variable in Main; zero values take the documented defaults.
+// Config configures a worker. In Main every field has a command-line flag
+// and an environment variable, but Prefix (BATCHMR_PREFIX only), Logger
+// (built from --log-format and --log-level) and Observer (none: a binary
+// that traces calls Run); zero values take the documented defaults.
 type Config struct {
 	// RedisURL locates the Redis that holds runs, tasks and semaphores
 	// (--redis-url, REDIS_URL). Required.
