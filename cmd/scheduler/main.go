@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"github.com/batchmr/batchmr/internal/app"
@@ -32,6 +33,7 @@ Usage:
   scheduler permits get [NAME] [--verbose]
   scheduler permits set NAME N
   scheduler ui [--listen 127.0.0.1:8080] [--read-only]
+  scheduler version
 
 Examples:
   scheduler jobs
@@ -75,6 +77,8 @@ func main() {
 		code = ui(ctx, args)
 	case "-h", "--help", "-help", "help":
 		fmt.Print(usage)
+	case "version", "--version", "-version":
+		fmt.Printf("scheduler: batchmr %s, %s\n", app.BuildVersion(), runtime.Version())
 	default:
 		app.Usage("unknown command %q", cmd)
 	}

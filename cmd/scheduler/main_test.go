@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"net/url"
 	"os"
+	"os/exec"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -603,4 +605,15 @@ func waitingBehindACutProxy(t *testing.T) (f *fleet, p *testenv.Proxy, cmd *proc
 	})
 	p.Cut()
 	return f, p, cmd, id, release
+}
+
+// The scheduler says which batchmr it was built with: it must be kept at
+// the workers' release (docs/operations.md, upgrades).
+func TestVersionPrintsTheBatchmrVersionItWasBuiltWith(t *testing.T) {
+	for _, arg := range []string{"version", "--version"} {
+		out, err := exec.Command(schedulerBinary(t), arg).Output()
+		if err != nil || !strings.HasPrefix(string(out), "scheduler: batchmr ") || !strings.Contains(string(out), runtime.Version()) {
+			t.Errorf("scheduler %s: %v, %q; want exit 0 and the batchmr and Go versions", arg, err, out)
+		}
+	}
 }

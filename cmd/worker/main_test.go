@@ -158,6 +158,9 @@ func TestBadFlagsAreOneLineNamingTheFlagAndExitTwo(t *testing.T) {
 		!strings.Contains(string(out), "cannot reach the Redis server at 127.0.0.1:1") || strings.Contains(string(out), "worker: worker:") {
 		t.Errorf("worker with Redis unreachable: %v, %q; want exit 1 and one line, prefixed once", err, out)
 	}
+	if out, err := exec.Command(bin, "--version").Output(); err != nil || !strings.HasPrefix(string(out), "worker: batchmr ") {
+		t.Errorf("worker --version: %v, %q; want exit 0 and the batchmr version", err, out)
+	}
 	out, err = exec.Command(bin, "--help").Output()
 	if err != nil || !strings.Contains(string(out), "Example") || !strings.Contains(string(out), "WORKER_RECONCILE_EVERY") || !strings.Contains(string(out), "orders-report") ||
 		!strings.Contains(string(out), "--log-level") || !strings.Contains(string(out), "component=asynq") {

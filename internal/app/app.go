@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -216,6 +217,47 @@ func EmptyCatalogue(rdb *redis.Client, prefix string) string {
 	return fmt.Sprintf("the catalogue is empty: no worker has announced a job under prefix %q in Redis database %d at %s. "+
 		"Start a worker that runs your jobs; if workers do run, give this the REDIS_URL (with its database number) and BATCHMR_PREFIX they use",
 		prefix, o.DB, o.Addr)
+}
+
+// BuildVersion is the version of batchmr this binary was built with: the
+// module's version where batchmr is a dependency (v0.4.1, say), or, for a
+// build inside batchmr's own repository, "devel" and the commit it was
+// built from, "+dirty" if it had changes; "unknown" without build
+// information.
+func BuildVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	const module = "github.com/batchmr/batchmr"
+	v := ""
+	if bi.Main.Path == module {
+		v = bi.Main.Version
+	}
+	for _, d := range bi.Deps {
+		if d.Path == module {
+			v = d.Version
+			if d.Replace != nil && d.Replace.Version != "" {
+				v = d.Replace.Version
+			}
+		}
+	}
+	if v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision" && len(s.Value) >= 12:
+			rev = " " + s.Value[:12]
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "+dirty"
+		}
+	}
+	if bi.Main.Path != module {
+		rev, dirty = "", "" // the revision is the user's module's, not batchmr's
+	}
+	return "devel" + rev + dirty
 }
 
 // JSONError says why s is not JSON, and where, or returns nil.

@@ -71,7 +71,8 @@ type Config struct {
 	// loopback or a private network, e.g. 127.0.0.1:9090.
 	MetricsAddr string
 	// Version is free text shown with the worker in 'scheduler jobs'
-	// (--version-label, WORKER_VERSION).
+	// (--version-label, WORKER_VERSION). Default: "batchmr" and the
+	// version of batchmr the binary was built with.
 	Version string
 	// Observer also learns of every step this worker runs and every run
 	// it ends, besides the worker's own metrics: for tracing, give it

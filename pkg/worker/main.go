@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -97,7 +98,8 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", app.EnvDuration("WORKER_POLL_INTERVAL", time.Second), "how often an idle worker looks for tasks; lower starts steps sooner at the cost of Redis calls (env WORKER_POLL_INTERVAL)")
 	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", app.EnvDuration("WORKER_MAX_CLOCK_OFFSET", 3*time.Second), "how far this host's clock may be from Redis's before the worker refuses to start (env WORKER_MAX_CLOCK_OFFSET)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", app.Env("METRICS_ADDR", ""), "host:port to serve Prometheus /metrics, /healthz and /readyz on, e.g. 127.0.0.1:9090; empty: none (env METRICS_ADDR)")
-	fs.StringVar(&cfg.Version, "version-label", app.Env("WORKER_VERSION", ""), "free text shown with this worker in 'scheduler jobs', e.g. a build ID (env WORKER_VERSION)")
+	fs.StringVar(&cfg.Version, "version-label", app.Env("WORKER_VERSION", ""), "free text shown with this worker in 'scheduler jobs', e.g. a build ID; default: the batchmr version it was built with (env WORKER_VERSION)")
+	version := fs.Bool("version", false, "print the batchmr version this worker was built with, and exit")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json, on stderr (env LOG_FORMAT)")
 	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged, asynq's included (env LOG_LEVEL)")
 	names := make([]string, len(jobs))
@@ -105,6 +107,10 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 		names[i] = j.JobName()
 	}
 	app.Parse(fs, fmt.Sprintf(usage, name, strings.Join(names, ", ")), args)
+	if *version {
+		fmt.Printf("%s: batchmr %s, %s\n", name, app.BuildVersion(), runtime.Version())
+		os.Exit(0)
+	}
 	if fs.NArg() > 0 {
 		app.Usage("unexpected argument %q", fs.Arg(0))
 	}

@@ -164,6 +164,9 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	info.Queues = queues
 	info.Semaphores = slices.Sorted(maps.Keys(cfg.Permits))
 	info.Version = cfg.Version
+	if info.Version == "" {
+		info.Version = "batchmr " + app.BuildVersion()
+	}
 	go mr.RunReconciler(bg, cfg.ReconcileEvery)
 	go w.watchClock(bg)
 	go func() {

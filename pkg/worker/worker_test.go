@@ -94,6 +94,11 @@ func TestTwoWorkerBinariesWithDifferentJobsRunBothJobsAtOnceExactly(t *testing.T
 			if got := jobs[1].Workers[0].Semaphores; len(got) != 1 || got[0] != "cpu" {
 				t.Errorf("the squares worker announces semaphores %v, want [cpu]", got)
 			}
+			// With no --version-label, a worker shows the batchmr it was
+			// built with, so that an operator sees a fleet mid-upgrade.
+			if got := jobs[0].Workers[0].Version; !strings.HasPrefix(got, "batchmr ") {
+				t.Errorf("a worker with no --version-label announces version %q, want its batchmr version", got)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
