@@ -59,8 +59,22 @@ Flags:
 // function of a worker binary:
 //
 //	func main() { worker.Main(countkinds.Job, nightly.Job) }
-func Main(jobs ...mapreduce.AnyJob) {
+func Main(jobs ...mapreduce.AnyJob) { MainWith(nil, jobs...) }
+
+// MainWith is Main for a binary that sets what no flag does, such as an
+// Observer for tracing: configure, if not nil, is called with the Config
+// that the command line and environment gave, before the worker starts,
+// and may change it. Every flag keeps working, and MainWith returns after
+// a clean shutdown, so that main's deferred calls (flushing spans) run:
+//
+//	worker.MainWith(func(cfg *worker.Config) {
+//		cfg.Observer = mrotel.New(mrotel.Options{TracerProvider: tp})
+//	}, countkinds.Job)
+func MainWith(configure func(*Config), jobs ...mapreduce.AnyJob) {
 	cfg := configFromFlags(os.Args[1:], jobs)
+	if configure != nil {
+		configure(&cfg) // start validates what it left
+	}
 	// A SIGTERM while connecting is a clean stop too.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -77,7 +77,9 @@ func TestTwoWorkerBinariesWithDifferentJobsRunBothJobsAtOnceExactly(t *testing.T
 	env := append(os.Environ(), "REDIS_URL="+testenv.RedisURL(t), "BATCHMR_PREFIX="+prefix)
 	orders := startProc(t, testenv.Build(t, "../../cmd/worker"), append(env, "DATABASE_URL="+testenv.DatabaseURLIn(t, schema)),
 		"--db-permits", "2", "--concurrency", "4", "--poll-interval", "20ms", "--log-level", "info")
-	squares := startProc(t, testenv.Build(t, "./testdata/squares"), env,
+	// squares sets an Observer by MainWith (SQUARES_TRACE), its flags
+	// still read.
+	squares := startProc(t, testenv.Build(t, "./testdata/squares"), append(env, "SQUARES_TRACE=1"),
 		"--permits", "cpu=2", "--concurrency", "4", "--poll-interval", "20ms", "--log-level", "info")
 
 	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: prefix})
@@ -143,6 +145,13 @@ func TestTwoWorkerBinariesWithDifferentJobsRunBothJobsAtOnceExactly(t *testing.T
 	}
 	if st.State != mapreduce.StateSucceeded || string(st.Result) != strconv.Itoa(wantSquares) || st.Total != 80 {
 		t.Errorf("squares: %s %q = %s over %d pages, want %d over 80\n%s", st.State, st.Error, st.Result, st.Total, wantSquares, squares.output())
+	}
+	// Every step of the squares run reached the Observer MainWith set:
+	// its split, its 80 pages and its reduce, each once and succeeded.
+	for kind, n := range map[string]int{"split": 1, "map": 80, "reduce": 1} {
+		if got := strings.Count(squares.output(), "squares: step "+kind+" ended: <nil>\n"); got != n {
+			t.Errorf("the squares worker's Observer saw %d %s steps succeed, want %d", got, kind, n)
+		}
 	}
 	for name, p := range map[string]*proc{"orders": orders, "squares": squares} {
 		if out := p.output(); strings.Contains(out, "handed back") || strings.Contains(out, "level=ERROR") {

@@ -6,7 +6,9 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"iter"
+	"os"
 	"time"
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
@@ -74,4 +76,21 @@ var Job = mapreduce.Job[Args, Span, int, int]{
 	},
 }
 
-func main() { worker.Main(Job) }
+// main sets an Observer by MainWith, as a binary that traces does: with
+// SQUARES_TRACE set, it writes a line for every step that ends.
+func main() {
+	worker.MainWith(func(cfg *worker.Config) {
+		if os.Getenv("SQUARES_TRACE") != "" {
+			cfg.Observer = stepLines{}
+		}
+	}, Job)
+}
+
+// stepLines writes "squares: step KIND ended: OUTCOME" on stderr.
+type stepLines struct{}
+
+func (stepLines) Step(ctx context.Context, s mapreduce.Step) (context.Context, func(error)) {
+	return ctx, func(err error) { fmt.Fprintf(os.Stderr, "squares: step %s ended: %v\n", s.Kind, err) }
+}
+
+func (stepLines) RunEnded(string, string, mapreduce.State, time.Duration) {}
