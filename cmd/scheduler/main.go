@@ -15,6 +15,9 @@ import (
 	"syscall"
 
 	"github.com/batchmr/batchmr/internal/app"
+	// The time zones of CRON_TZ= schedules, in images without zoneinfo
+	// (the distroless one).
+	_ "time/tzdata"
 )
 
 const usage = `scheduler starts, follows, cancels and resumes runs of any batchmr job, and

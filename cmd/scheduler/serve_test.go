@@ -31,3 +31,26 @@ func TestEverySpecTicksAtMultiplesOfItsDurationSinceTheEpoch(t *testing.T) {
 		}
 	}
 }
+
+// A cron spec may name its time zone: CRON_TZ=Area/City before the five
+// fields. Its ticks follow that zone's clock, summer time included, and
+// the distroless image (no zoneinfo) knows the zone too.
+func TestACronSpecMayNameItsTimeZone(t *testing.T) {
+	berlin, err := parseSpec("CRON_TZ=Europe/Berlin 0 2 * * *")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ after, want time.Time }{
+		// November: Berlin is UTC+1, so 02:00 there is 01:00 UTC.
+		{time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC), time.Date(2026, 11, 23, 1, 0, 0, 0, time.UTC)},
+		// July: UTC+2, so 00:00 UTC.
+		{time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC), time.Date(2026, 7, 2, 0, 0, 0, 0, time.UTC)},
+	} {
+		if got := berlin(tc.after); !got.Equal(tc.want) {
+			t.Errorf("CRON_TZ=Europe/Berlin 0 2 * * * after %v: %v, want %v", tc.after, got.UTC(), tc.want)
+		}
+	}
+	if _, err := parseSpec("CRON_TZ=Mars/Olympus 0 2 * * *"); err == nil {
+		t.Error("parseSpec accepted an unknown time zone")
+	}
+}
