@@ -344,11 +344,25 @@ func TestPermitsGetAndSetAnySemaphoreAndRefuseUnknownOnes(t *testing.T) {
 	if code != 1 || out != "" || !oneLine(errs) || !strings.Contains(errs, `no semaphore "nosuchsem"`) || !strings.Contains(errs, "in use: cache, db") {
 		t.Errorf("permits get nosuchsem: exit %d, stdout %q, stderr %q; want exit 1 saying there is no such semaphore", code, out, errs)
 	}
-	// A limit set by hand makes a semaphore exist before any worker uses it.
-	if _, errs, code := s.run("permits", "set", "later", "3"); code != 0 || !strings.Contains(errs, `no live worker uses semaphore "later" yet`) {
-		t.Errorf("permits set later 3: exit %d, stderr %q; want a warning that no worker uses it yet", code, errs)
+	// A name no worker uses and Redis has no limit for is likely a typo:
+	// refused, and nothing is written.
+	if out, errs, code := s.run("permits", "set", "later", "3"); code != 1 || out != "" || !oneLine(errs) ||
+		!strings.Contains(errs, `no live worker uses a semaphore "later"`) || !strings.Contains(errs, "in use: cache, db") || !strings.Contains(errs, "--new") {
+		t.Errorf("permits set later 3: exit %d, stdout %q, stderr %q; want exit 1 naming the semaphores in use and --new", code, out, errs)
 	}
-	if out, errs, code := s.run("permits", "get", "later"); code != 0 || !strings.HasPrefix(out, "semaphore later: limit 3") {
+	if _, errs, code := s.run("permits", "get", "later"); code != 1 || !strings.Contains(errs, `no semaphore "later"`) {
+		t.Errorf("permits get later after a refused set: exit %d, stderr %q; want no such semaphore", code, errs)
+	}
+	// With --new, a limit set by hand makes a semaphore exist before any
+	// worker uses it.
+	if out, errs, code := s.run("permits", "set", "later", "3", "--new"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore later: limit 3" {
+		t.Errorf("permits set later 3 --new: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	// Once it has a limit, it is known: no --new needed to change it.
+	if _, errs, code := s.run("permits", "set", "later", "4"); code != 0 || errs != "" {
+		t.Errorf("permits set later 4: exit %d, stderr %q", code, errs)
+	}
+	if out, errs, code := s.run("permits", "get", "later"); code != 0 || !strings.HasPrefix(out, "semaphore later: limit 4") {
 		t.Errorf("permits get later: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }

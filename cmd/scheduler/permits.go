@@ -28,12 +28,15 @@ worker uses exits 1.
 
 'set' changes the limit for every worker at once: raising it wakes waiters
 now; lowering it lets holders finish and grants nobody until the permits
-held fit. N is a whole number of at least 1.
+held fit. N is a whole number of at least 1. A NAME that Redis has no
+limit for and no live worker uses is refused as a likely typo, unless
+--new says it is a semaphore that workers will use.
 
 Examples:
   scheduler permits get
   scheduler permits get db --verbose
   scheduler permits set db 12
+  scheduler permits set exports 4 --new
 
 Flags:
 `
@@ -42,6 +45,7 @@ func permits(ctx context.Context, args []string) int {
 	fs := flag.NewFlagSet("permits", flag.ContinueOnError)
 	url := redisFlag(fs)
 	verbose := fs.Bool("verbose", false, "get: list every permit held and every request queued too")
+	isNew := fs.Bool("new", false, "set: the semaphore is new, used by no live worker yet (without it, such a name is refused as a likely typo)")
 	pos := parse(fs, permitsUsage, args)
 	if len(pos) == 0 {
 		app.Usage("missing get or set")
@@ -62,11 +66,7 @@ func permits(ctx context.Context, args []string) int {
 		for i, name := range names {
 			st := stats(ctx, c, name)
 			if st.Limit == 0 && !slices.Contains(inUse, name) {
-				known := "none is in use"
-				if len(inUse) > 0 {
-					known = "in use: " + strings.Join(inUse, ", ")
-				}
-				app.Fail("permits get %s: no semaphore %q: Redis has no limit for it and no live worker uses it (%s)", name, name, known)
+				app.Fail("permits get %s: no semaphore %q: Redis has no limit for it and no live worker uses it (%s)", name, name, inUseText(inUse))
 			}
 			if i > 0 {
 				fmt.Println()
@@ -83,8 +83,9 @@ func permits(ctx context.Context, args []string) int {
 		defer c.close()
 		s := open(c, pos[1])
 		defer s.Close()
-		if st := stats(ctx, c, pos[1]); st.Limit == 0 && !slices.Contains(announcedSemaphores(ctx, c), pos[1]) {
-			fmt.Fprintf(os.Stderr, "scheduler: warning: no live worker uses semaphore %q yet: the limit applies once one does\n", pos[1])
+		if inUse := announcedSemaphores(ctx, c); !*isNew && stats(ctx, c, pos[1]).Limit == 0 && !slices.Contains(inUse, pos[1]) {
+			app.Fail("permits set %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
+				"or add --new to set the limit of a semaphore before any worker uses it", pos[1], pos[1], inUseText(inUse))
 		}
 		if err := s.SetLimit(ctx, n); err != nil {
 			app.Fail("permits set %s: %v", pos[1], err)
@@ -94,6 +95,14 @@ func permits(ctx context.Context, args []string) int {
 		app.Usage("permits %q: use get or set", pos[0])
 	}
 	return 0
+}
+
+// inUseText lists the semaphores live workers use, for a message.
+func inUseText(inUse []string) string {
+	if len(inUse) == 0 {
+		return "none is in use"
+	}
+	return "in use: " + strings.Join(inUse, ", ")
 }
 
 // announcedSemaphores returns the semaphores live workers announce, sorted.
