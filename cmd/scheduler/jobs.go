@@ -21,9 +21,15 @@ it and the live workers that run it. A job nobody runs any more stays
 listed, with a warning: its runs would not start until a worker runs it
 again.
 
+scheduler jobs forget JOB: remove a retired or renamed job from the
+catalogue. Refused while a live worker runs it (it would be announced
+again) or a run of it has not ended (cancel it first). Its ended runs stay
+readable by ID ('scheduler status RUN') until their retention ends.
+
 Example:
   scheduler jobs
   scheduler jobs --json | jq '.[] | {name, workers: [.workers[].id]}'
+  scheduler jobs forget nightly-v1
 
 Flags:
 `
@@ -33,6 +39,16 @@ func jobs(ctx context.Context, args []string) int {
 	url := redisFlag(fs)
 	asJSON := fs.Bool("json", false, "print the catalogue as JSON: each job's announcement, with its live workers")
 	pos := parse(fs, jobsUsage, args)
+	if len(pos) > 0 && pos[0] == "forget" {
+		want(pos, 2, 2, "JOB (a job of the catalogue that no live worker runs)")
+		c := connect(ctx, *url)
+		defer c.close()
+		if err := c.mr.ForgetJob(ctx, pos[1]); err != nil {
+			app.Fail("jobs %s", trim(err))
+		}
+		fmt.Printf("forgot job %s\n", pos[1])
+		return 0
+	}
 	want(pos, 0, 0, "")
 	c := connect(ctx, *url)
 	defer c.close()

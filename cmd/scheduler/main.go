@@ -27,6 +27,7 @@ scheduler.
 
 Usage:
   scheduler jobs [--json]
+  scheduler jobs forget JOB
   scheduler run JOB [--args JSON] [--key KEY] [--wait]
   scheduler serve --schedule JOB=SPEC [--schedule ...] [--args JOB=JSON ...]
   scheduler status RUN [--json]

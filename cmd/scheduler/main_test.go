@@ -255,6 +255,24 @@ func TestRunsListsEveryJobOrOneAndRefusesAnUnknownJob(t *testing.T) {
 				args, code, out, errs)
 		}
 	}
+
+	// A retired job ("lost": its worker stopped) leaves the catalogue once
+	// its open run is cancelled; one a live worker runs does not.
+	if out, errs, code := s.run("jobs", "forget", "lost"); code != 1 || out != "" || !oneLine(errs) || !strings.Contains(errs, "have not ended ("+waiting+"): cancel them first") {
+		t.Errorf("jobs forget lost with a run open: exit %d, stdout %q, stderr %q; want exit 1 naming the run", code, out, errs)
+	}
+	if _, errs, code := s.run("jobs", "forget", "sum"); code != 1 || !strings.Contains(errs, "live workers run it") {
+		t.Errorf("jobs forget sum while a worker runs it: exit %d, stderr %q; want exit 1", code, errs)
+	}
+	if _, errs, code := s.run("cancel", waiting); code != 0 {
+		t.Fatalf("cancel %s: exit %d, %s", waiting, code, errs)
+	}
+	if out, errs, code := s.run("jobs", "forget", "lost"); code != 0 || strings.TrimSpace(out) != "forgot job lost" || errs != "" {
+		t.Errorf("jobs forget lost: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if out, _, _ := s.run("jobs"); strings.Contains(out, "lost") {
+		t.Errorf("scheduler jobs after forgetting lost still lists it:\n%s", out)
+	}
 }
 
 func TestJobsShowsWhoRunsEachJobAndWarnsOfJobsNobodyRuns(t *testing.T) {

@@ -269,6 +269,46 @@ func (c *Client) Job(ctx context.Context, name string) (JobInfo, error) {
 	return JobInfo{}, fmt.Errorf("mapreduce: job %q: %w: no worker has announced it (known jobs: %s)", name, ErrUnknownJob, known)
 }
 
+// ForgetJob removes a job nobody runs any more (retired or renamed) from
+// the catalogue, so that it is no longer listed or started. It refuses,
+// changing nothing, a job that a live worker runs (the worker would
+// announce it again: stop it first) or that has a run not ended (cancel
+// it first: no worker of the job is left to end it). Its ended runs stay
+// in Redis until their retention ends, readable by ID.
+func (c *Client) ForgetJob(ctx context.Context, name string) error {
+	info, err := c.Job(ctx, name)
+	if errors.Is(err, ErrUnknownJob) {
+		return fmt.Errorf("mapreduce: forget %s: %w: the catalogue has no job by that name ('scheduler jobs' lists them)", name, ErrUnknownJob)
+	}
+	if err != nil {
+		return err
+	}
+	if len(info.Workers) > 0 {
+		ids := make([]string, len(info.Workers))
+		for i, w := range info.Workers {
+			ids[i] = w.ID
+		}
+		return fmt.Errorf("mapreduce: forget %s: live workers run it (%s): stop them, or they announce it again", name, strings.Join(ids, ", "))
+	}
+	runs, err := c.Runs(ctx, name)
+	if err != nil {
+		return fmt.Errorf("mapreduce: runs of %s: %w", name, err)
+	}
+	var open []string
+	for _, st := range runs {
+		if !st.State.Ended() {
+			open = append(open, st.ID)
+		}
+	}
+	if len(open) > 0 {
+		return fmt.Errorf("mapreduce: forget %s: %d of its runs have not ended (%s): cancel them first", name, len(open), strings.Join(open, ", "))
+	}
+	if err := c.rdb.HDel(ctx, c.catalogKey("jobs"), name).Err(); err != nil {
+		return fmt.Errorf("mapreduce: forgetting job %s: %w", name, err)
+	}
+	return nil
+}
+
 // Workers returns the live workers, sorted by ID.
 func (c *Client) Workers(ctx context.Context) ([]WorkerInfo, error) {
 	now, err := c.rdb.Time(ctx).Result()

@@ -162,3 +162,57 @@ func TestArgumentsNobodyCheckedFailTheRunAtItsSplitWithoutRetries(t *testing.T) 
 		t.Errorf("the split was retried %d times, want none", ti.Retried)
 	}
 }
+
+// A retired job leaves the catalogue by ForgetJob, but only once nothing
+// depends on it: not while a live worker runs it (it would be announced
+// again), nor while one of its runs has not ended. Its ended runs stay
+// readable by ID.
+func TestForgetJobRemovesARetiredJobOnlyOnceNoWorkerOrOpenRunNeedsIt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	host, starter := e.validatedSum(e.opts(mapreduce.JobOptions{}))
+	info, stop := announce(t, starter, host)
+
+	err := starter.ForgetJob(ctx, "sum")
+	if err == nil || !strings.Contains(err.Error(), "live workers run it ("+info.ID+")") {
+		t.Fatalf("forgetting a job a live worker runs: %v; want a refusal naming the worker", err)
+	}
+	stop()
+	w := e.worker(host, 1)
+	done, err := starter.StartJSON(ctx, "sum", json.RawMessage(`{"N": 10, "PageSize": 5}`), mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := wait(t, starter, done, 10*time.Second); st.State != mapreduce.StateSucceeded {
+		t.Fatalf("run %s, want succeeded", st.State)
+	}
+	w.Shutdown()
+	open, err := starter.StartJSON(ctx, "sum", json.RawMessage(`{"N": 10, "PageSize": 5}`), mapreduce.StartOptions{Key: "open"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = starter.ForgetJob(ctx, "sum")
+	if err == nil || !strings.Contains(err.Error(), "1 of its runs have not ended ("+open+")") {
+		t.Fatalf("forgetting a job with a run not ended: %v; want a refusal naming the run", err)
+	}
+	if _, err := starter.Job(ctx, "sum"); err != nil {
+		t.Fatalf("after two refusals: %v; want the job still listed", err)
+	}
+
+	if err := starter.Cancel(ctx, open); err != nil {
+		t.Fatal(err)
+	}
+	if err := starter.ForgetJob(ctx, "sum"); err != nil {
+		t.Fatalf("forgetting a job nobody runs, its runs ended: %v", err)
+	}
+	if _, err := starter.Job(ctx, "sum"); !errors.Is(err, mapreduce.ErrUnknownJob) {
+		t.Errorf("after ForgetJob, Job: %v; want ErrUnknownJob", err)
+	}
+	if st, err := starter.Status(ctx, done); err != nil || st.State != mapreduce.StateSucceeded {
+		t.Errorf("a forgotten job's ended run: %v, %v; want it still readable", st, err)
+	}
+	if err := starter.ForgetJob(ctx, "sum"); !errors.Is(err, mapreduce.ErrUnknownJob) {
+		t.Errorf("forgetting it again: %v; want ErrUnknownJob", err)
+	}
+}
