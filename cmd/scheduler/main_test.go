@@ -592,6 +592,7 @@ func TestBadInputGetsOneLineAndANonZeroExit(t *testing.T) {
 		{[]string{"serve", "--schedule", "sum=@daily", "--args", `other={}`}, 2, "other has no --schedule"},
 		{[]string{"serve", "--schedule", "sum=@daily", "--log-level", "verbose"}, 2, `--log-level "verbose" (env LOG_LEVEL): use debug, info, warn or error`},
 		{[]string{"serve", "--schedule", "sum=@daily", "--log-format", "xml"}, 2, `--log-format "xml" (env LOG_FORMAT): use text or json`},
+		{[]string{"ui", "--log-level", "loud"}, 2, `--log-level "loud" (env LOG_LEVEL): use debug, info, warn or error`},
 	} {
 		_, errs, code := s.run(tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) || !oneLine(errs) {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net"
+	"os"
 	"testing"
 	"time"
 )
@@ -52,5 +54,28 @@ func TestACronSpecMayNameItsTimeZone(t *testing.T) {
 	}
 	if _, err := parseSpec("CRON_TZ=Mars/Olympus 0 2 * * *"); err == nil {
 		t.Error("parseSpec accepted an unknown time zone")
+	}
+}
+
+// The console's address as printed is one a browser can open: a listener
+// on every interface is shown by this host's name, not as [::].
+func TestTheConsoleURLOfAnAllInterfacesListenerNamesThisHost(t *testing.T) {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	for addr, want := range map[string]string{
+		"127.0.0.1:8080": "http://127.0.0.1:8080/",
+		"[::]:18090":     "http://" + net.JoinHostPort(host, "18090") + "/",
+		"0.0.0.0:8080":   "http://" + net.JoinHostPort(host, "8080") + "/",
+		"[::1]:8080":     "http://[::1]:8080/",
+	} {
+		a, err := net.ResolveTCPAddr("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := consoleURL(a); got != want {
+			t.Errorf("listening on %s: %q, want %q", addr, got, want)
+		}
 	}
 }

@@ -49,10 +49,11 @@ func ui(ctx context.Context, args []string) int {
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve the console on (loopback by default)")
 	readOnly := fs.Bool("read-only", false, "serve no mutations: no cancel, retry or set limit")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
+	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged (env LOG_LEVEL)")
 	publicURL := fs.String("public-url", app.Env("BATCHMR_UI_PUBLIC_URL", ""), "the URL browsers use when it is a name, e.g. https://batchmr.example.com behind a proxy (env BATCHMR_UI_PUBLIC_URL)")
 	pos := parse(fs, uiUsage, args)
 	want(pos, 0, 0, "")
-	log, err := app.Logger(*logFormat, "info")
+	log, err := app.Logger(*logFormat, *logLevel)
 	if err != nil {
 		app.Usage("%v", err)
 	}
@@ -81,7 +82,7 @@ func ui(ctx context.Context, args []string) int {
 	srv := &http.Server{Handler: con, ReadHeaderTimeout: 10 * time.Second, ErrorLog: nil}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
-	fmt.Fprintf(os.Stderr, "scheduler: console on http://%s/ (Ctrl-C stops it)\n", ln.Addr())
+	fmt.Fprintf(os.Stderr, "scheduler: console on %s (Ctrl-C stops it)\n", consoleURL(ln.Addr()))
 	select {
 	case err := <-done:
 		app.Fail("ui: %v", err)
@@ -98,4 +99,20 @@ func ui(ctx context.Context, args []string) int {
 func isLoopback(host string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// consoleURL is the address to open for a listener: one bound to every
+// interface (0.0.0.0, or [::] as Go reports it) is shown as this host's
+// name, which a browser can open; "[::]" is not.
+func consoleURL(addr net.Addr) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return "http://" + addr.String() + "/"
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if host, err = os.Hostname(); err != nil || host == "" {
+			host = "localhost"
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/"
 }
