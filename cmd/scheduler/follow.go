@@ -25,6 +25,9 @@ const pollEvery = 200 * time.Millisecond
 // (ErrRunNotFound), Redis answers with an error no retry will fix, or ctx
 // is done.
 func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*mapreduce.Status, error) {
+	// The rate is over the run's own times, which are Redis's: measured
+	// against Redis's clock, a skewed host clock does not skew it.
+	skew := app.RedisSkew(ctx, c.rdb)
 	var last string
 	var lastLine time.Time
 	unreachable := false
@@ -49,7 +52,7 @@ func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*ma
 				unreachable = false
 				say("Redis at %s is back; following %s", c.addr, id)
 			}
-			line := progressLine(st, time.Now())
+			line := progressLine(st, time.Now().Add(skew))
 			switch {
 			case tty:
 				fmt.Fprintf(w, "\r%s\x1b[K", line)

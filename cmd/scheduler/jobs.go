@@ -109,7 +109,7 @@ func jobs(ctx context.Context, args []string) int {
 
 // noWorker is the warning for a job no live worker runs.
 func noWorker(job string) string {
-	return fmt.Sprintf("WARNING: no live worker runs %s: its runs will not start until one does", job)
+	return fmt.Sprintf("WARNING: no live worker runs %s: its runs will not start until one does (retired? 'scheduler jobs forget %s')", job, job)
 }
 
 // argsOf describes a job's arguments for a person writing --args: the Go

@@ -22,9 +22,10 @@ import (
 const serveUsage = `scheduler serve --schedule JOB=SPEC [--schedule ...] [--args JOB=JSON ...]:
 start runs of any job of the catalogue on a schedule, until SIGTERM.
 
-SPEC is a cron expression (5 fields, UTC; 'CRON_TZ=Europe/Berlin 0 2 * * *'
-follows that zone's clock, summer time included), a descriptor (@hourly,
-@daily, ...) or '@every DURATION', which fires at multiples of the duration since
+SPEC is a cron expression (5 fields, UTC; 'CRON_TZ=Europe/Berlin 0 6 * * *'
+follows that zone's clock: a time that summer time skips has no tick that
+day, and one it repeats ticks twice), a descriptor (@hourly, @daily, ...)
+or '@every DURATION', which fires at multiples of the duration since
 the Unix epoch. Each tick's run is named after the tick, so any number of
 replicas can serve the same schedules: they start one run per tick. A tick
 whose previous run of the job is still going is skipped (unless the job

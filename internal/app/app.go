@@ -5,6 +5,7 @@ package app
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -181,8 +182,13 @@ func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.
 			return nil, fmt.Errorf("the Postgres server at %s:%d does not accept TLS, which the sslmode of --database-url (env DATABASE_URL) requires: "+
 				"use sslmode=disable or sslmode=prefer, or turn TLS on in the server (ssl = on)", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 		case errors.As(err, &cert):
-			return nil, fmt.Errorf("the Postgres server at %s:%d sent a certificate that did not verify (%v): give its CA with sslrootcert=FILE in --database-url (env DATABASE_URL), "+
-				"or use sslmode=require to encrypt without verifying", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cert.Err)
+			fix := "give its CA with sslrootcert=FILE in --database-url (env DATABASE_URL)"
+			var host x509.HostnameError
+			if errors.As(cert.Err, &host) {
+				fix = "connect by a name the certificate was issued for, in --database-url (env DATABASE_URL)"
+			}
+			return nil, fmt.Errorf("the Postgres server at %s:%d sent a certificate that did not verify (%v): %s, "+
+				"or use sslmode=require to encrypt without verifying", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cert.Err, fix)
 		}
 		return nil, fmt.Errorf("cannot reach the Postgres server at %s:%d (%w): check --database-url (env DATABASE_URL) and that the server is up", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}
@@ -260,8 +266,24 @@ func BuildVersion() string {
 	return "devel" + rev + dirty
 }
 
+// RedisSkew is how far Redis's clock is ahead of this host's (negative:
+// behind), measured by one TIME call, or 0 if Redis does not answer. Add
+// it to time.Now() to compare with times Redis stamped, such as a run's
+// Created and Retried, whatever this host's clock says.
+func RedisSkew(ctx context.Context, rdb redis.Cmdable) time.Duration {
+	sent := time.Now()
+	rt, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return 0
+	}
+	return rt.Sub(sent.Add(time.Since(sent) / 2))
+}
+
 // JSONError says why s is not JSON, and where, or returns nil.
 func JSONError(s string) error {
+	if json.Valid([]byte(s)) {
+		return nil // numbers past float64's range are JSON, though Unmarshal into any refuses them
+	}
 	var v any
 	err := json.Unmarshal([]byte(s), &v)
 	var syn *json.SyntaxError

@@ -131,3 +131,16 @@ func TestLoggerTakesTheNamedLevelsAndFormatsAndRefusesOthers(t *testing.T) {
 		}
 	}
 }
+
+// JSONError accepts every JSON text json.Valid does, and says why and
+// where for one it does not.
+func TestJSONErrorSaysWhyAndWhere(t *testing.T) {
+	for _, ok := range []string{`{"n": 1}`, `1e400`, `[1, "a", null]`} {
+		if err := app.JSONError(ok); err != nil {
+			t.Errorf("JSONError(%s): %v, want nil", ok, err)
+		}
+	}
+	if err := app.JSONError(`{n: 1}`); err == nil || !strings.Contains(err.Error(), "at byte 2") {
+		t.Errorf("JSONError({n: 1}): %v; want the parser's error and where", err)
+	}
+}

@@ -17,8 +17,9 @@ type jobRow struct {
 }
 
 type jobsView struct {
-	Jobs []jobRow
-	Now  time.Time
+	Jobs  []jobRow
+	Now   time.Time
+	Empty string // why there are no jobs, and what to check
 }
 
 func (c *Console) jobsData(ctx context.Context, _ *http.Request) (string, string, any, error) {
@@ -30,7 +31,7 @@ func (c *Console) jobsData(ctx context.Context, _ *http.Request) (string, string
 	if err != nil {
 		return "Jobs", "/jobs/live", nil, err
 	}
-	v := jobsView{Now: time.Now()}
+	v := jobsView{Now: time.Now(), Empty: c.emptyCatalogue()}
 	for _, j := range catalogue {
 		jr := jobRow{JobInfo: j, Runs: "/runs?" + url.Values{"job": {j.Name}}.Encode()}
 		for _, s := range scheds {

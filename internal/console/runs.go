@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/redis/go-redis/v9"
 )
@@ -99,7 +100,7 @@ func (c *Console) runsData(ctx context.Context, r *http.Request) (string, string
 		list = append(list, l...)
 	}
 	slices.SortStableFunc(list, func(a, b *mapreduce.Status) int { return b.Created.Compare(a.Created) })
-	now := time.Now()
+	now := time.Now().Add(app.RedisSkew(ctx, c.cfg.Redis)) // as the runs' times are
 	for _, st := range list {
 		switch {
 		case v.State == "active" && st.State.Ended(),
@@ -138,7 +139,7 @@ func (c *Console) runData(ctx context.Context, r *http.Request) (string, string,
 		}
 		return "Run", live, nil, err
 	}
-	v := runView{runRow: row(st, time.Now())}
+	v := runView{runRow: row(st, time.Now().Add(app.RedisSkew(ctx, c.cfg.Redis)))}
 	v.Failures, v.FailuresTotal, err = c.cfg.MapReduce.Failures(ctx, id, maxFailures)
 	if err != nil && !errors.Is(err, mapreduce.ErrRunNotFound) {
 		return "Run " + id, live, nil, err

@@ -273,8 +273,10 @@ func (c *Client) Job(ctx context.Context, name string) (JobInfo, error) {
 // the catalogue, so that it is no longer listed or started. It refuses,
 // changing nothing, a job that a live worker runs (the worker would
 // announce it again: stop it first) or that has a run not ended (cancel
-// it first: no worker of the job is left to end it). Its ended runs stay
-// in Redis until their retention ends, readable by ID.
+// it first: no worker of the job is left to end it). A start that raced
+// with it (one that read the catalogue before) puts the job back, and a
+// worker of the job that starts later announces it again. Its ended runs
+// stay in Redis until their retention ends, readable by ID.
 func (c *Client) ForgetJob(ctx context.Context, name string) error {
 	info, err := c.Job(ctx, name)
 	if errors.Is(err, ErrUnknownJob) {
@@ -290,9 +292,34 @@ func (c *Client) ForgetJob(ctx context.Context, name string) error {
 		}
 		return fmt.Errorf("mapreduce: forget %s: live workers run it (%s): stop them, or they announce it again", name, strings.Join(ids, ", "))
 	}
-	runs, err := c.Runs(ctx, name)
+	if err := c.noOpenRuns(ctx, name); err != nil {
+		return err
+	}
+	key := c.catalogKey("jobs")
+	entry, err := c.rdb.HGet(ctx, key, name).Result()
+	if err == nil {
+		err = c.rdb.HDel(ctx, key, name).Err()
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("mapreduce: forgetting job %s: %w", name, err)
+	}
+	// A start that read the catalogue before the HDEL may have created a
+	// run since: such a run keeps its job listed.
+	if err := c.noOpenRuns(ctx, name); err != nil && entry != "" {
+		if perr := c.rdb.HSetNX(ctx, key, name, entry).Err(); perr != nil {
+			return fmt.Errorf("%w; putting the job back in the catalogue failed too: %w", err, perr)
+		}
+		return err
+	}
+	return nil
+}
+
+// noOpenRuns returns an error naming the job's runs that have not ended,
+// if any.
+func (c *Client) noOpenRuns(ctx context.Context, job string) error {
+	runs, err := c.Runs(ctx, job)
 	if err != nil {
-		return fmt.Errorf("mapreduce: runs of %s: %w", name, err)
+		return err
 	}
 	var open []string
 	for _, st := range runs {
@@ -301,10 +328,7 @@ func (c *Client) ForgetJob(ctx context.Context, name string) error {
 		}
 	}
 	if len(open) > 0 {
-		return fmt.Errorf("mapreduce: forget %s: %d of its runs have not ended (%s): cancel them first", name, len(open), strings.Join(open, ", "))
-	}
-	if err := c.rdb.HDel(ctx, c.catalogKey("jobs"), name).Err(); err != nil {
-		return fmt.Errorf("mapreduce: forgetting job %s: %w", name, err)
+		return fmt.Errorf("mapreduce: forget %s: %d of its runs have not ended (%s): cancel them first", job, len(open), strings.Join(open, ", "))
 	}
 	return nil
 }

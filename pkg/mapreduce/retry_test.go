@@ -138,13 +138,22 @@ func TestRetryRerunsOnlyTheFailedPagesOfAFailedRunAndReducesOnceMore(t *testing.
 				t.Errorf("rate %.2f pages/s (%v) over the %v since the Retry; want 3 pages over that time, not the 7 kept",
 					r, ok, st.Finished.Sub(st.Retried))
 			}
-			// A run resumed by a release that did not note the pages it kept
-			// has no rate, rather than a wrong one.
-			e.rdb.HDel(ctx, e.runKey(id, "run"), "retried_done")
-			if old, err := c.Status(ctx, id); err != nil {
-				t.Fatal(err)
-			} else if r, ok := old.Rate(time.Now()); ok {
-				t.Errorf("a resumed run with no note of the pages it kept: rate %.2f; want none", r)
+			if st.RetriedDone != 7 {
+				t.Errorf("RetriedDone %d, want the 7 pages the last Retry kept", st.RetriedDone)
+			}
+			// A run last resumed by a release that notes no pages kept has no
+			// rate, rather than a wrong one: whether this release's note is
+			// older (that release retried it since) or missing.
+			for _, older := range []func(){
+				func() { e.rdb.HIncrBy(ctx, e.runKey(id, "run"), "retries", 1) },
+				func() { e.rdb.HDel(ctx, e.runKey(id, "run"), "retried_done") },
+			} {
+				older()
+				if old, err := c.Status(ctx, id); err != nil {
+					t.Fatal(err)
+				} else if r, ok := old.Rate(time.Now()); ok || old.RetriedDone != -1 {
+					t.Errorf("a run resumed by an older release: rate %.2f (%v), RetriedDone %d; want no rate and -1", r, ok, old.RetriedDone)
+				}
 			}
 			if ttl := e.rdb.PTTL(ctx, e.runKey(id, "run")).Val(); ttl <= 0 {
 				t.Errorf("the run succeeded, but its record does not expire (TTL %v)", ttl)

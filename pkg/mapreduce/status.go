@@ -2,6 +2,7 @@ package mapreduce
 
 import (
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -56,15 +57,16 @@ type Status struct {
 	// it last did; zero if it never did.
 	Retries int
 	Retried time.Time
+	// RetriedDone is Done as the last Retry left it: the pages it kept,
+	// which Rate does not count. -1 if not known: a release before this
+	// field retried the run.
+	RetriedDone int
 	// Error says why a failed run failed, or that it was cancelled.
 	Error string
 	// Result is the encoded value Reduce returned (JSON unless the job has
 	// another Codec): decode it with the job's Job.Result.
 	Result []byte
 
-	// keptDone is Done as the last Retry left it, the pages it kept; -1
-	// when not known (a run retried by a release that did not record it).
-	keptDone  int
 	nonce     string // part of the run's task IDs
 	splitTask string // the last part of the ID of the run's split task
 	resume    int    // while splitting: every page below it was enqueued
@@ -102,22 +104,22 @@ func parseStatus(id string, h map[string]string) *Status {
 	st.Updated = msTime(h["updated"])
 	st.Finished = msTime(h["finished"])
 	st.Retried = msTime(h["retried"])
-	st.keptDone = -1
-	if st.Retried.IsZero() {
-		st.keptDone = 0
-	} else if n, err := strconv.Atoi(h["retried_done"]); err == nil {
-		st.keptDone = n
+	st.RetriedDone = -1
+	if st.Retries == 0 {
+		st.RetriedDone = 0
+	} else if of, n, ok := strings.Cut(h["retried_done"], ":"); ok && of == strconv.Itoa(st.Retries) {
+		st.RetriedDone = atoi(n)
 	}
 	return st
 }
 
 // Rate returns the pages per second the run has recorded, done or failed,
 // since Start created it or Retry last resumed it, up to when it ended or
-// now; pages a Retry kept from before are not counted. ok is false while
-// no page has been recorded since then, and for a run resumed by a
-// release older than this method, which did not note the pages it kept.
+// now (in Redis's time, as Created and Retried are); the pages a Retry
+// kept from before (RetriedDone) are not counted. ok is false while no
+// page has been recorded since then, and while RetriedDone is not known.
 func (st *Status) Rate(now time.Time) (perSecond float64, ok bool) {
-	if st.keptDone < 0 {
+	if st.RetriedDone < 0 {
 		return 0, false
 	}
 	start, end := st.Created, now
@@ -127,7 +129,7 @@ func (st *Status) Rate(now time.Time) (perSecond float64, ok bool) {
 	if !st.Finished.IsZero() {
 		end = st.Finished
 	}
-	n := st.Done - st.keptDone + st.Failed
+	n := st.Done - st.RetriedDone + st.Failed
 	if el := end.Sub(start).Seconds(); el > 0 && n > 0 {
 		return float64(n) / el, true
 	}

@@ -82,7 +82,7 @@ func MainWith(configure func(*Config), jobs ...mapreduce.AnyJob) {
 	if err != nil {
 		if ctx.Err() != nil {
 			cfg.Logger.Info("worker: stopped before starting")
-			os.Exit(0)
+			return // exit 0, after main's deferred calls
 		}
 		app.Fail("%s", strings.TrimPrefix(err.Error(), "worker: "))
 	}

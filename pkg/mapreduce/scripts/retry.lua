@@ -54,9 +54,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HDEL', KEYS[1], 'error', 'result', 'finished', 'split_done', 'reducing_at', 'fed', 'fed_done', 'resume', 'split_task', 'handoffs', 'expected', 'cursor', 'feeding', 'feeder')
 local retries = redis.call('HINCRBY', KEYS[1], 'retries', 1)
--- retried_done: the pages kept, so that a rate counts only those done since.
+-- retried_done: "retries:pages kept", so that a rate counts only the pages
+-- done since; the retry count tells a note left by an earlier retry from
+-- this one's, when a release that writes none retried the run since.
 redis.call('HSET', KEYS[1], 'state', 'splitting', 'nonce', ARGV[3], 'total', -1, 'failed', 0,
-  'retried', now, 'retried_done', tonumber(run[2]) or 0, 'updated', now)
+  'retried', now, 'retried_done', retries .. ':' .. (tonumber(run[2]) or 0), 'updated', now)
 for i = 1, 3 do
   redis.call('PERSIST', KEYS[i])
 end
