@@ -35,7 +35,7 @@ Usage:
   scheduler cancel RUN
   scheduler retry RUN [--wait]
   scheduler permits get [NAME] [--verbose]
-  scheduler permits set NAME N
+  scheduler permits set NAME N [--new]
   scheduler ui [--listen 127.0.0.1:8080] [--read-only]
   scheduler version
 
