@@ -376,6 +376,12 @@ func TestPermitsGetAndSetAnySemaphoreAndRefuseUnknownOnes(t *testing.T) {
 	if out, errs, code := s.run("permits", "set", "later", "3", "--new"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore later: limit 3" {
 		t.Errorf("permits set later 3 --new: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
+	// "db", every worker's database semaphore, needs no --new: its limit
+	// is set before the workers start (make demo does).
+	db := s.with("BATCHMR_PREFIX=" + f.prefix + "-nodb")
+	if out, errs, code := db.run("permits", "set", "db", "3"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore db: limit 3" {
+		t.Errorf("permits set db 3 before any worker: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
 	// Once it has a limit, it is known: no --new needed to change it.
 	if _, errs, code := s.run("permits", "set", "later", "4"); code != 0 || errs != "" {
 		t.Errorf("permits set later 4: exit %d, stderr %q", code, errs)

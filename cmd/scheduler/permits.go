@@ -30,7 +30,8 @@ worker uses exits 1.
 now; lowering it lets holders finish and grants nobody until the permits
 held fit. N is a whole number of at least 1. A NAME that Redis has no
 limit for and no live worker uses is refused as a likely typo, unless
---new says it is a semaphore that workers will use.
+--new says it is a semaphore that workers will use ("db", the workers'
+database permits, is always accepted).
 
 Examples:
   scheduler permits get
@@ -83,7 +84,9 @@ func permits(ctx context.Context, args []string) int {
 		defer c.close()
 		s := open(c, pos[1])
 		defer s.Close()
-		if inUse := announcedSemaphores(ctx, c); !*isNew && stats(ctx, c, pos[1]).Limit == 0 && !slices.Contains(inUse, pos[1]) {
+		// "db" is every worker's database semaphore: setting it before the
+		// workers start is the usual first step, never a typo.
+		if inUse := announcedSemaphores(ctx, c); !*isNew && pos[1] != app.SemaphoreName && stats(ctx, c, pos[1]).Limit == 0 && !slices.Contains(inUse, pos[1]) {
 			app.Fail("permits set %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
 				"or add --new to set the limit of a semaphore before any worker uses it", pos[1], pos[1], inUseText(inUse))
 		}
