@@ -204,6 +204,10 @@ func TestRunsListsEveryJobOrOneAndRefusesAnUnknownJob(t *testing.T) {
 	if _, err := f.mr.Wait(ctx, sum); err != nil {
 		t.Fatal(err)
 	}
+	// status --json carries the run's rate, and no time left once it ended.
+	if out, errs, code := s.run("status", sum, "--json"); code != 0 || !strings.Contains(out, `"pages_per_second": `) || strings.Contains(out, "remaining_seconds") {
+		t.Errorf("status %s --json of a finished run: exit %d, stderr %q; want its pages_per_second and no remaining_seconds:\n%s", sum, code, errs, out)
+	}
 	time.Sleep(5 * time.Millisecond) // distinct creation times
 	other := start("other")
 	if _, err := f.mr.Wait(ctx, other); err != nil {

@@ -13,6 +13,8 @@ import (
 )
 
 const statusUsage = `scheduler status RUN [--json]: show a run's state, progress and result.
+--json also gives pages_per_second and remaining_seconds: the run's own
+rate since it started or was last retried, and the time left at it.
 
 Example:
   scheduler status orders-report:20261121T060000Z --json
@@ -33,7 +35,7 @@ func status(ctx context.Context, args []string) int {
 		app.Fail("%s", trim(err))
 	}
 	if *asJSON {
-		printJSON(st)
+		printJSON(st, time.Now().Add(app.RedisSkew(ctx, c.rdb)))
 		return 0
 	}
 	fmt.Printf("run      %s\njob      %s\nstate    %s\npages    %s\n", st.ID, st.Job, st.State, progress(st))
@@ -55,22 +57,28 @@ func status(ctx context.Context, args []string) int {
 
 // jsonStatus is the --json form of a status.
 type jsonStatus struct {
-	ID        string          `json:"id"`
-	Job       string          `json:"job"`
-	State     string          `json:"state"`
-	Total     int             `json:"total"`
-	Done      int             `json:"done"`
-	Failed    int             `json:"failed"`
-	Created   time.Time       `json:"created"`
-	SplitDone *time.Time      `json:"split_done,omitempty"`
-	Finished  *time.Time      `json:"finished,omitempty"`
-	Retries   int             `json:"retries,omitempty"`
-	Retried   *time.Time      `json:"retried,omitempty"`
-	Error     string          `json:"error,omitempty"`
-	Result    json.RawMessage `json:"result,omitempty"`
+	ID        string     `json:"id"`
+	Job       string     `json:"job"`
+	State     string     `json:"state"`
+	Total     int        `json:"total"`
+	Done      int        `json:"done"`
+	Failed    int        `json:"failed"`
+	Created   time.Time  `json:"created"`
+	SplitDone *time.Time `json:"split_done,omitempty"`
+	Finished  *time.Time `json:"finished,omitempty"`
+	Retries   int        `json:"retries,omitempty"`
+	Retried   *time.Time `json:"retried,omitempty"`
+	// RetriedDone: the pages the last retry kept (-1: not known).
+	RetriedDone *int `json:"retried_done,omitempty"`
+	// PagesPerSecond and RemainingSeconds: Status.Rate and Remaining, on
+	// Redis's clock; absent when not known.
+	PagesPerSecond   *float64        `json:"pages_per_second,omitempty"`
+	RemainingSeconds *float64        `json:"remaining_seconds,omitempty"`
+	Error            string          `json:"error,omitempty"`
+	Result           json.RawMessage `json:"result,omitempty"`
 }
 
-func printJSON(st *mapreduce.Status) {
+func printJSON(st *mapreduce.Status, now time.Time) {
 	js := jsonStatus{ID: st.ID, Job: st.Job, State: string(st.State), Total: st.Total, Done: st.Done,
 		Failed: st.Failed, Created: st.Created, Error: st.Error, Retries: st.Retries}
 	if !st.SplitDone.IsZero() {
@@ -81,6 +89,14 @@ func printJSON(st *mapreduce.Status) {
 	}
 	if !st.Retried.IsZero() {
 		js.Retried = &st.Retried
+		js.RetriedDone = &st.RetriedDone
+	}
+	if r, ok := st.Rate(now); ok {
+		js.PagesPerSecond = &r
+	}
+	if d, ok := st.Remaining(now); ok {
+		secs := d.Seconds()
+		js.RemainingSeconds = &secs
 	}
 	if json.Valid(st.Result) {
 		js.Result = st.Result
