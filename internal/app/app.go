@@ -266,17 +266,37 @@ func BuildVersion() string {
 	return "devel" + rev + dirty
 }
 
+// ClockOffset measures how far this host's clock (now) is from Redis's
+// TIME: positive when this host is ahead. The round trip's uncertainty is
+// subtracted, so that a slow network never makes a good clock look bad.
+func ClockOffset(ctx context.Context, rdb redis.Cmdable, now func() time.Time) (time.Duration, error) {
+	sent := now()
+	rt, err := rdb.Time(ctx).Result()
+	got := now()
+	if err != nil {
+		return 0, err
+	}
+	half := got.Sub(sent) / 2
+	off := sent.Add(half).Sub(rt)
+	switch {
+	case off > half:
+		return off - half, nil
+	case off < -half:
+		return off + half, nil
+	}
+	return 0, nil
+}
+
 // RedisSkew is how far Redis's clock is ahead of this host's (negative:
-// behind), measured by one TIME call, or 0 if Redis does not answer. Add
+// behind): ClockOffset turned round, or 0 if Redis does not answer. Add
 // it to time.Now() to compare with times Redis stamped, such as a run's
 // Created and Retried, whatever this host's clock says.
 func RedisSkew(ctx context.Context, rdb redis.Cmdable) time.Duration {
-	sent := time.Now()
-	rt, err := rdb.Time(ctx).Result()
+	off, err := ClockOffset(ctx, rdb, time.Now)
 	if err != nil {
 		return 0
 	}
-	return rt.Sub(sent.Add(time.Since(sent) / 2))
+	return -off
 }
 
 // JSONError says why s is not JSON, and where, or returns nil.

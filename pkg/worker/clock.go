@@ -5,29 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/batchmr/batchmr/internal/app"
 )
-
-// clockOffset measures how far this host's clock (now) is from Redis's
-// TIME: positive when this host is ahead. The round trip's uncertainty is
-// subtracted, so that a slow network never makes a good clock look bad.
-func clockOffset(ctx context.Context, rdb *redis.Client, now func() time.Time) (time.Duration, error) {
-	sent := now()
-	rt, err := rdb.Time(ctx).Result()
-	got := now()
-	if err != nil {
-		return 0, err
-	}
-	half := got.Sub(sent) / 2
-	off := sent.Add(half).Sub(rt)
-	switch {
-	case off > half:
-		return off - half, nil
-	case off < -half:
-		return off + half, nil
-	}
-	return 0, nil
-}
 
 // clockError says what is wrong with a clock offset beyond limit and how
 // to fix it; nil if within.
@@ -62,7 +41,7 @@ func (w *running) watchClock(ctx context.Context) {
 		case <-t.C:
 		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		off, err := clockOffset(cctx, w.rdb, w.cfg.now)
+		off, err := app.ClockOffset(cctx, w.rdb, w.cfg.now)
 		cancel()
 		if err == nil {
 			if err := clockError(off, w.cfg.MaxClockOffset); err != nil {

@@ -87,7 +87,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w.closes = append(w.closes, func() { _ = w.rdb.Close() })
-	off, err := clockOffset(ctx, w.rdb, cfg.now)
+	off, err := app.ClockOffset(ctx, w.rdb, cfg.now)
 	if err != nil {
 		return nil, fmt.Errorf("worker: reading Redis's clock: %w", err)
 	}
