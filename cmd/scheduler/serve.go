@@ -92,8 +92,9 @@ func serve(ctx context.Context, args []string) int {
 			app.Usage("--args %q: %s has no --schedule", a, job)
 		case argsOf[job] != nil:
 			app.Usage("--args %q: %s has --args already: give each job one", a, job)
-		case app.JSONError(js) != nil:
-			app.Usage("--args %q: %.100q is not JSON (%v): keys and strings take double quotes, and the whole takes single quotes for the shell, e.g. --args '%s={\"page_size\": 100}'", a, js, app.JSONError(js), job)
+		}
+		if err := app.JSONError(js); err != nil {
+			app.Usage("--args %q: %.100q is not JSON (%v): keys and strings take double quotes, and the whole takes single quotes for the shell, e.g. --args '%s={\"page_size\": 100}'", a, js, err, job)
 		}
 		argsOf[job] = json.RawMessage(js)
 	}

@@ -217,12 +217,15 @@ func MapReduce(rdb *redis.Client, jobs *mapreduce.Jobs, log *slog.Logger) (*mapr
 // EmptyCatalogue says that no worker has announced a job where rdb and
 // prefix point, naming both: a REDIS_URL with another database number, or
 // another BATCHMR_PREFIX, than the workers' is the likeliest cause when
-// workers do run.
-func EmptyCatalogue(rdb *redis.Client, prefix string) string {
-	o := rdb.Options()
-	return fmt.Sprintf("the catalogue is empty: no worker has announced a job under prefix %q in Redis database %d at %s. "+
-		"Start a worker that runs your jobs; if workers do run, give this the REDIS_URL (with its database number) and BATCHMR_PREFIX they use",
-		prefix, o.DB, o.Addr)
+// workers do run. (The database is named when rdb is a *redis.Client.)
+func EmptyCatalogue(rdb redis.UniversalClient, prefix string) string {
+	where := ""
+	if rc, ok := rdb.(*redis.Client); ok {
+		where = fmt.Sprintf(" in Redis database %d at %s", rc.Options().DB, rc.Options().Addr)
+	}
+	return fmt.Sprintf("the catalogue is empty: no worker has announced a job under prefix %q%s. "+
+		"Start a worker that runs your jobs; if workers do run, use the REDIS_URL (with its database number) and BATCHMR_PREFIX they use",
+		prefix, where)
 }
 
 // BuildVersion is the version of batchmr this binary was built with: the

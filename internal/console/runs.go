@@ -12,7 +12,6 @@ import (
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
-	"github.com/redis/go-redis/v9"
 )
 
 // maxRuns is how many runs the runs page lists, newest first.
@@ -192,15 +191,8 @@ func (c *Console) retry(w http.ResponseWriter, r *http.Request) {
 	c.runMutation(w, r, "retry", "retried", c.cfg.MapReduce.Retry)
 }
 
-// emptyCatalogue says where the console looked for jobs: a REDIS_URL with
-// another database number, or another BATCHMR_PREFIX, than the workers'
-// is the likeliest cause of an empty catalogue while workers run.
+// emptyCatalogue says where the console looked for jobs (app.EmptyCatalogue).
 func (c *Console) emptyCatalogue() string {
-	where := ""
-	if rc, ok := c.cfg.Redis.(*redis.Client); ok {
-		where = fmt.Sprintf(" in Redis database %d at %s", rc.Options().DB, rc.Options().Addr)
-	}
-	return fmt.Sprintf("The catalogue is empty: no worker has announced a job under prefix %q%s. "+
-		"Start a worker that runs your jobs; if workers do run, start the console with the REDIS_URL (with its database number) and BATCHMR_PREFIX they use.",
-		c.cfg.Prefix, where)
+	msg := app.EmptyCatalogue(c.cfg.Redis, c.cfg.Prefix)
+	return strings.ToUpper(msg[:1]) + msg[1:] + "."
 }
