@@ -87,17 +87,17 @@ func (l *lazyHandler) WithGroup(name string) slog.Handler { return l.handler().W
 func logFailure(ctx context.Context, t *asynq.Task, err error) {
 	step := stepName(t)
 	msg := "mapreduce: " + step + " failed; retrying"
-	var errAttr slog.Attr
 	if errors.Is(err, asynq.SkipRetry) {
 		// Its retries are spent, or no retry can fix its error (invalid
 		// arguments, a malformed task): either way it is not retried. The
 		// marker that tells asynq so (final) is not the operator's business.
 		msg = "mapreduce: " + step + " failed for good: it is not retried"
-		errAttr = slog.String("error", strings.TrimSuffix(err.Error(), " ("+asynq.SkipRetry.Error()+")"))
-	} else {
-		errAttr = slog.Any("error", err)
+		var f finalError
+		if errors.As(err, &f) {
+			err = f.err
+		}
 	}
-	Logger(ctx).LogAttrs(ctx, slog.LevelWarn, msg, errAttr)
+	Logger(ctx).LogAttrs(ctx, slog.LevelWarn, msg, slog.Any("error", err))
 }
 
 // stepName names what task t does in log messages: "page" for a map

@@ -314,5 +314,13 @@ func final(err error) error {
 	if err == nil || errors.Is(err, asynq.SkipRetry) {
 		return err
 	}
-	return fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
+	return finalError{err}
 }
+
+// finalError is err marked by final: it reads "<err> (skip retry for the
+// task)" and wraps both, so that asynq sees SkipRetry and a log can show
+// err alone.
+type finalError struct{ err error }
+
+func (e finalError) Error() string   { return e.err.Error() + " (" + asynq.SkipRetry.Error() + ")" }
+func (e finalError) Unwrap() []error { return []error{e.err, asynq.SkipRetry} }
