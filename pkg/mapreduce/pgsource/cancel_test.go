@@ -391,3 +391,53 @@ func TestDoEndsAQueryWhoseRowsItsFunctionLeftUnread(t *testing.T) {
 		})
 	}
 }
+
+// Postgres ignores a cancel request that reaches a backend while it still
+// reads the query, and on a loaded machine a request sent as the query
+// goes out can land so. The proxy drops the first cancel request, as such
+// a backend would: a worker's pool asks again, and the query ends (and its
+// permit goes back) at once, not after the cancelDeadline of seconds at
+// which pgx gives up on the connection.
+func TestAWorkerPoolAsksAgainWhenACancelIsLost(t *testing.T) {
+	t.Parallel()
+	p := startPgProxy(t)
+	p.dropCancels = 1
+	name := appName(t)
+	pool, err := app.Postgres(context.Background(), p.url(t), name, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	rdb, prefix := testenv.Redis(t)
+	sem, err := semaphore.New(rdb, "db", semaphore.Options{Limit: 1, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	a := watchActivity(t, name)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- pgsource.Exec(ctx, pool, sem, longQuery) }()
+	a.waitActive(t, 1, "the query through the proxy")
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Exec returned %v, want an error wrapping context.Canceled", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the query ran on 2s after its cancel was lost: the pool did not ask again")
+	}
+	p.mu.Lock()
+	cancels := p.cancels
+	p.mu.Unlock()
+	if cancels < 2 {
+		t.Errorf("the proxy saw %d cancel requests, want the lost one and at least one more", cancels)
+	}
+	nothingLeft(t, a, sem)
+	// The connection outlived its cancelled query: the pool did not have
+	// to close it to be rid of the query.
+	if st := pool.Stat(); st.TotalConns() != 1 {
+		t.Errorf("the pool holds %d connections after the cancel, want the query's own still open", st.TotalConns())
+	}
+}

@@ -229,6 +229,54 @@ func isRefused(err error) bool {
 // connection to check on it. A worker's pool is set up so.
 func ConfigurePool(cfg *pgxpool.Config) {
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelDeadline}
+		return &cancelHandler{conn: c}
 	}
+}
+
+// cancelRepeat is how often a connection whose context is done asks the
+// server again to cancel its query, until the query returns.
+const cancelRepeat = 200 * time.Millisecond
+
+// cancelSettle is how long a cancel request may take to reach its backend
+// once sent: the connection is not used again before that, so that a late
+// cancel cannot end its next query. pgx waits as long.
+const cancelSettle = 100 * time.Millisecond
+
+// cancelHandler is pgx's CancelRequestContextWatcherHandler, but sending
+// the cancel request again every cancelRepeat until the query returns, not
+// once. Postgres ignores a cancel that reaches a backend still reading the
+// query from its connection, so a single request sent as the query goes
+// out can be lost: on a loaded machine the query then ran on, holding its
+// connection and its permit for cancelDeadline, until pgx closed the
+// connection.
+type cancelHandler struct {
+	conn *pgconn.PgConn
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+func (h *cancelHandler) HandleCancel(context.Context) {
+	deadline := time.Now().Add(cancelDeadline)
+	_ = h.conn.Conn().SetDeadline(deadline)
+	ctx, stop := context.WithDeadline(context.Background(), deadline)
+	h.stop, h.done = stop, make(chan struct{})
+	go func() {
+		defer close(h.done)
+		for {
+			_ = h.conn.CancelRequest(ctx)
+			sent := time.Now()
+			select {
+			case <-ctx.Done():
+				time.Sleep(cancelSettle - time.Since(sent))
+				return
+			case <-time.After(cancelRepeat):
+			}
+		}
+	}()
+}
+
+func (h *cancelHandler) HandleUnwatchAfterCancel() {
+	h.stop()
+	<-h.done
+	_ = h.conn.Conn().SetDeadline(time.Time{})
 }

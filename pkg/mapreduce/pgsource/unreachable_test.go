@@ -2,6 +2,7 @@ package pgsource_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -27,6 +28,12 @@ type pgProxy struct {
 	mu       sync.Mutex
 	swallow  bool
 	conns    []net.Conn
+	// dropCancels is how many cancel requests still to swallow: each is
+	// read and its connection closed, as Postgres does with a cancel that
+	// reaches a backend still reading its query. cancels counts every
+	// cancel request seen, dropped or forwarded.
+	dropCancels int
+	cancels     int
 }
 
 func startPgProxy(t *testing.T) *pgProxy {
@@ -71,6 +78,27 @@ func (p *pgProxy) close() {
 }
 
 func (p *pgProxy) forward(c net.Conn) {
+	// A connection's first 8 bytes are its first message's length and
+	// code; a cancel request is 16 bytes long with code 80877102.
+	var head [8]byte
+	if _, err := io.ReadFull(c, head[:]); err != nil {
+		_ = c.Close()
+		return
+	}
+	if binary.BigEndian.Uint32(head[:4]) == 16 && binary.BigEndian.Uint32(head[4:]) == 80877102 {
+		p.mu.Lock()
+		p.cancels++
+		drop := p.dropCancels > 0
+		if drop {
+			p.dropCancels--
+		}
+		p.mu.Unlock()
+		if drop {
+			_, _ = io.Copy(io.Discard, io.LimitReader(c, 8))
+			_ = c.Close()
+			return
+		}
+	}
 	up, err := net.Dial("tcp", p.upstream)
 	if err != nil {
 		_ = c.Close()
@@ -79,6 +107,10 @@ func (p *pgProxy) forward(c net.Conn) {
 	p.mu.Lock()
 	p.conns = append(p.conns, up)
 	p.mu.Unlock()
+	if _, err := up.Write(head[:]); err != nil {
+		_ = c.Close()
+		return
+	}
 	go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
 	_, _ = io.Copy(c, up)
 	_ = c.Close()
