@@ -43,9 +43,13 @@ test: tools
 # test-inner: check + tests; run it directly with BATCHMR_TEST_* set to your own servers.
 # The semaphore runs its scripts as Redis functions where it can; the second
 # run takes the EVALSHA path that Redis < 7 and ACL-restricted users get.
+# Last, the demo runs as make demo does (it checks its report against SQL
+# and the queries Postgres ran at once against the permits), so that a
+# change that breaks it fails here.
 test-inner: check
 	go test -race -count=1 -timeout 8m ./...
 	BATCHMR_SEMAPHORE_SCRIPTS=eval go test -race -count=1 -timeout 8m ./pkg/semaphore/
+	scripts/demo.sh
 
 # chaos: soak the fault suite (internal/faults, which starts its own Redis
 # and Postgres servers): every scenario three times, over runs of 2,500

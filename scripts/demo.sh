@@ -110,3 +110,7 @@ fi
 echo "most worker queries active at once (pg_stat_activity, sampled every 50 ms): $max_active"
 echo "database permits:                                                          $permits"
 "$dir/scheduler" permits get db
+if ((max_active > permits)); then
+	echo "demo: Postgres ran $max_active worker queries at once, more than the $permits permits" >&2
+	exit 1
+fi
