@@ -32,6 +32,11 @@ func TestFailuresListsAFailedRunsPagesByIndexWithTheirErrors(t *testing.T) {
 	if !strings.Contains(all[0].Error, "page at 10 is cursed") || !strings.Contains(string(all[0].Page), "10") {
 		t.Errorf("page 1's failure %+v: want its descriptor and its error", all[0])
 	}
+	// The mark that tells asynq not to retry is asynq's business, not the
+	// reader's: Reduce and Failures show Map's error as it returned it.
+	if strings.Contains(all[0].Error, "skip retry") {
+		t.Errorf("page 1's failure reads %q: want Map's error without asynq's marker", all[0].Error)
+	}
 	first, total, err := c.Failures(ctx, id, 1)
 	if err != nil || len(first) != 1 || first[0].Index != 1 || total != 2 {
 		t.Errorf("Failures with max 1: %+v (total %d, %v), want page 1 of 2", first, total, err)

@@ -90,12 +90,8 @@ func logFailure(ctx context.Context, t *asynq.Task, err error) {
 	if errors.Is(err, asynq.SkipRetry) {
 		// Its retries are spent, or no retry can fix its error (invalid
 		// arguments, a malformed task): either way it is not retried. The
-		// marker that tells asynq so (final) is not the operator's business.
+		// marker that tells asynq so (final) does not show in err's text.
 		msg = "mapreduce: " + step + " failed for good: it is not retried"
-		var f finalError
-		if errors.As(err, &f) {
-			err = f.err
-		}
 	}
 	Logger(ctx).LogAttrs(ctx, slog.LevelWarn, msg, slog.Any("error", err))
 }

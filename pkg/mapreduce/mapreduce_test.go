@@ -248,6 +248,13 @@ func TestFailedPageIsReportedToReduceUnderCompleteSemantics(t *testing.T) {
 	if len(failed) != 1 || failed[0].Index != 2 || failed[0].Page != (span{20, 30}) || !strings.Contains(failed[0].Err.Error(), "cursed") {
 		t.Fatalf("Reduce saw failures %+v, want page 2 {20 30} with its error", failed)
 	}
+	// The run succeeded with a failed page: Retry says why it will not run
+	// that page again, and what to do instead.
+	err := c.Retry(context.Background(), id)
+	if !errors.Is(err, mapreduce.ErrRunSucceeded) || !strings.Contains(err.Error(), "1 failed pages") ||
+		!strings.Contains(err.Error(), "CompleteSemantics") || !strings.Contains(err.Error(), "have Reduce return an error") {
+		t.Errorf("Retry of a run that succeeded with a failed page: %v; want ErrRunSucceeded naming the failed page, the semantics and the fix", err)
+	}
 }
 
 func TestFailedPagesFailTheRunUnderSuccessSemantics(t *testing.T) {

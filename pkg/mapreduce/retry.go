@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Retry resumes a run that failed or was cancelled: its split runs again
@@ -33,11 +31,18 @@ func (c *Client) Retry(ctx context.Context, id string) error {
 	}
 	// A first look, so that a run that cannot be retried says why even
 	// when its job is unknown; the script checks again.
-	state, err := c.rdb.HGet(ctx, k.run, "state").Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
+	look, err := c.rdb.HMGet(ctx, k.run, "state", "failed").Result()
+	if err != nil {
 		return fmt.Errorf("mapreduce: retry %s: %w", id, err)
 	}
+	state, _ := look[0].(string)
+	failed, _ := look[1].(string)
 	if err := notRetryable(id, State(state)); err != nil {
+		if n := atoi(failed); errors.Is(err, ErrRunSucceeded) && n > 0 {
+			// CompleteSemantics: Reduce ran over the pages that succeeded.
+			return fmt.Errorf("mapreduce: retry %s: %w with %d failed pages, which its Reduce was given (the job's Semantics is CompleteSemantics): "+
+				"a succeeded run is not run again; start a new run, or have Reduce return an error when pages failed, so that the run fails and Retry runs them again", id, ErrRunSucceeded, n)
+		}
 		return err
 	}
 	spec, err := c.specOf(ctx, id)

@@ -317,10 +317,10 @@ func final(err error) error {
 	return finalError{err}
 }
 
-// finalError is err marked by final: it reads "<err> (skip retry for the
-// task)" and wraps both, so that asynq sees SkipRetry and a log can show
-// err alone.
+// finalError is err marked by final: it reads as err, which is what a
+// page's recorded failure, the run's error and the log show, and wraps
+// asynq.SkipRetry too, so that asynq archives its task.
 type finalError struct{ err error }
 
-func (e finalError) Error() string   { return e.err.Error() + " (" + asynq.SkipRetry.Error() + ")" }
+func (e finalError) Error() string   { return e.err.Error() }
 func (e finalError) Unwrap() []error { return []error{e.err, asynq.SkipRetry} }
