@@ -19,7 +19,9 @@ const jobsUsage = `scheduler jobs [--json]: list the jobs of the catalogue — e
 has announced — with its queue, its arguments, when a worker last announced
 it and the live workers that run it. A job nobody runs any more stays
 listed, with a warning: its runs would not start until a worker runs it
-again.
+again. So are workers that run another version of a job's code under its
+name (another argument type, queue or options), as in the middle of a
+deploy: while both versions run, a run's tasks go to either.
 
 scheduler jobs forget JOB: remove a retired or renamed job from the
 catalogue. Refused while a live worker runs it (it would be announced
@@ -59,11 +61,12 @@ func jobs(ctx context.Context, args []string) int {
 	if *asJSON {
 		type jobJSON struct {
 			mapreduce.JobInfo
-			Workers []mapreduce.WorkerInfo `json:"workers"`
+			Workers  []mapreduce.WorkerInfo `json:"workers"`
+			Disagree []string               `json:"disagree,omitempty"`
 		}
 		out := make([]jobJSON, len(all))
 		for i, j := range all {
-			out[i] = jobJSON{JobInfo: j, Workers: append([]mapreduce.WorkerInfo{}, j.Workers...)}
+			out[i] = jobJSON{JobInfo: j, Workers: append([]mapreduce.WorkerInfo{}, j.Workers...), Disagree: j.Disagree}
 		}
 		writeJSON(out)
 		return 0
@@ -96,15 +99,30 @@ func jobs(ctx context.Context, args []string) int {
 	}
 	var warned bool
 	for _, j := range all {
-		if len(j.Workers) == 0 {
-			if !warned {
-				fmt.Println()
-				warned = true
-			}
-			fmt.Println(noWorker(j.Name))
+		var warning string
+		switch {
+		case len(j.Workers) == 0:
+			warning = noWorker(j.Name)
+		case len(j.Disagree) > 0:
+			warning = versionsDiffer(j)
+		default:
+			continue
 		}
+		if !warned {
+			fmt.Println()
+			warned = true
+		}
+		fmt.Println(warning)
 	}
 	return 0
+}
+
+// versionsDiffer is the warning for a job whose live workers run other
+// code under its name.
+func versionsDiffer(j mapreduce.JobInfo) string {
+	return fmt.Sprintf("WARNING: workers run two versions of %s: %s announce another argument type, queue or options than the entry above (%s), "+
+		"and a run's tasks go to any of them, so a run may fail or its pages be read wrongly: finish the deploy (stop the old workers), "+
+		"or give the new version another name", j.Name, strings.Join(j.Disagree, ", "), j.ArgsType)
 }
 
 // noWorker is the warning for a job no live worker runs.

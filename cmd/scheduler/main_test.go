@@ -660,3 +660,36 @@ func TestVersionPrintsTheBatchmrVersionItWasBuiltWith(t *testing.T) {
 		}
 	}
 }
+
+// Workers that run two versions of a job's code (its arguments changed in
+// a deploy) are named in a warning, with what to do.
+func TestJobsWarnsOfWorkersThatRunAnotherVersionOfAJob(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	old, _ := f.host(nil, sumJob("sum", nil))
+	type renamedArgs struct {
+		Count int `json:"count"`
+	}
+	other := mapreduce.Job[renamedArgs, [2]int, int, int]{
+		Name:  "sum",
+		Split: func(context.Context, renamedArgs, func([2]int) error) error { return nil },
+		Map:   func(context.Context, [2]int) (int, error) { return 0, nil },
+	}
+	nw, _ := f.host(nil, other)
+	s := newScheduler(t, f)
+	out, errs, code := s.run("jobs")
+	if code != 0 {
+		t.Fatalf("jobs: exit %d, stderr %q", code, errs)
+	}
+	var warning string
+	for _, l := range lines(out) {
+		if strings.HasPrefix(l, "WARNING: workers run two versions of sum") {
+			warning = l
+		}
+	}
+	// The entry is the newest announcement: the warning names whichever
+	// worker differs from it.
+	if !strings.Contains(warning, "finish the deploy") || strings.Contains(warning, old.ID) == strings.Contains(warning, nw.ID) {
+		t.Errorf("jobs: want a warning of two versions of sum naming one of %s and %s, in\n%s", old.ID, nw.ID, out)
+	}
+}

@@ -337,6 +337,23 @@ func TestJobsPageShowsEachJobsWorkersAndNextTick(t *testing.T) {
 			t.Errorf("the jobs page lacks %q:\n%s", want, body)
 		}
 	}
+	if strings.Contains(body, "Two versions") {
+		t.Errorf("the jobs page warns of two versions while one runs:\n%s", body)
+	}
+
+	// Another version of adhoc's code, with other arguments, joins.
+	type otherArgs struct {
+		Pages int `json:"pages"`
+	}
+	f.host(1, nil, mapreduce.Job[otherArgs, [2]int, int, int]{
+		Name:  "adhoc",
+		Split: func(context.Context, otherArgs, func([2]int) error) error { return nil },
+		Map:   func(context.Context, [2]int) (int, error) { return 0, nil },
+	})
+	_, body = f.get("/jobs")
+	if !strings.Contains(body, "Two versions of this job run") || strings.Count(body, "Two versions") != 1 {
+		t.Errorf("the jobs page does not warn, once, of adhoc's two versions:\n%s", body)
+	}
 }
 
 func TestSemaphorePageShowsHoldersWaitersAndAChart(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -59,6 +60,21 @@ type JobInfo struct {
 	// Workers are the live workers that run the job, filled in by
 	// Client.Jobs. None means the job's runs would not start.
 	Workers []WorkerInfo `json:"-"`
+	// Disagree lists, by ID, the live workers that announce the job other
+	// than this entry does (another argument type, queue or options: other
+	// code under the same name, as in the middle of a deploy), filled in
+	// by Client.Jobs. A run's tasks go to whichever worker takes them, so
+	// while any are listed a run may fail or be read wrongly.
+	Disagree []string `json:"-"`
+}
+
+// shape is a digest of what the job is (not when it was announced, nor
+// who runs it), for telling two versions of a job apart.
+func (i JobInfo) shape() string {
+	i.Announced, i.Workers, i.Disagree = time.Time{}, nil, nil
+	b, _ := json.Marshal(i)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
 }
 
 // WorkerInfo describes a worker process, as it announces itself.
@@ -74,6 +90,10 @@ type WorkerInfo struct {
 	Semaphores []string `json:"semaphores,omitempty"`
 	// Version is free text: the user's build, for telling deploys apart.
 	Version string `json:"version,omitempty"`
+	// Shapes holds, for each job the worker runs, a digest of its
+	// announcement (argument type, queue, options): Client.Jobs compares
+	// them to tell workers that run other code under a job's name.
+	Shapes map[string]string `json:"shapes,omitempty"`
 	// Seen is the worker's last heartbeat.
 	Seen time.Time `json:"seen"`
 }
@@ -168,11 +188,13 @@ func (c *Client) Announce(ctx context.Context, w WorkerInfo) error {
 	// What each job is does not change while the process runs: describe
 	// it once (its schema takes reflection), stamp it at each heartbeat.
 	infos := make([]JobInfo, 0, len(names))
+	w.Shapes = make(map[string]string, len(names))
 	for _, name := range names {
 		r, _ := c.jobs.lookup(name)
 		info := r.info()
 		info.Queue = c.options(r).Queue
 		infos = append(infos, info)
+		w.Shapes[name] = info.shape()
 	}
 	var lastWarn time.Time
 	for {
@@ -237,9 +259,14 @@ func (c *Client) Jobs(ctx context.Context) ([]JobInfo, error) {
 		if err := json.Unmarshal([]byte(b), &info); err != nil {
 			return nil, fmt.Errorf("mapreduce: jobs: the catalogue entry of %q is malformed (%v): delete it with HDEL %s %s; a worker re-announces it", name, err, c.catalogKey("jobs"), name)
 		}
+		shape := info.shape()
 		for _, w := range workers {
 			if slices.Contains(w.Jobs, name) {
 				info.Workers = append(info.Workers, w)
+				// A worker of an older release announces no shapes.
+				if s, ok := w.Shapes[name]; ok && s != shape {
+					info.Disagree = append(info.Disagree, w.ID)
+				}
 			}
 		}
 		out = append(out, info)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -214,5 +215,55 @@ func TestForgetJobRemovesARetiredJobOnlyOnceNoWorkerOrOpenRunNeedsIt(t *testing.
 	}
 	if err := starter.ForgetJob(ctx, "sum"); !errors.Is(err, mapreduce.ErrUnknownJob) {
 		t.Errorf("forgetting it again: %v; want ErrUnknownJob", err)
+	}
+}
+
+// Two versions of a job's code under one name, as in the middle of a
+// deploy that changed its arguments: the catalogue lists the workers that
+// announce it other than its entry does, and none while they agree.
+func TestTheCatalogueNamesWorkersThatRunAnotherVersionOfAJob(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	host, starter := e.validatedSum(mapreduce.JobOptions{})
+	same := e.client() // the same code: the env's registry
+	announce(t, starter, host)
+	announce(t, starter, same)
+	if info, err := starter.Job(ctx, "sum"); err != nil || len(info.Workers) != 2 || len(info.Disagree) != 0 {
+		t.Fatalf("two workers of one version: %+v (%v); want both listed, none disagreeing", info, err)
+	}
+
+	type newArgs struct{ Count, PageSize int }
+	jobs := mapreduce.NewJobs()
+	if err := mapreduce.AddJob(jobs, mapreduce.Job[newArgs, span, int, int]{
+		Name:    "sum",
+		Split:   func(context.Context, newArgs, func(span) error) error { return nil },
+		Map:     func(context.Context, span) (int, error) { return 0, nil },
+		Options: e.opts(mapreduce.JobOptions{}),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: jobs, Prefix: e.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nw, stop := announce(t, starter, other)
+	// The entry is the newest announcement, so either side may be the one
+	// that disagrees with it, as each re-announces every few seconds.
+	info, err := starter.Job(ctx, "sum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case info.ArgsType == "mapreduce_test.newArgs":
+		if len(info.Disagree) != 2 || slices.Contains(info.Disagree, nw.ID) {
+			t.Errorf("the entry is the new version's: %v disagree, want the two old workers", info.Disagree)
+		}
+	case len(info.Disagree) != 1 || info.Disagree[0] != nw.ID:
+		t.Errorf("the entry is the old version's: %v disagree, want the new worker %s", info.Disagree, nw.ID)
+	}
+	stop()
+	if info, err := starter.Job(ctx, "sum"); err != nil || len(info.Workers) != 2 || (info.ArgsType == "mapreduce_test.sumArgs" && len(info.Disagree) != 0) {
+		t.Errorf("once the new version's worker stopped: %+v (%v)", info, err)
 	}
 }

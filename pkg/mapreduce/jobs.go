@@ -108,11 +108,20 @@ func (j *typedJob[A, P, R, O]) options() JobOptions { return j.Options }
 func (j *typedJob[A, P, R, O]) hasReduce() bool     { return j.Reduce != nil }
 
 func (j *typedJob[A, P, R, O]) checkArgs(b []byte) error {
+	_, err := j.checkedArgs(b)
+	return err
+}
+
+// checkedArgs decodes encoded arguments strictly and runs Validate: a
+// field the job's argument type lacks is an error, not dropped, so that
+// arguments meant for another version of the job fail its run instead of
+// running it with zero values.
+func (j *typedJob[A, P, R, O]) checkedArgs(b []byte) (A, error) {
 	var a A
 	if err := decodeStrict(j.Options.Codec, b, &a); err != nil {
-		return fmt.Errorf("%w: %.200q do not fit job %q's argument type %v: %w", ErrInvalidArgs, b, j.Name, reflect.TypeFor[A](), err)
+		return a, fmt.Errorf("%w: %.200q do not fit job %q's argument type %v: %w", ErrInvalidArgs, b, j.Name, reflect.TypeFor[A](), err)
 	}
-	return j.validate(a)
+	return a, j.validate(a)
 }
 
 func (j *typedJob[A, P, R, O]) decodeArgs(b []byte) (A, error) {
@@ -126,11 +135,9 @@ func (j *typedJob[A, P, R, O]) decodeArgs(b []byte) (A, error) {
 func (j *typedJob[A, P, R, O]) split(ctx context.Context, args []byte, emit func([]byte) error) (err error) {
 	defer recovered("Split", &err)
 	// Arguments that got past Start unchecked (no worker answered the
-	// check of a command-line start) fail the run here, before any page.
-	a, err := j.decodeArgs(args)
-	if err == nil {
-		err = j.validate(a)
-	}
+	// check of a command-line start, or Start ran another version of the
+	// job's code) fail the run here, before any page.
+	a, err := j.checkedArgs(args)
 	if err != nil {
 		return &malformedError{err}
 	}

@@ -505,3 +505,31 @@ func TestReconcilerRepairsLostEnqueues(t *testing.T) {
 		}
 	}
 }
+
+// A starter built with another version of a job's code (its arguments
+// renamed a field) starts a run that the workers' version cannot read:
+// the run fails at its split, naming the field, instead of running with
+// zero values and succeeding over no pages.
+func TestARunStartedWithAnotherVersionsArgumentsFailsNamingTheField(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("versioned", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	c := e.client()
+	e.worker(c, 2)
+	type oldArgs struct{ Count, PageSize int }
+	old := mapreduce.Job[oldArgs, span, int, int]{
+		Name:  "versioned",
+		Split: func(context.Context, oldArgs, func(span) error) error { return nil },
+		Map:   func(context.Context, span) (int, error) { return 0, nil },
+		// The same options as the workers' version: the same queue.
+		Options: e.opts(mapreduce.JobOptions{}),
+	}
+	id, err := old.Start(context.Background(), c, oldArgs{Count: 10, PageSize: 5}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := wait(t, c, id, 30*time.Second)
+	if st.State != mapreduce.StateFailed || !strings.Contains(st.Error, `unknown field "Count"`) || !strings.Contains(st.Error, "sumArgs") {
+		t.Errorf("the run %s (error %q), want failed, naming the unknown field and the workers' argument type", st.State, st.Error)
+	}
+}
