@@ -105,7 +105,8 @@ func (e *Env) semaphore(name string) (*semaphore.Semaphore, error) {
 	if len(names) > 0 {
 		opened = strings.Join(names, ", ")
 	}
-	return nil, fmt.Errorf("this worker has no semaphore %q (it has: %s): open it with --permits %s=N (Config.Permits)", name, opened, name)
+	return nil, fmt.Errorf("this worker has no semaphore %q (it has: %s): open it with --permits %s=N (Config.Permits); "+
+		"in a test through worker.NewContext, put one in Env.Semaphores (semaphore.New)", name, opened, name)
 }
 
 // Logger returns the logger of the worker running the job whose function

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/batchmr/batchmr/pkg/worker"
 	"github.com/redis/go-redis/v9"
 )
@@ -83,6 +84,37 @@ func ExampleRun() {
 	// Output:
 	// succeeded 16 <nil>
 	// worker stopped: <nil>
+}
+
+// A job's Map called directly, as a unit test of the job does: NewContext
+// hands it what a worker would, here a semaphore of the test's own, so
+// that worker.Semaphore (and worker.Database, given Env.DB and a "db"
+// semaphore) find it.
+func ExampleNewContext() {
+	opt, _ := redis.ParseURL(os.Getenv("BATCHMR_TEST_REDIS_URL"))
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	prefix := "bmrexample:" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	defer exampleCleanup(rdb, prefix, prefix)
+	cpu, err := semaphore.New(rdb, "cpu", semaphore.Options{Limit: 1, Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer cpu.Close()
+
+	ctx := worker.NewContext(context.Background(), &worker.Env{
+		Redis:      rdb,
+		Semaphores: map[string]*semaphore.Semaphore{"cpu": cpu},
+	})
+	n, err := lengths.Map(ctx, "permits")
+	fmt.Println(n, err)
+
+	// Without the semaphore, the error names it and the fix.
+	_, err = lengths.Map(worker.NewContext(context.Background(), &worker.Env{Redis: rdb}), "permits")
+	fmt.Println(err)
+	// Output:
+	// 7 <nil>
+	// worker.Semaphore: this worker has no semaphore "cpu" (it has: none): open it with --permits cpu=N (Config.Permits); in a test through worker.NewContext, put one in Env.Semaphores (semaphore.New)
 }
 
 func exampleCleanup(rdb *redis.Client, prefix, queue string) {
