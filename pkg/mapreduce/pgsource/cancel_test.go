@@ -441,3 +441,44 @@ func TestAWorkerPoolAsksAgainWhenACancelIsLost(t *testing.T) {
 		t.Errorf("the pool holds %d connections after the cancel, want the query's own still open", st.TotalConns())
 	}
 }
+
+// A query taken under a second permit inside Do's function would wait for
+// a permit that callers like it hold: with one permit, for ever. Do says
+// so at once, and its own permit goes back.
+func TestDoInsideDoOfTheSameSemaphoreFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	pool := poolKinds[1].open(t, appName(t))
+	rdb, prefix := testenv.Redis(t)
+	sem, err := semaphore.New(rdb, "db", semaphore.Options{Limit: 1, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	other, err := semaphore.New(rdb, "other", semaphore.Options{Limit: 1, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var inner, another error
+	err = pgsource.Do(ctx, pool, sem, func(ctx context.Context, conn *pgx.Conn) error {
+		_, inner = pgsource.Fetch(ctx, pool, sem, "SELECT 1", pgsource.KeyRange{}, pgx.RowTo[int32])
+		// Another semaphore's permit is no nesting.
+		another = pgsource.Exec(ctx, pool, other, "SELECT 1")
+		return inner
+	})
+	var nested *pgsource.NestedError
+	if !errors.As(inner, &nested) || nested.Semaphore != "db" || !errors.As(err, &nested) {
+		t.Errorf("Fetch inside Do of the same semaphore: %v (Do: %v); want a NestedError naming db", inner, err)
+	}
+	if ctx.Err() != nil {
+		t.Errorf("the nested call waited until the test's deadline")
+	}
+	if another != nil {
+		t.Errorf("Exec under another semaphore inside Do: %v, want it to run", another)
+	}
+	if st, err := sem.Stats(context.Background()); err != nil || st.Held != 0 {
+		t.Errorf("after Do returned: %d permits held (%v), want none", st.Held, err)
+	}
+}

@@ -35,6 +35,9 @@ const checkerName = "batchmr-pgsource-check"
 // fn gets the Permit's context, done when ctx is, when the lease is lost
 // (cause semaphore.ErrLeaseLost) or when sem is closed; pass it to every
 // query. The connection is fn's until it returns; fn must not keep it.
+// Run fn's queries on it: a Do (or Fetch, Exec, Split) of the same sem
+// called with fn's context returns a *NestedError at once rather than wait
+// for a second permit while holding one.
 //
 // A pgx query returns as soon as its context is done, while the server may
 // still be running it, and the next holder's query would then run beside
@@ -67,13 +70,17 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 		defer conn.Release()
 		return fn(ctx, conn.Conn())
 	}
+	if ctx.Value(holding{sem}) != nil {
+		return fmt.Errorf("pgsource: %w: run the query on the connection that the enclosing Do gave its function; "+
+			"a second permit waits for one that callers like this one hold, for ever once they hold them all", &NestedError{Semaphore: sem.Name()})
+	}
 	p, err := sem.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	pctx := p.Context()
 	if pctx.Err() == nil {
-		err = onOneConn(pctx, mapreduce.Logger(ctx).With("semaphore", sem.Name()), db, sem.Lease(), fn)
+		err = onOneConn(context.WithValue(pctx, holding{sem}, true), mapreduce.Logger(ctx).With("semaphore", sem.Name()), db, sem.Lease(), fn)
 		if err != nil && pctx.Err() != nil && !errors.Is(err, pctx.Err()) {
 			// A cancel on the server reads as a query error
 			// (SQLSTATE 57014): say why the query was cancelled.
@@ -90,6 +97,21 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	return errors.Join(err, p.Release(rctx))
+}
+
+// holding is the context key under which Do marks the context it gives
+// fn as holding a permit of sem.
+type holding struct{ sem *semaphore.Semaphore }
+
+// NestedError is Do's error (and that of the functions built on it) when
+// called with the context that an enclosing Do gave its function, for the
+// same semaphore: it would wait for a second permit while holding one.
+type NestedError struct {
+	Semaphore string // the semaphore's name
+}
+
+func (e *NestedError) Error() string {
+	return fmt.Sprintf("already holding a permit of semaphore %q in this context (pgsource.Do, Fetch, Exec or Split inside another's function)", e.Semaphore)
 }
 
 // onOneConn runs fn on a connection of db and returns the connection to
