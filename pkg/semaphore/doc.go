@@ -15,6 +15,12 @@
 //		return err
 //	})
 //
+// For Postgres queries, pgsource.Do (package
+// github.com/batchmr/batchmr/pkg/mapreduce/pgsource) is the stronger form:
+// it gives the permit back only once the server has dropped the query,
+// where sem.Do gives it back when pgx returns, which a cancelled query
+// does while the server may still run it.
+//
 // Waiters are served in the order they asked, across the fleet (FIFO), and a
 // weighted request at the head of the queue is not overtaken by lighter ones.
 // A release hands the permit to the next waiter at once: Redis records the
