@@ -21,6 +21,7 @@ import (
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
 	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -145,8 +146,9 @@ func Redis(ctx context.Context, url string) (*redis.Client, error) {
 // Postgres connects a pool to url, naming its connections appName in
 // pg_stat_activity, and checks that the server answers. Its connections
 // cancel a query on the server when the query's context is done
-// (pgsource.ConfigurePool).
-func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.Pool, error) {
+// (pgsource.ConfigurePool). A tracer, if given, traces its queries (the
+// worker's Unguarded).
+func Postgres(ctx context.Context, url, appName string, maxConns int, tracer ...pgx.QueryTracer) (*pgxpool.Pool, error) {
 	if url == "" {
 		return nil, errors.New("no database: pass --database-url or set DATABASE_URL (e.g. postgres://user@localhost:5432/db)")
 	}
@@ -158,6 +160,9 @@ func Postgres(ctx context.Context, url, appName string, maxConns int) (*pgxpool.
 	// A cancelled query is cancelled on the server and its connection
 	// kept, so that its permit can go back at once (see pgsource.Do).
 	pgsource.ConfigurePool(cfg)
+	if len(tracer) > 0 {
+		cfg.ConnConfig.Tracer = tracer[0]
+	}
 	if maxConns > 0 {
 		cfg.MaxConns = int32(maxConns)
 	}

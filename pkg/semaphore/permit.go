@@ -37,8 +37,21 @@ type Permit struct {
 }
 
 func newPermit(s *Semaphore, w *waiter, token string, fence int64, until time.Time) *Permit {
-	ctx, cancel := context.WithCancelCause(w.ctx)
+	ctx, cancel := context.WithCancelCause(context.WithValue(w.ctx, heldKey{s}, true))
 	return &Permit{sem: s, token: token, fence: fence, weight: w.weight, granted: time.Now(), ctx: ctx, cancel: cancel, until: until}
+}
+
+// heldKey marks a Permit's context as that of a permit of sem.
+type heldKey struct{ sem *Semaphore }
+
+// Holding reports whether ctx is a context of a permit of s (Permit.Context,
+// the function's context in Do), or derives from one: whether work under
+// ctx already holds one of s's permits. A second Acquire of s under such a
+// context waits for a permit while holding one, which, once every holder
+// does the same, waits for ever; code that may be called either way can
+// check first.
+func Holding(ctx context.Context, s *Semaphore) bool {
+	return ctx.Value(heldKey{s}) != nil
 }
 
 // Context returns a context that is done when the permit is released, when

@@ -17,8 +17,10 @@ import (
 
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
 	"github.com/batchmr/batchmr/pkg/worker"
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
 )
 
 // jsonLog is a JSON slog handler's output, shared by many goroutines.
@@ -244,5 +246,83 @@ func TestLogLevelFlagSetsWhatTheWorkerAndAsynqLog(t *testing.T) {
 		if r["level"] == "INFO" || r["level"] == "DEBUG" {
 			t.Errorf("--log-level warn logged %v", r)
 		}
+	}
+}
+
+// A job that queries the worker's pool past the semaphore takes the fleet
+// over its permits, and nothing else would show it: the worker warns, with
+// the page's run and the count, at most once a minute; queries under a
+// permit (pgsource) are not warned of.
+func TestAQueryWithoutAPermitOnTheWorkersPoolIsWarnedOf(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, prefix := testenv.Redis(t)
+	const name = "unguarded"
+	testenv.JobQueue(t, rdb, prefix, name)
+	job := mapreduce.Job[int, int, int, int]{
+		Name: name,
+		Split: func(ctx context.Context, n int, emit func(int) error) error {
+			for i := range n {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: func(ctx context.Context, p int) (int, error) {
+			db, sem, err := worker.Database(ctx)
+			if err != nil {
+				return 0, err
+			}
+			// Guarded: no warning.
+			if _, err := pgsource.Fetch(ctx, db, sem, "SELECT $1::int + $2::int", pgsource.KeyRange{Lo: 1, Hi: 2}, pgx.RowTo[int32]); err != nil {
+				return 0, err
+			}
+			if p%2 == 0 {
+				return p, nil
+			}
+			var n int
+			err = db.QueryRow(ctx, "SELECT 'unguarded'::text, $1::int", p).Scan(new(string), &n)
+			return n, err
+		},
+		Options: mapreduce.JobOptions{Backoff: func(int, error) time.Duration { return 10 * time.Millisecond }},
+	}
+	var logs jsonLog
+	wctx, stop := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() {
+		stopped <- worker.Run(wctx, worker.Config{RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Prefix: prefix,
+			Concurrency: 2, PollInterval: 20 * time.Millisecond, Permits: map[string]int{"db": 2},
+			Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, job)
+	}()
+	mr := mustClient(t, rdb, prefix)
+	id, err := job.Start(ctx, mr, 6, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if st, err := mr.Wait(wait, id); err != nil || st.State != mapreduce.StateSucceeded {
+		t.Fatalf("run %s: %+v, %v; want succeeded", id, st, err)
+	}
+	stop()
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	var warnings []map[string]any
+	for _, r := range logs.records(t) {
+		if msg, _ := r["msg"].(string); strings.Contains(msg, "without a permit") {
+			warnings = append(warnings, r)
+		}
+	}
+	// Three pages query unguarded; the first is warned of, the others
+	// counted towards the next warning, a minute later.
+	if len(warnings) != 1 {
+		t.Fatalf("%d warnings of queries without a permit, want 1: %v", len(warnings), warnings)
+	}
+	w := warnings[0]
+	if msg := w["msg"].(string); !strings.Contains(msg, `semaphore "db"`) || !strings.Contains(msg, "pgsource.Do") ||
+		w["run"] != id || w["job"] != name || w["step"] != "map" || !strings.Contains(w["sql"].(string), "'unguarded'") || w["queries_without_a_permit"] != 1.0 {
+		t.Errorf("the warning %v: want the semaphore, the fix, the page's run, job and step, the query and a count of 1", w)
 	}
 }

@@ -70,7 +70,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 		defer conn.Release()
 		return fn(ctx, conn.Conn())
 	}
-	if ctx.Value(holding{sem}) != nil {
+	if semaphore.Holding(ctx, sem) {
 		return fmt.Errorf("pgsource: %w: run the query on the connection that the enclosing Do gave its function; "+
 			"a second permit waits for one that callers like this one hold, for ever once they hold them all", &NestedError{Semaphore: sem.Name()})
 	}
@@ -80,7 +80,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 	}
 	pctx := p.Context()
 	if pctx.Err() == nil {
-		err = onOneConn(context.WithValue(pctx, holding{sem}, true), mapreduce.Logger(ctx).With("semaphore", sem.Name()), db, sem.Lease(), fn)
+		err = onOneConn(pctx, mapreduce.Logger(ctx).With("semaphore", sem.Name()), db, sem.Lease(), fn)
 		if err != nil && pctx.Err() != nil && !errors.Is(err, pctx.Err()) {
 			// A cancel on the server reads as a query error
 			// (SQLSTATE 57014): say why the query was cancelled.
@@ -99,19 +99,16 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 	return errors.Join(err, p.Release(rctx))
 }
 
-// holding is the context key under which Do marks the context it gives
-// fn as holding a permit of sem.
-type holding struct{ sem *semaphore.Semaphore }
-
 // NestedError is Do's error (and that of the functions built on it) when
-// called with the context that an enclosing Do gave its function, for the
-// same semaphore: it would wait for a second permit while holding one.
+// called with a context that holds a permit of the same semaphore
+// (semaphore.Holding: the context an enclosing Do or Semaphore.Do gave its
+// function): it would wait for a second permit while holding one.
 type NestedError struct {
 	Semaphore string // the semaphore's name
 }
 
 func (e *NestedError) Error() string {
-	return fmt.Sprintf("already holding a permit of semaphore %q in this context (pgsource.Do, Fetch, Exec or Split inside another's function)", e.Semaphore)
+	return fmt.Sprintf("already holding a permit of semaphore %q in this context (pgsource.Do, Fetch, Exec or Split inside the function of a Do of the same semaphore)", e.Semaphore)
 }
 
 // onOneConn runs fn on a connection of db and returns the connection to
@@ -161,6 +158,7 @@ func settle(log *slog.Logger, cfg *pgx.ConnConfig, pid uint32, bound time.Durati
 	deadline := time.Now().Add(bound)
 	cfg = cfg.Copy()
 	cfg.RuntimeParams["application_name"] = checkerName
+	cfg.Tracer = nil // its checks are no query of the worker's
 	backoff := 10 * time.Millisecond
 	var err error
 	for {
