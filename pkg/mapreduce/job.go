@@ -2,6 +2,7 @@ package mapreduce
 
 import (
 	"context"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -244,7 +245,58 @@ func (j Job[A, P, R, O]) check() error {
 	if err := j.Options.validate(); err != nil {
 		return fmt.Errorf("job %q: %w", j.Name, err)
 	}
+	if c := j.Options.Codec; c == nil || c == JSON {
+		for _, v := range []struct {
+			what string
+			t    reflect.Type
+		}{
+			{"argument type", reflect.TypeFor[A]()}, {"page type", reflect.TypeFor[P]()},
+			{"result type", reflect.TypeFor[R]()}, {"run result type", reflect.TypeFor[O]()},
+		} {
+			if why := notJSON(v.t); why != "" {
+				return fmt.Errorf("job %q: its %s %v %s", j.Name, v.what, v.t, why)
+			}
+		}
+	}
 	return nil
+}
+
+var (
+	jsonMarshaler = reflect.TypeFor[json.Marshaler]()
+	textMarshaler = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+// notJSON says why values of t cannot travel between processes as JSON
+// (silently: encoding/json would drop them or fail only once decoding), or
+// "" if they can, as far as t's type tells.
+func notJSON(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	pt := reflect.PointerTo(t)
+	if t.Implements(jsonMarshaler) || pt.Implements(jsonMarshaler) || t.Implements(textMarshaler) || pt.Implements(textMarshaler) {
+		return ""
+	}
+	switch t.Kind() {
+	case reflect.Interface:
+		if t.NumMethod() == 0 {
+			return "" // any: decoded as maps, slices and float64s
+		}
+		return "is an interface type, which JSON cannot decode into: use a concrete type, or a Codec of your own"
+	case reflect.Struct:
+		if t.NumField() == 0 {
+			return "" // struct{}: no arguments, say
+		}
+		for i := range t.NumField() {
+			if f := t.Field(i); f.IsExported() || f.Anonymous {
+				return ""
+			}
+		}
+		return "has no exported fields: JSON encodes it as {} and every value would arrive zero; export its fields, or give it MarshalJSON and UnmarshalJSON"
+	case reflect.Func, reflect.Chan, reflect.UnsafePointer, reflect.Complex64, reflect.Complex128:
+		return "cannot be encoded as JSON: use another type, or a Codec of your own"
+	}
+	return ""
 }
 
 // validate runs Validate on decoded arguments.

@@ -533,3 +533,55 @@ func TestARunStartedWithAnotherVersionsArgumentsFailsNamingTheField(t *testing.T
 		t.Errorf("the run %s (error %q), want failed, naming the unknown field and the workers' argument type", st.State, st.Error)
 	}
 }
+
+// Types whose values JSON would lose or never decode are refused when the
+// job is added, naming the type and the fix; what JSON carries is not.
+type (
+	hiddenSpan  struct{ lo, hi int }
+	shape       interface{ Area() float64 }
+	customSpan  struct{ lo, hi int }
+	embeddedArg struct{ sumArgs }
+)
+
+func (c customSpan) MarshalJSON() ([]byte, error) { return json.Marshal([2]int{c.lo, c.hi}) }
+func (c *customSpan) UnmarshalJSON(b []byte) error {
+	var a [2]int
+	err := json.Unmarshal(b, &a)
+	c.lo, c.hi = a[0], a[1]
+	return err
+}
+
+func TestAddJobRefusesTypesThatJSONCannotCarry(t *testing.T) {
+	t.Parallel()
+	split := func(context.Context, sumArgs, func(hiddenSpan) error) error { return nil }
+	err := mapreduce.AddJob(mapreduce.NewJobs(), mapreduce.Job[sumArgs, hiddenSpan, int, int]{Name: "hidden", Split: split,
+		Map: func(context.Context, hiddenSpan) (int, error) { return 0, nil }})
+	if err == nil || !strings.Contains(err.Error(), "page type mapreduce_test.hiddenSpan has no exported fields") || !strings.Contains(err.Error(), "export its fields") {
+		t.Errorf("a page type with no exported fields: %v; want it named, with the fix", err)
+	}
+	err = mapreduce.AddJob(mapreduce.NewJobs(), mapreduce.Job[sumArgs, span, shape, int]{Name: "shapes",
+		Split: func(context.Context, sumArgs, func(span) error) error { return nil },
+		Map:   func(context.Context, span) (shape, error) { return nil, nil }})
+	if err == nil || !strings.Contains(err.Error(), "result type mapreduce_test.shape is an interface type") {
+		t.Errorf("an interface result type: %v; want it named", err)
+	}
+	// Fine: a type with its own MarshalJSON, no arguments at all, an
+	// embedded struct's promoted fields, any.
+	if err := mapreduce.AddJob(mapreduce.NewJobs(), mapreduce.Job[struct{}, customSpan, any, *embeddedArg]{Name: "fine",
+		Split: func(context.Context, struct{}, func(customSpan) error) error { return nil },
+		Map:   func(context.Context, customSpan) (any, error) { return nil, nil }}); err != nil {
+		t.Errorf("types JSON carries: %v", err)
+	}
+	// With a Codec of one's own, the types are the codec's business.
+	if err := mapreduce.AddJob(mapreduce.NewJobs(), mapreduce.Job[sumArgs, hiddenSpan, int, int]{Name: "gob", Split: split,
+		Map:     func(context.Context, hiddenSpan) (int, error) { return 0, nil },
+		Options: mapreduce.JobOptions{Codec: gobLike{}}}); err != nil {
+		t.Errorf("a page type for a codec of one's own: %v", err)
+	}
+}
+
+// gobLike is a Codec that is not JSON, for telling the check apart.
+type gobLike struct{}
+
+func (gobLike) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (gobLike) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
