@@ -203,12 +203,22 @@ func Postgres(ctx context.Context, url, appName string, maxConns int, tracer ...
 // Prefix starts every key of runs (Prefix), semaphores (Prefix:sem) and
 // the catalogue, and names each job's queue (Prefix:JOB): several
 // independent deployments (or test runs) share one Redis by giving each its
-// own BATCHMR_PREFIX.
-var Prefix = Env("BATCHMR_PREFIX", "batchmr")
+// own BATCHMR_PREFIX. Set but empty (an unset variable passed through by
+// compose or a manifest) it is the default, as worker.Config's Prefix is:
+// a command that read "" would keep its semaphores apart from the
+// workers' (":sem" rather than "batchmr:sem"), silently.
+var Prefix = prefixOf(os.Getenv("BATCHMR_PREFIX"))
+
+func prefixOf(v string) string {
+	if v == "" {
+		return "batchmr"
+	}
+	return v
+}
 
 // EnvHelp documents the settings above, for every command's --help.
 const EnvHelp = `
-Environment: BATCHMR_PREFIX (default batchmr) starts every Redis key and
+Environment: BATCHMR_PREFIX (default batchmr, also when set empty) starts every Redis key and
 queue name of one deployment, so that several share one Redis; every
 worker and scheduler of a deployment must agree on it.
 `

@@ -144,3 +144,14 @@ func TestJSONErrorSaysWhyAndWhere(t *testing.T) {
 		t.Errorf("JSONError({n: 1}): %v; want the parser's error and where", err)
 	}
 }
+
+// BATCHMR_PREFIX set but empty, as compose passes an unset variable, is the
+// default, as the worker reads it: a scheduler that read "" would set the
+// limit of semaphores no worker uses.
+func TestAnEmptyPrefixIsTheDefaultAsTheWorkerReadsIt(t *testing.T) {
+	for v, want := range map[string]string{"": "batchmr", "team-a": "team-a"} {
+		if got := app.PrefixOf(v); got != want {
+			t.Errorf("BATCHMR_PREFIX=%q reads as %q, want %q", v, got, want)
+		}
+	}
+}

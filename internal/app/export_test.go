@@ -1,0 +1,4 @@
+package app
+
+// PrefixOf is prefixOf, for tests.
+var PrefixOf = prefixOf
