@@ -2,7 +2,8 @@ package main
 
 import (
 	"net"
-	"os"
+	"net/url"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -58,25 +59,36 @@ func TestACronSpecMayNameItsTimeZone(t *testing.T) {
 	}
 }
 
-// The console's address as printed is one a browser can open: a listener
-// on every interface is shown by this host's name, not as [::].
-func TestTheConsoleURLOfAnAllInterfacesListenerNamesThisHost(t *testing.T) {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "localhost"
-	}
+// The console's address as printed is one a browser can open and the
+// console answers to: a listener on every interface is shown by an IP
+// address of this host (the console refuses other host names), not as
+// [::]; a public URL, as it is.
+func TestTheConsoleURLOfAnAllInterfacesListenerIsOneTheConsoleAnswers(t *testing.T) {
 	for addr, want := range map[string]string{
 		"127.0.0.1:8080": "http://127.0.0.1:8080/",
-		"[::]:18090":     "http://" + net.JoinHostPort(host, "18090") + "/",
-		"0.0.0.0:8080":   "http://" + net.JoinHostPort(host, "8080") + "/",
 		"[::1]:8080":     "http://[::1]:8080/",
 	} {
 		a, err := net.ResolveTCPAddr("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := consoleURL(a); got != want {
+		if got := consoleURL(a, ""); got != want {
 			t.Errorf("listening on %s: %q, want %q", addr, got, want)
 		}
+	}
+	for _, addr := range []string{"0.0.0.0:8080", "[::]:18090"} {
+		a, err := net.ResolveTCPAddr("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := consoleURL(a, "")
+		u, err := url.Parse(got)
+		if err != nil || (net.ParseIP(u.Hostname()) == nil && u.Hostname() != "localhost") || net.ParseIP(u.Hostname()).IsUnspecified() || u.Port() != strconv.Itoa(a.Port) {
+			t.Errorf("listening on %s: %q, want this host's IP address (or localhost) and the port", addr, got)
+		}
+	}
+	a, _ := net.ResolveTCPAddr("tcp", "0.0.0.0:8080")
+	if got := consoleURL(a, "https://batchmr.example.com"); got != "https://batchmr.example.com/" {
+		t.Errorf("with a public URL: %q, want it", got)
 	}
 }

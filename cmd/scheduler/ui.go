@@ -12,6 +12,7 @@ import (
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/internal/console"
+	"strings"
 )
 
 const uiUsage = `scheduler ui [--listen ADDR] [--read-only]: serve the web console until
@@ -82,7 +83,7 @@ func ui(ctx context.Context, args []string) int {
 	srv := &http.Server{Handler: con, ReadHeaderTimeout: 10 * time.Second, ErrorLog: nil}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
-	fmt.Fprintf(os.Stderr, "scheduler: console on %s (Ctrl-C stops it)\n", consoleURL(ln.Addr()))
+	fmt.Fprintf(os.Stderr, "scheduler: console on %s (Ctrl-C stops it)\n", consoleURL(ln.Addr(), *publicURL))
 	select {
 	case err := <-done:
 		app.Fail("ui: %v", err)
@@ -101,18 +102,44 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// consoleURL is the address to open for a listener: one bound to every
-// interface (0.0.0.0, or [::] as Go reports it) is shown as this host's
-// name, which a browser can open; "[::]" is not.
-func consoleURL(addr net.Addr) string {
+// consoleURL is the address to open for a listener: the public URL when
+// one is set; for a listener bound to every interface (0.0.0.0, or [::]
+// as Go reports it), one of this host's IP addresses, which other machines
+// reach and the console answers to (it refuses host names other than its
+// public URL's, and "[::]" is no address a browser opens).
+func consoleURL(addr net.Addr, publicURL string) string {
+	if publicURL != "" {
+		return strings.TrimSuffix(publicURL, "/") + "/"
+	}
 	host, port, err := net.SplitHostPort(addr.String())
 	if err != nil {
 		return "http://" + addr.String() + "/"
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-		if host, err = os.Hostname(); err != nil || host == "" {
-			host = "localhost"
-		}
+		host = hostIP()
 	}
 	return "http://" + net.JoinHostPort(host, port) + "/"
+}
+
+// hostIP is an address of this host that other machines may reach: its
+// first global unicast IPv4 address, else IPv6, else localhost.
+func hostIP() string {
+	addrs, _ := net.InterfaceAddrs()
+	var v6 string
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok || !n.IP.IsGlobalUnicast() {
+			continue
+		}
+		if n.IP.To4() != nil {
+			return n.IP.String()
+		}
+		if v6 == "" {
+			v6 = n.IP.String()
+		}
+	}
+	if v6 != "" {
+		return v6
+	}
+	return "localhost"
 }
