@@ -57,19 +57,26 @@ func (w *running) serveMetrics(ln net.Listener, obs *metrics.Observer, mr *mapre
 
 // ready answers /readyz: 200 when Redis answers a PING and, for a worker
 // with a database, the database answers one too, each within readyTimeout;
-// 503 with a line per failed check otherwise.
+// 503 with a line per failed check otherwise. The checks run at once, and
+// the answer comes within readyTimeout even when a server hangs: go-redis
+// bounds a read by its ReadTimeout, not by the context's deadline.
 func (w *running) ready(rw http.ResponseWriter, r *http.Request) {
-	var failed []string
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
-	if err := w.rdb.Ping(ctx).Err(); err != nil {
-		failed = append(failed, fmt.Sprintf("redis: %v", err))
-	}
+	checks := []struct {
+		name string
+		err  <-chan error
+	}{{"redis", within(ctx, func(ctx context.Context) error { return w.rdb.Ping(ctx).Err() })}}
 	if w.env.DB != nil {
-		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
-		defer cancel()
-		if err := w.env.DB.Ping(ctx); err != nil {
-			failed = append(failed, fmt.Sprintf("database: %v", err))
+		checks = append(checks, struct {
+			name string
+			err  <-chan error
+		}{"database", within(ctx, w.env.DB.Ping)})
+	}
+	var failed []string
+	for _, c := range checks {
+		if err := <-c.err; err != nil {
+			failed = append(failed, fmt.Sprintf("%s: %v", c.name, err))
 		}
 	}
 	rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -79,6 +86,23 @@ func (w *running) ready(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _ = fmt.Fprintln(rw, "ok")
+}
+
+// within runs check in the background and sends its error, or ctx's once
+// ctx is done first.
+func within(ctx context.Context, check func(context.Context) error) <-chan error {
+	out := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() { done <- check(ctx) }()
+	go func() {
+		select {
+		case err := <-done:
+			out <- err
+		case <-ctx.Done():
+			out <- fmt.Errorf("no answer within %v", readyTimeout)
+		}
+	}()
+	return out
 }
 
 // slogPrinter passes promhttp's errors to the worker's logger.

@@ -265,6 +265,21 @@ func TestReadyzFollowsRedisWhileHealthzStaysUp(t *testing.T) {
 	if code, body := get(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz during the outage: %d %s, want 200", code, body)
 	}
+	// A Redis that hangs (accepts, never answers) gets its answer within
+	// the 1 s the docs promise, not go-redis's read timeout later, so that
+	// a probe with a 1 s timeout sees the 503.
+	px.Restore()
+	testenv.WaitFor(t, 10*time.Second, "/readyz to answer 200 again", func() bool {
+		code, _ := get(t, base+"/readyz")
+		return code == http.StatusOK
+	})
+	px.Blackhole()
+	began := time.Now()
+	code, body = get(t, base+"/readyz")
+	if took := time.Since(began); code != http.StatusServiceUnavailable || !strings.Contains(body, "redis: no answer within 1s") || took > 1500*time.Millisecond {
+		t.Errorf("/readyz with Redis hanging: %d %q after %v; want 503 naming Redis within about 1s", code, body, took)
+	}
+	px.Cut()
 	if code, _ := get(t, base+"/metrics"); code != http.StatusOK {
 		t.Errorf("/metrics during the outage: %d, want 200 (with batchmr_fleet_up 0)", code)
 	} else if up := scrapeMetrics(t, base).must(t, "batchmr_fleet_up"); up != 0 {
