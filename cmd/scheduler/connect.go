@@ -35,5 +35,13 @@ func connect(ctx context.Context, url string) *conn {
 func (c *conn) close() { c.rdb.Close() }
 
 // trim drops the package prefix of a mapreduce error: the command's own
-// name already starts the line.
-func trim(err error) string { return strings.TrimPrefix(err.Error(), "mapreduce: ") }
+// name already starts the line. Redis's refusal over maxmemory gets the
+// fix, which its own text does not give.
+func trim(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "mapreduce: ")
+	if strings.Contains(msg, "OOM command not allowed") {
+		msg += ": Redis is over its maxmemory: raise it (CONFIG SET maxmemory, and in redis.conf), or free memory " +
+			"(a finished run's keys go when its retention ends); docs/operations.md sizes Redis for a run"
+	}
+	return msg
+}

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -90,5 +93,16 @@ func TestTheConsoleURLOfAnAllInterfacesListenerIsOneTheConsoleAnswers(t *testing
 	a, _ := net.ResolveTCPAddr("tcp", "0.0.0.0:8080")
 	if got := consoleURL(a, "https://batchmr.example.com"); got != "https://batchmr.example.com/" {
 		t.Errorf("with a public URL: %q, want it", got)
+	}
+}
+
+// Redis's refusal over maxmemory names no fix; the command's error does.
+func TestAnOOMRefusalGetsItsFix(t *testing.T) {
+	err := fmt.Errorf("mapreduce: start: %w", errors.New("OOM command not allowed when used memory > 'maxmemory'."))
+	if got := trim(err); !strings.HasPrefix(got, "start: OOM") || !strings.Contains(got, "raise it (CONFIG SET maxmemory") {
+		t.Errorf("trim: %q, want the refusal and the fix", got)
+	}
+	if got := trim(errors.New("mapreduce: other")); got != "other" {
+		t.Errorf("trim of another error: %q", got)
 	}
 }

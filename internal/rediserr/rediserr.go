@@ -36,3 +36,20 @@ func Transient(err error) bool {
 		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
 		strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "pool timeout")
 }
+
+// Tx returns the error of a MULTI/EXEC transaction whose commands are
+// cmds: when Redis refused a command as it was queued (over maxmemory,
+// say), EXEC answers only "EXECABORT Transaction discarded because of
+// previous errors", and the refusal that says why is the command's; Tx
+// returns that one.
+func Tx(cmds []redis.Cmder, err error) error {
+	if err == nil || !strings.HasPrefix(err.Error(), "EXECABORT") {
+		return err
+	}
+	for _, c := range cmds {
+		if cerr := c.Err(); cerr != nil && !strings.HasPrefix(cerr.Error(), "EXECABORT") {
+			return cerr
+		}
+	}
+	return err
+}

@@ -231,14 +231,13 @@ func (c *Client) announce(ctx context.Context, w WorkerInfo, infos []JobInfo) er
 		b, _ := json.Marshal(info)
 		jobs[info.Name] = b
 	}
-	_, err = c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	return rediserr.Tx(c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZRemRangeByScore(ctx, c.catalogKey("workers"), "-inf", strconv.FormatInt(now.UnixMilli(), 10))
 		p.ZAdd(ctx, c.catalogKey("workers"), redis.Z{Score: float64(now.Add(heartbeatTTL).UnixMilli()), Member: w.ID})
 		p.Set(ctx, c.catalogKey("worker", w.ID), wb, heartbeatTTL)
 		p.HSet(ctx, c.catalogKey("jobs"), jobs)
 		return nil
-	})
-	return err
+	}))
 }
 
 // Jobs returns every job announced in the catalogue, sorted by name, each
@@ -494,11 +493,11 @@ func (c *Client) checkArgs(ctx context.Context, job string, args json.RawMessage
 	id := hex.EncodeToString(b[:])
 	req, _ := json.Marshal(checkRequest{ID: id, Args: args, Deadline: time.Now().Add(checkTimeout).UnixMilli()})
 	list := c.catalogKey("check", job)
-	if _, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	if err := rediserr.Tx(c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.LPush(ctx, list, req)
 		p.Expire(ctx, list, time.Minute)
 		return nil
-	}); err != nil {
+	})); err != nil {
 		return err
 	}
 	res, err := c.rdb.BRPop(ctx, checkTimeout, c.catalogKey("answer", id)).Result()

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
@@ -137,7 +138,7 @@ func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]
 	claimed := make([]*redis.IntCmd, len(cands))
 	var firsts *redis.SliceCmd
 	var known *redis.StringSliceCmd
-	_, err = c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	err = rediserr.Tx(c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for i, t := range cands {
 			ids[i] = t.ID
 			p.HSetNX(ctx, seenKey, t.ID, now.UnixMilli())
@@ -147,7 +148,7 @@ func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]
 		known = p.HKeys(ctx, seenKey)
 		p.PExpire(ctx, seenKey, 10*orphanGrace)
 		return nil
-	})
+	}))
 	if err != nil {
 		return 0, err
 	}

@@ -162,7 +162,7 @@ func (c *Client) countTransient(ctx context.Context, k runKeys, step string, o J
 		pl := c.rdb.TxPipeline()
 		incr := pl.HIncrBy(ctx, k.transient, step, 1)
 		pl.PExpire(ctx, k.transient, o.Retention)
-		if _, err := pl.Exec(ctx); err != nil {
+		if err := rediserr.Tx(pl.Exec(ctx)); err != nil {
 			return err
 		}
 		n = incr.Val()

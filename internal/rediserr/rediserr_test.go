@@ -1,0 +1,38 @@
+package rediserr_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/batchmr/batchmr/internal/rediserr"
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/redis/go-redis/v9"
+)
+
+// A command Redis refuses as it is queued aborts the transaction, and EXEC
+// says only that; Tx returns the refusal that says why. (Over maxmemory
+// the refusal is OOM's; an unknown command is refused the same way, at
+// queue time, without filling the shared test server.)
+func TestTxReturnsTheRefusalThatAbortedATransaction(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	cmds, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, prefix+":a", 1, 0)
+		p.Do(ctx, "NOSUCHCOMMAND", prefix+":a")
+		return nil
+	})
+	if err == nil || !strings.HasPrefix(err.Error(), "EXECABORT") {
+		t.Fatalf("the transaction: %v, want EXECABORT (the premise)", err)
+	}
+	if got := rediserr.Tx(cmds, err); got == nil || !strings.Contains(got.Error(), "unknown command") {
+		t.Errorf("Tx: %v, want the refusal of NOSUCHCOMMAND", got)
+	}
+	if n, _ := rdb.Exists(ctx, prefix+":a").Result(); n != 0 {
+		t.Errorf("the aborted transaction wrote its SET")
+	}
+	if got := rediserr.Tx(cmds, nil); got != nil {
+		t.Errorf("Tx of no error: %v", got)
+	}
+}
