@@ -9,4 +9,8 @@ import (
 	"github.com/batchmr/batchmr/pkg/worker"
 )
 
-func main() { worker.Main(ordersreport.Job) }
+// orders-report queries Postgres: a worker without a database refuses to
+// start rather than fail the pages it would take.
+func main() {
+	worker.MainWith(func(cfg *worker.Config) { cfg.RequireDatabase = true }, ordersreport.Job)
+}

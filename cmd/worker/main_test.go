@@ -152,11 +152,20 @@ func TestBadFlagsAreOneLineNamingTheFlagAndExitTwo(t *testing.T) {
 	// A good command line that cannot start: exit 1, one line, its
 	// cause named once.
 	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "REDIS_URL=redis://127.0.0.1:1/0", "DATABASE_URL=")
+	cmd.Env = append(os.Environ(), "REDIS_URL=redis://127.0.0.1:1/0", "DATABASE_URL=postgres://x@127.0.0.1:1/x")
 	out, err := cmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 ||
 		!strings.Contains(string(out), "cannot reach the Redis server at 127.0.0.1:1") || strings.Contains(string(out), "worker: worker:") {
 		t.Errorf("worker with Redis unreachable: %v, %q; want exit 1 and one line, prefixed once", err, out)
+	}
+	// orders-report queries Postgres: without a database the worker does
+	// not start, rather than fail every page it would take.
+	cmd = exec.Command(bin)
+	cmd.Env = append(os.Environ(), "REDIS_URL=redis://127.0.0.1:1/0", "DATABASE_URL=")
+	out, err = cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 ||
+		!strings.Contains(string(out), "no database: pass --database-url or set DATABASE_URL") {
+		t.Errorf("worker without a database: %v, %q; want exit 1 and one line naming the fix", err, out)
 	}
 	if out, err := exec.Command(bin, "--version").Output(); err != nil || !strings.HasPrefix(string(out), "worker: batchmr ") {
 		t.Errorf("worker --version: %v, %q; want exit 0 and the batchmr version", err, out)

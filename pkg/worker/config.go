@@ -21,8 +21,14 @@ type Config struct {
 	RedisURL string
 	// DatabaseURL locates the Postgres the jobs query (--database-url,
 	// DATABASE_URL). Empty: the worker has no database, and
-	// worker.Database returns an error.
+	// worker.Database returns an error, failing the pages it takes.
 	DatabaseURL string
+	// RequireDatabase makes the worker refuse to start without a
+	// DatabaseURL. Set it (worker.MainWith) when the jobs query Postgres:
+	// a worker started without one would take pages only to fail them,
+	// faster than its healthy peers take theirs, and fail whole runs.
+	// Without it, such a worker starts with a warning.
+	RequireDatabase bool
 	// ApplicationName names the worker's database connections in
 	// pg_stat_activity (--application-name, WORKER_APPLICATION_NAME).
 	// Default "batchmr-worker".
@@ -136,6 +142,9 @@ func (c Config) validate() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
 	if c.RedisURL == "" {
 		bad("no Redis: pass --redis-url or set REDIS_URL (Config.RedisURL), e.g. redis://localhost:6379/0")
+	}
+	if c.RequireDatabase && c.DatabaseURL == "" {
+		bad("no database: pass --database-url or set DATABASE_URL (Config.DatabaseURL): this worker's jobs query Postgres")
 	}
 	if c.Concurrency < 0 {
 		bad("--concurrency %d: use at least 1 (Config.Concurrency)", c.Concurrency)

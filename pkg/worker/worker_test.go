@@ -237,6 +237,7 @@ func TestRunRefusesBadConfigsAndStopsCleanlyWithItsContext(t *testing.T) {
 		{func(c worker.Config) worker.Config { c.Permits = map[string]int{"db": 0}; return c }, []mapreduce.AnyJob{ordersreport.Job}, "--db-permits 0"},
 		{func(c worker.Config) worker.Config { c.Weights = map[string]int{"nope": 2}; return c }, []mapreduce.AnyJob{ordersreport.Job}, `"nope"`},
 		{func(c worker.Config) worker.Config { c.RedisURL = "redis://127.0.0.1:1/0"; return c }, []mapreduce.AnyJob{ordersreport.Job}, "cannot reach the Redis server"},
+		{func(c worker.Config) worker.Config { c.RequireDatabase = true; return c }, []mapreduce.AnyJob{ordersreport.Job}, "no database: pass --database-url"},
 	} {
 		if err := worker.Run(ctx, tc.cfg(good), tc.jobs...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Run: %v; want an error saying %q", err, tc.want)
