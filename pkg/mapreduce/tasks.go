@@ -83,6 +83,8 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 	switch {
 	case err == nil:
 		Logger(ctx).LogAttrs(ctx, slog.LevelDebug, "mapreduce: "+stepName(t)+" done", slog.Duration("took", time.Since(start)))
+	case errors.Is(err, errStopping):
+		Logger(ctx).Info("mapreduce: " + stepName(t) + " handed back: this worker is stopping, and it had not got its permit yet")
 	case !errors.Is(err, errNotHosted):
 		logFailure(ctx, t, err)
 	}
@@ -103,6 +105,9 @@ func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	if errors.Is(err, errNotHosted) {
 		return handBackDelay/2 + rand.N(handBackDelay)
 	}
+	if errors.Is(err, errStopping) {
+		return 0 // for the other workers to take at once
+	}
 	if tr, ok := errors.AsType[*errTransientRetry](err); ok {
 		return tr.delay
 	}
@@ -118,19 +123,24 @@ func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 }
 
 // IsFailure is an asynq.Config.IsFailure that does not count a task handed
-// back because this worker does not run its job, nor one retrying a
-// transient error within JobOptions.TransientRetries: asynq then retries it
-// without spending one of its retries. Set it as the worker's
+// back because this worker does not run its job, or is stopping before the
+// task got its permit (semaphore.Drain), nor one retrying a transient
+// error within JobOptions.TransientRetries: asynq then retries it without
+// spending one of its retries. Set it as the worker's
 // asynq.Config.IsFailure.
 func (c *Client) IsFailure(err error) bool {
 	if _, ok := errors.AsType[*errTransientRetry](err); ok {
 		return false
 	}
-	return err != nil && !errors.Is(err, errNotHosted)
+	return err != nil && !errors.Is(err, errNotHosted) && !errors.Is(err, errStopping)
 }
 
 // errNotHosted marks a task of a job this worker does not run.
 var errNotHosted = errors.New("this worker does not run the task's job: handed back")
+
+// errStopping marks a task handed back because its worker is stopping
+// before the task got the permit its work waited for.
+var errStopping = errors.New("this worker is stopping: handed back")
 
 // runPayload is the payload of split and reduce tasks. Nonce ties the task
 // to one incarnation of the run ID: a task left over from an earlier run

@@ -131,11 +131,17 @@ func defaultTransientBackoff(n int) time.Duration {
 
 // transientRetry decides what a handler does with err, a failure of the
 // task's user code: if err is transient and the task has transient retries
-// left, it returns the error to give asynq (not counted as a failure); nil
-// means err counts as an ordinary failure. step names the task within its
+// left, or the step was waiting for a permit as this worker stops
+// (semaphore.ErrDraining: handed back), it returns the error to give asynq
+// (not counted as a failure); nil means err counts as an ordinary failure. step names the task within its
 // run ("split", "reduce" or the page index) for the count, which lives in
 // Redis so that it survives the task moving between workers.
 func (c *Client) transientRetry(ctx context.Context, k runKeys, step string, err error, o JobOptions) error {
+	if errors.Is(err, semaphore.ErrDraining) {
+		// The step waited for a permit of a semaphore this process drains
+		// as it stops: it never began its work, and another worker does it.
+		return fmt.Errorf("%w: %w", errStopping, err)
+	}
 	if o.TransientRetries <= 0 || !IsTransient(err) || ctx.Err() != nil {
 		return nil
 	}

@@ -53,6 +53,11 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	select {
+	case <-s.draining:
+		return nil, ErrDraining
+	default:
+	}
 	began := time.Now()
 	w := &waiter{weight: n, ctx: ctx, ch: make(chan wakeup, 2)}
 	// Enlisted before the first call, so that a grant arriving before the
@@ -123,6 +128,10 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 		case <-ctx.Done():
 			s.giveUp(w)
 			return nil, ctx.Err()
+		case <-s.draining:
+			// As if ctx ended: a grant that raced the drain is given back.
+			s.giveUp(w)
+			return nil, ErrDraining
 		}
 	}
 }

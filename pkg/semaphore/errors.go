@@ -32,6 +32,10 @@ var (
 	// ErrClosed is returned by calls on a closed Semaphore, and to waiters
 	// and holders of a Semaphore that is closed under them.
 	ErrClosed = errors.New("semaphore closed")
+
+	// ErrDraining is returned by Acquire calls of a Semaphore that is
+	// draining (Drain): its process is stopping and starts no new work.
+	ErrDraining = errors.New("semaphore draining: this process is stopping")
 )
 
 // transient reports whether err may go away by itself, so that a blocking

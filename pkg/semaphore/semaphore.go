@@ -60,6 +60,8 @@ type Semaphore struct {
 	closed     bool
 	background bool // the dispatcher and the watchdog run
 	stop       chan struct{}
+	draining   chan struct{} // closed by Drain
+	drainOnce  sync.Once
 	kick       chan struct{}  // asks the watchdog to refresh now
 	wg         sync.WaitGroup // dispatcher and watchdog
 
@@ -106,6 +108,7 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 		waiters:    make(map[string]*waiter),
 		holders:    make(map[string]*Permit),
 		stop:       make(chan struct{}),
+		draining:   make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 	}
 	if forceEval {
@@ -186,6 +189,17 @@ func (s *Semaphore) TryAcquireN(ctx context.Context, n int) (*Permit, error) {
 		return nil, fmt.Errorf("semaphore %q: try acquire: %w", s.name, err)
 	}
 	return p, nil
+}
+
+// Drain makes the Acquire calls of this Semaphore that wait now, and every
+// later one, return ErrDraining at once, giving up their places in the
+// queue to the rest of the fleet. Permits already held are not touched:
+// their holders release them as usual. A process that stops drains its
+// semaphores first, so that work that has not got its permit yet goes back
+// to be done elsewhere instead of starting, or waiting, during the
+// shutdown. Drain cannot be undone; Close still gives back what is held.
+func (s *Semaphore) Drain() {
+	s.drainOnce.Do(func() { close(s.draining) })
 }
 
 // Do acquires one permit, runs fn with the Permit's context and releases the

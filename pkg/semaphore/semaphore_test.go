@@ -379,3 +379,58 @@ func TestStatsOfAnUnusedSemaphoreSetsNoLimit(t *testing.T) {
 		t.Errorf("limit after the first Acquire: %d, want the worker's 8", st.Limit)
 	}
 }
+
+// A draining process gives up its places in the queue at once, keeps the
+// permits it holds until they are released, and asks for no more; the
+// rest of the fleet, queued behind it, gets the permits next.
+func TestDrainGivesUpWaitingPlacesAndKeepsHeldPermits(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	stopping := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	held := mustAcquire(t, stopping)
+	const waiting = 3
+	errs := make(chan error, waiting)
+	for range waiting {
+		go func() {
+			p, err := stopping.Acquire(context.Background())
+			if p != nil {
+				_ = p.Release(context.Background())
+			}
+			errs <- err
+		}()
+	}
+	testenv.WaitFor(t, 5*time.Second, "three waiters", func() bool { return len(stats(t, other).Waiters) == waiting })
+	fleet := acquireQueued(t, other, other, waiting+1)
+
+	stopping.Drain()
+	for range waiting {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, semaphore.ErrDraining) {
+				t.Errorf("a waiting Acquire of a drained semaphore: %v, want ErrDraining", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a waiting Acquire did not return after Drain")
+		}
+	}
+	st := stats(t, other)
+	if st.Held != 1 || len(st.Waiters) != 1 {
+		t.Errorf("after Drain: %d held, %d waiting; want the held permit kept and the fleet's one waiter left", st.Held, len(st.Waiters))
+	}
+	if _, err := stopping.Acquire(context.Background()); !errors.Is(err, semaphore.ErrDraining) {
+		t.Errorf("an Acquire after Drain: %v, want ErrDraining", err)
+	}
+	if err := held.Release(context.Background()); err != nil {
+		t.Errorf("releasing the permit held across Drain: %v", err)
+	}
+	select {
+	case p := <-fleet:
+		if p == nil {
+			t.Fatal("the fleet's waiter got no permit")
+		}
+		_ = p.Release(context.Background())
+	case <-time.After(5 * time.Second):
+		t.Fatal("the fleet's waiter did not get the permit the drained process released")
+	}
+}

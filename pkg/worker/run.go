@@ -192,6 +192,12 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 // go back), then the announcement, the pool, the semaphores and Redis.
 func (w *running) stop() {
 	w.cfg.Logger.Info("worker: stopping", "shutdown_timeout", w.cfg.ShutdownTimeout)
+	// Pages still waiting for a permit go back at once, for the rest of
+	// the fleet, rather than start their queries during the shutdown or
+	// hold it for ShutdownTimeout; pages whose queries run finish.
+	for _, sem := range w.env.Semaphores {
+		sem.Drain()
+	}
 	w.srv.Shutdown()
 	w.cancel()
 	<-w.done

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"iter"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -215,4 +216,97 @@ func sample(t *testing.T, app string) (most func() int) {
 	}
 	t.Cleanup(func() { most() })
 	return most
+}
+
+// A worker that stops while some of its pages wait for a permit hands
+// those back at once: it does not hold the shutdown for ShutdownTimeout
+// (or start their queries during it), and the pages, done by the next
+// worker, spend no retry (the job allows none) and log no failure.
+func TestAStoppingWorkerHandsBackPagesStillWaitingForAPermit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, prefix := testenv.Redis(t)
+	job := mapreduce.Job[int, int, int, int]{
+		Name:  "waiters",
+		Split: sleepers.Split,
+		Map: func(ctx context.Context, p int) (int, error) {
+			db, sem, err := worker.Database(ctx)
+			if err != nil {
+				return 0, err
+			}
+			return p, pgsource.Exec(ctx, db, sem, "SELECT pg_sleep(1.5)")
+		},
+		Options: mapreduce.JobOptions{MapRetries: -1},
+	}
+	testenv.JobQueue(t, rdb, prefix, job.Name)
+	var logs jsonLog
+	cfg := worker.Config{RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Prefix: prefix,
+		Concurrency: 4, Permits: map[string]int{worker.DBSemaphore: 1}, ShutdownTimeout: 20 * time.Second,
+		PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
+	wctx, stopWorker := context.WithCancel(ctx)
+	defer stopWorker()
+	stopped := make(chan error, 1)
+	go func() { stopped <- worker.Run(wctx, cfg, job) }()
+	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := job.Start(ctx, mr, 4, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem, err := semaphore.New(rdb, worker.DBSemaphore, semaphore.Options{Limit: 1, Prefix: prefix + ":sem"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	testenv.WaitFor(t, 10*time.Second, "one page's query and three waiting", func() bool {
+		st, err := sem.Stats(ctx)
+		return err == nil && st.Held == 1 && len(st.Waiters) == 3
+	})
+
+	began := time.Now()
+	stopWorker()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(cfg.ShutdownTimeout):
+		t.Fatal("the worker held its shutdown for its whole ShutdownTimeout")
+	}
+	// The page at work finishes its query (1.5 s at most); the waiting
+	// ones do not wait, and nothing more starts.
+	if took := time.Since(began); took > 6*time.Second {
+		t.Errorf("the worker took %v to stop, want about the running query's 1.5 s", took)
+	}
+	if st, err := sem.Stats(ctx); err != nil || st.Held != 0 || len(st.Waiters) != 0 {
+		t.Errorf("after the worker stopped: %+v (%v); want no permit held or waited for", st, err)
+	}
+
+	next, stopNext := context.WithCancel(ctx)
+	defer stopNext()
+	nextStopped := make(chan error, 1)
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	go func() { nextStopped <- worker.Run(next, cfg, job) }()
+	wait, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if st, err := mr.Wait(wait, id); err != nil || st.State != mapreduce.StateSucceeded || st.Done != 4 {
+		t.Fatalf("the run after the hand-back: %+v, %v; want succeeded with its 4 pages, no retry spent", st, err)
+	}
+	stopNext()
+	<-nextStopped
+	var handedBack int
+	for _, r := range logs.records(t) {
+		msg, _ := r["msg"].(string)
+		if strings.Contains(msg, "handed back: this worker is stopping") {
+			handedBack++
+		}
+		if strings.Contains(msg, "failed") {
+			t.Errorf("a failure logged for a page handed back: %v", r)
+		}
+	}
+	if handedBack == 0 {
+		t.Error("no page logged as handed back")
+	}
 }
