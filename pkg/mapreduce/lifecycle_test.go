@@ -553,7 +553,9 @@ func (c *customSpan) UnmarshalJSON(b []byte) error {
 
 func TestAddJobRefusesTypesThatJSONCannotCarry(t *testing.T) {
 	t.Parallel()
-	split := func(context.Context, sumArgs, func(hiddenSpan) error) error { return nil }
+	split := func(_ context.Context, _ sumArgs, emit func(hiddenSpan) error) error {
+		return emit(hiddenSpan{lo: 0, hi: 10})
+	}
 	err := mapreduce.AddJob(mapreduce.NewJobs(), mapreduce.Job[sumArgs, hiddenSpan, int, int]{Name: "hidden", Split: split,
 		Map: func(context.Context, hiddenSpan) (int, error) { return 0, nil }})
 	if err == nil || !strings.Contains(err.Error(), "page type mapreduce_test.hiddenSpan has no exported fields") || !strings.Contains(err.Error(), "export its fields") {
