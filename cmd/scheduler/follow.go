@@ -17,6 +17,9 @@ import (
 // pollEvery is how often follow reads the run's status.
 const pollEvery = 200 * time.Millisecond
 
+// errorEvery is how often at most follow shows a step's failed attempt.
+const errorEvery = 10 * time.Second
+
 // follow polls the run until it ends, drawing progress on w: a bar
 // redrawn in place on a terminal, a line whenever it changes otherwise.
 // Redis being unreachable does not end it: the run goes on without the
@@ -30,6 +33,10 @@ func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*ma
 	skew := app.RedisSkew(ctx, c.rdb)
 	var last string
 	var lastLine time.Time
+	// A step's failed attempt is shown as it happens (the split's retries
+	// show nothing else), but at most one every errorEvery: an outage
+	// fails many pages at once.
+	var errorSeen, errorShown time.Time
 	unreachable := false
 	// A message interrupts the bar: it goes on a line of its own.
 	say := func(format string, args ...any) {
@@ -51,6 +58,10 @@ func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*ma
 			if unreachable {
 				unreachable = false
 				say("Redis at %s is back; following %s", c.addr, id)
+			}
+			if e := st.LastError; !st.State.Ended() && e.At.After(errorSeen) && time.Since(errorShown) >= errorEvery {
+				errorSeen, errorShown = e.At, time.Now()
+				say("%s failed at %s: %s", e.Step, e.At.Local().Format("15:04:05"), strings.TrimPrefix(e.Error, "mapreduce: "))
 			}
 			line := progressLine(st, time.Now().Add(skew))
 			switch {

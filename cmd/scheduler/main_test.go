@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/url"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -691,5 +693,39 @@ func TestJobsWarnsOfWorkersThatRunAnotherVersionOfAJob(t *testing.T) {
 	// worker differs from it.
 	if !strings.Contains(warning, "finish the deploy") || strings.Contains(warning, old.ID) == strings.Contains(warning, nw.ID) {
 		t.Errorf("jobs: want a warning of two versions of sum naming one of %s and %s, in\n%s", old.ID, nw.ID, out)
+	}
+}
+
+// A split that fails and retries shows nothing but its error: 'run --wait'
+// prints it as it happens, and 'status' and 'status --json' show it.
+func TestRunWaitAndStatusShowAStepsFailedAttempt(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	var failures atomic.Int32
+	job := sumJob("flaky", nil)
+	split := job.Split
+	job.Split = func(ctx context.Context, a sumArgs, emit func([2]int) error) error {
+		if failures.Add(1) <= 2 {
+			return errors.New(`relation "events" does not exist`)
+		}
+		return split(ctx, a, emit)
+	}
+	job.Options = mapreduce.JobOptions{StepRetries: 3, Backoff: func(int, error) time.Duration { return time.Second }}
+	f.host(nil, job)
+	s := newScheduler(t, f)
+	out, errs, code := s.run("run", "flaky", "--args", `{"n": 10, "page_size": 5}`, "--wait")
+	if code != 0 || !strings.Contains(errs, `split failed at `) || !strings.Contains(errs, `relation "events" does not exist`) {
+		t.Fatalf("run --wait: exit %d, stderr %q; want the split's failure shown, then success", code, errs)
+	}
+	id := lines(out)[0]
+	if out, _, _ := s.run("status", id); !strings.Contains(out, "last err split failed at ") || !strings.Contains(out, `relation "events" does not exist`) {
+		t.Errorf("status: want the split's last failure in\n%s", out)
+	}
+	out, _, _ = s.run("status", id, "--json")
+	var js struct {
+		LastError struct{ Step, Error string } `json:"last_error"`
+	}
+	if err := json.Unmarshal([]byte(out), &js); err != nil || js.LastError.Step != "split" || !strings.Contains(js.LastError.Error, "does not exist") {
+		t.Errorf("status --json: %v, %s; want last_error with the split's", err, out)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"strings"
 )
 
 const statusUsage = `scheduler status RUN [--json]: show a run's state, progress and result.
@@ -49,6 +50,9 @@ func status(ctx context.Context, args []string) int {
 	if st.Error != "" {
 		fmt.Printf("error    %s\n", st.Error)
 	}
+	if e := st.LastError; e.Error != "" && e.Error != st.Error {
+		fmt.Printf("last err %s failed at %s: %s\n", e.Step, e.At.Format(time.RFC3339), strings.TrimPrefix(e.Error, "mapreduce: "))
+	}
 	if st.Result != nil {
 		fmt.Printf("result   %s\n", st.Result)
 	}
@@ -75,7 +79,15 @@ type jsonStatus struct {
 	PagesPerSecond   *float64        `json:"pages_per_second,omitempty"`
 	RemainingSeconds *float64        `json:"remaining_seconds,omitempty"`
 	Error            string          `json:"error,omitempty"`
+	LastError        *jsonStepError  `json:"last_error,omitempty"`
 	Result           json.RawMessage `json:"result,omitempty"`
+}
+
+// jsonStepError is Status.LastError.
+type jsonStepError struct {
+	Step  string    `json:"step"`
+	Error string    `json:"error"`
+	At    time.Time `json:"at"`
 }
 
 func printJSON(st *mapreduce.Status, now time.Time) {
@@ -97,6 +109,9 @@ func printJSON(st *mapreduce.Status, now time.Time) {
 	if d, ok := st.Remaining(now); ok {
 		secs := d.Seconds()
 		js.RemainingSeconds = &secs
+	}
+	if e := st.LastError; e.Error != "" {
+		js.LastError = &jsonStepError{Step: e.Step, Error: e.Error, At: e.At}
 	}
 	if json.Valid(st.Result) {
 		js.Result = st.Result

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -515,5 +516,28 @@ func TestARunsProgressShowsThePagesItsSplitExpectsBeforeItsTotal(t *testing.T) {
 		if code, body := f.get(path); code != http.StatusOK || !strings.Contains(body, "/~400</span>") {
 			t.Errorf("GET %s: %d, without the expected total \"/~400\" while splitting:\n%s", path, code, body)
 		}
+	}
+}
+
+// A run whose split fails and retries shows the failure on its page while
+// it goes on: nothing else would say why it does not progress.
+func TestARunsPageShowsItsStepsLastFailureWhileItRetries(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	job := workJob("stuck", nil, nil)
+	job.Split = func(context.Context, workArgs, func([2]int) error) error {
+		return errors.New(`relation "events" does not exist`)
+	}
+	job.Options = mapreduce.JobOptions{StepRetries: 5, Backoff: func(int, error) time.Duration { return time.Minute }}
+	f.host(1, nil, job)
+	id := f.start("stuck", workArgs{N: 3})
+	testenv.WaitFor(t, 10*time.Second, "the split's failure on the run's page", func() bool {
+		_, body := f.get(runPath(id))
+		return strings.Contains(body, `id="last-error"`)
+	})
+	_, body := f.get(runPath(id))
+	if !strings.Contains(body, "Last failure") || !strings.Contains(body, "split at ") || !strings.Contains(body, "relation &#34;events&#34; does not exist") ||
+		!strings.Contains(body, `state-splitting`) {
+		t.Errorf("the run's page: want it splitting, with its split's last failure:\n%s", body)
 	}
 }

@@ -23,6 +23,8 @@ var (
 	luaFeed string
 	//go:embed scripts/unlist.lua
 	luaUnlist string
+	//go:embed scripts/lasterror.lua
+	luaLastError string
 
 	scriptStart     = redis.NewScript(luaStart)
 	scriptRecord    = redis.NewScript(luaRecord)
@@ -31,4 +33,5 @@ var (
 	scriptRetry     = redis.NewScript(luaRetry)
 	scriptFeed      = redis.NewScript(luaFeed)
 	scriptUnlist    = redis.NewScript(luaUnlist)
+	scriptLastError = redis.NewScript(luaLastError)
 )

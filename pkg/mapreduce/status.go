@@ -63,6 +63,11 @@ type Status struct {
 	RetriedDone int
 	// Error says why a failed run failed, or that it was cancelled.
 	Error string
+	// LastError is the latest failed attempt of one of the run's steps
+	// (a page, the split or the reduce) since Start or the last Retry,
+	// retried or not: while the run goes on, why it does not progress (a
+	// split that fails and retries shows nothing else). Zero if none.
+	LastError StepError
 	// Result is the encoded value Reduce returned (JSON unless the job has
 	// another Codec): decode it with the job's Job.Result.
 	Result []byte
@@ -104,6 +109,9 @@ func parseStatus(id string, h map[string]string) *Status {
 	st.Updated = msTime(h["updated"])
 	st.Finished = msTime(h["finished"])
 	st.Retried = msTime(h["retried"])
+	if e := h["last_error"]; e != "" {
+		st.LastError = StepError{Step: h["last_error_step"], Error: e, At: msTime(h["last_error_at"])}
+	}
 	st.RetriedDone = -1
 	if st.Retries == 0 {
 		st.RetriedDone = 0
@@ -111,6 +119,16 @@ func parseStatus(id string, h map[string]string) *Status {
 		st.RetriedDone = atoi(n)
 	}
 	return st
+}
+
+// StepError is a failed attempt of a run's step.
+type StepError struct {
+	// Step is "split", "reduce" or "page N".
+	Step string
+	// Error is the attempt's error, shortened to 500 bytes.
+	Error string
+	// At is when it failed, in Redis's time.
+	At time.Time
 }
 
 // Rate returns the pages per second the run has recorded, done or failed,

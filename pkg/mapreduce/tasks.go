@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 )
@@ -87,8 +88,41 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 		Logger(ctx).Info("mapreduce: " + stepName(t) + " handed back: this worker is stopping, and it had not got its permit yet")
 	case !errors.Is(err, errNotHosted):
 		logFailure(ctx, t, err)
+		c.noteError(ctx, t, err)
 	}
 	return err
+}
+
+// lastErrorMax is how much of a step's error its run keeps (LastError).
+const lastErrorMax = 500
+
+// noteError notes err in task t's run as its LastError, waiting a second
+// at most: it is for people watching, and an unreachable Redis must not
+// hold the task.
+func (c *Client) noteError(ctx context.Context, t *asynq.Task, err error) {
+	var p mapPayload // split and reduce payloads are its first fields
+	if json.Unmarshal(t.Payload(), &p) != nil {
+		return
+	}
+	k, kerr := c.keys(p.Run)
+	if kerr != nil {
+		return
+	}
+	step := stepName(t)
+	if t.Type() == typeMap {
+		step = "page " + strconv.Itoa(p.Index)
+	}
+	msg := err.Error()
+	if len(msg) > lastErrorMax {
+		n := lastErrorMax
+		for n > 0 && !utf8.RuneStart(msg[n]) {
+			n--
+		}
+		msg = msg[:n] + "…"
+	}
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_ = scriptLastError.Run(nctx, c.rdb, []string{k.run}, step, msg, p.Nonce).Err()
 }
 
 // handBackDelay is how long a task of a job this worker does not run waits
