@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/rediserr"
@@ -72,6 +73,8 @@ type Client struct {
 
 	sweepMu sync.Mutex
 	swept   map[string]sweep // job → where the reconciler stands in its runs
+
+	bigResultWarned atomic.Int64 // unix ns of the last warning of a large result
 }
 
 // New returns a Client that keeps runs in rdb and enqueues tasks through

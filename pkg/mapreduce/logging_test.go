@@ -2,11 +2,13 @@ package mapreduce_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,5 +92,63 @@ func TestEveryPageFailureIsLoggedWithRunJobPageAttemptAndError(t *testing.T) {
 	}
 	if ended != 1 {
 		t.Errorf("the run's outcome was logged %d times, want once", ended)
+	}
+}
+
+// A page's result stays in Redis until its run's retention ends: one of
+// over 32 MiB fails its page for good (it would be as large again), saying
+// how large and what to do instead; one of over 1 MiB is recorded, with a
+// warning (once a minute at most).
+func TestALargeResultIsWarnedOfAndAnOversizedOneFailsItsPageNamingTheFix(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var calls [3]atomic.Int32
+	job := mapreduce.Job[int, int, string, int]{
+		Name: "big",
+		Split: func(_ context.Context, n int, emit func(int) error) error {
+			for i := range n {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: func(_ context.Context, p int) (string, error) {
+			calls[p].Add(1)
+			return strings.Repeat("x", []int{33 << 20, 2 << 20, 10}[p]), nil
+		},
+		Options: e.opts(mapreduce.JobOptions{MapRetries: 3, Semantics: mapreduce.CompleteSemantics}),
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	var logs syncBuffer
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
+		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.worker(c, 3)
+	id := mustStart(t, c, "big", 3, mapreduce.StartOptions{})
+	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded || st.Done != 2 || st.Failed != 1 {
+		t.Fatalf("the run %s, %d done, %d failed; want succeeded (complete semantics) with the oversized page failed", st.State, st.Done, st.Failed)
+	}
+	failures, _, err := c.Failures(context.Background(), id, 0)
+	if err != nil || len(failures) != 1 || failures[0].Index != 0 || !strings.Contains(failures[0].Error, "33.0 MiB encoded, over the 32 MiB") ||
+		!strings.Contains(failures[0].Error, "store of your own") {
+		t.Errorf("the failures %+v (%v); want page 0's, naming its size, the limit and the fix", failures, err)
+	}
+	if n := calls[0].Load(); n != 1 {
+		t.Errorf("the oversized page's Map ran %d times, want once: no retry makes it smaller", n)
+	}
+	var warned int
+	for _, r := range logs.records(t) {
+		if msg, _ := r["msg"].(string); strings.Contains(msg, "result is large") {
+			warned++
+			if r["result_bytes"] != float64(2<<20+2) || r["run"] != id {
+				t.Errorf("the warning %v: want the result's size and the page's run", r)
+			}
+		}
+	}
+	if warned != 1 {
+		t.Errorf("%d warnings of a large result, want 1", warned)
 	}
 }

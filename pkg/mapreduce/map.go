@@ -9,6 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"time"
 )
 
 // handleMap runs Map for one page and records its outcome. A page already
@@ -51,6 +52,9 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 	defer func() { endStep(wctx, err) }()
 	result, mapErr := r.mapPage(wctx, p.page())
 	stop()
+	if mapErr == nil {
+		mapErr = c.checkResultSize(ctx, len(result))
+	}
 	if cause := context.Cause(wctx); mapErr != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {
 		return nil // the run ended while the page was processed
 	}
@@ -147,4 +151,27 @@ func (c *Client) pageState(ctx context.Context, k runKeys, i int, job string) (s
 	st, _ := fields.Val()[0].(string)
 	nonce, _ = fields.Val()[1].(string)
 	return State(st), nonce, bit.Val() == 1, nil
+}
+
+// A page's encoded result lives in Redis until its run's retention ends.
+// Above maxResultBytes the page fails (for good: it would be as large
+// again); above warnResultBytes the worker warns, once a minute at most.
+const (
+	maxResultBytes  = 32 << 20
+	warnResultBytes = 1 << 20
+)
+
+// checkResultSize returns the error of a page whose encoded result is n
+// bytes, or nil, warning of a large one.
+func (c *Client) checkResultSize(ctx context.Context, n int) error {
+	if n > maxResultBytes {
+		return &malformedError{fmt.Errorf("Map's result is %.1f MiB encoded, over the %d MiB a page's result may take in Redis, where it stays until the run's retention ends: "+
+			"write large output to a store of your own (a table, object storage) and return a reference to it", float64(n)/(1<<20), maxResultBytes>>20)}
+	}
+	if last := c.bigResultWarned.Load(); n > warnResultBytes && time.Since(time.Unix(0, last)) >= time.Minute &&
+		c.bigResultWarned.CompareAndSwap(last, time.Now().UnixNano()) {
+		Logger(ctx).Warn("mapreduce: a page's result is large: Redis keeps every page's result until the run's retention ends; "+
+			"write large output to a store of your own and return a reference to it", "result_bytes", n)
+	}
+	return nil
 }
