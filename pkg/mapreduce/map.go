@@ -165,7 +165,7 @@ const (
 // bytes, or nil, warning of a large one.
 func (c *Client) checkResultSize(ctx context.Context, n int) error {
 	if n > maxResultBytes {
-		return &malformedError{fmt.Errorf("Map's result is %.1f MiB encoded, over the %d MiB a page's result may take in Redis, where it stays until the run's retention ends: "+
+		return &malformedError{fmt.Errorf("the result of Map is %.1f MiB encoded, over the %d MiB a page's result may take in Redis, where it stays until the run's retention ends: "+
 			"write large output to a store of your own (a table, object storage) and return a reference to it", float64(n)/(1<<20), maxResultBytes>>20)}
 	}
 	if last := c.bigResultWarned.Load(); n > warnResultBytes && time.Since(time.Unix(0, last)) >= time.Minute &&
