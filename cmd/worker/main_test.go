@@ -125,6 +125,8 @@ func TestBadFlagsAreOneLineNamingTheFlagAndExitTwo(t *testing.T) {
 		{nil, "WORKER_RECONCILE_EVERY=-5s", "--reconcile-every -5s is negative"},
 		{[]string{"--poll-interval", "-1s"}, "", "--poll-interval -1s is negative"},
 		{[]string{"--shutdown-timeout", "-1s"}, "", "--shutdown-timeout -1s is negative"},
+		{nil, "DB_PERMIT_LEASE=0s", "--lease 0 (env DB_PERMIT_LEASE): use a positive duration"},
+		{[]string{"--poll-interval", "0"}, "", "--poll-interval 0 (env WORKER_POLL_INTERVAL): use a positive duration"},
 		{[]string{"--concurrency", "0"}, "", "--concurrency 0: use at least 1"},
 		{[]string{"--weight", "orders-report=x"}, "", "use NAME=N"},
 		{[]string{"--weight", "nosuch=2"}, "", `--weight nosuch=2: this worker runs no job "nosuch" (it runs: orders-report)`},
