@@ -137,9 +137,10 @@ func defaultTransientBackoff(n int) time.Duration {
 // run ("split", "reduce" or the page index) for the count, which lives in
 // Redis so that it survives the task moving between workers.
 func (c *Client) transientRetry(ctx context.Context, k runKeys, step string, err error, o JobOptions) error {
-	if errors.Is(err, semaphore.ErrDraining) {
-		// The step waited for a permit of a semaphore this process drains
-		// as it stops: it never began its work, and another worker does it.
+	if errors.Is(err, semaphore.ErrDraining) || semaphore.Drained(ctx) {
+		// The step waited for its first permit of a semaphore this process
+		// drains as it stops: it never began its work, and another worker
+		// does it. (Drained: however the step's code wrapped the error.)
 		return fmt.Errorf("%w: %w", errStopping, err)
 	}
 	if o.TransientRetries <= 0 || !IsTransient(err) || ctx.Err() != nil {

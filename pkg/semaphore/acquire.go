@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/backoff"
+	"sync/atomic"
 )
 
 // waiter is one Acquire call in this process, from before its first Redis
@@ -53,9 +54,16 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	notice, _ := ctx.Value(noticeKey{}).(*drainNotice)
+	// draining is the drain this call heeds: none once the work under ctx
+	// has held a permit (its WithDrainNotice), which goes on to its end.
+	draining := s.draining
+	if notice != nil && notice.held.Load() {
+		draining = nil
+	}
 	select {
-	case <-s.draining:
-		return nil, ErrDraining
+	case <-draining:
+		return nil, notice.refuse()
 	default:
 	}
 	began := time.Now()
@@ -123,17 +131,57 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 				if o := s.opts.Observer; o != nil {
 					o.Granted(s.name, n, time.Since(began))
 				}
+				if notice != nil {
+					notice.held.Store(true)
+				}
 				return m.permit, nil
 			}
 		case <-ctx.Done():
 			s.giveUp(w)
 			return nil, ctx.Err()
-		case <-s.draining:
+		case <-draining:
 			// As if ctx ended: a grant that raced the drain is given back.
 			s.giveUp(w)
-			return nil, ErrDraining
+			return nil, notice.refuse()
 		}
 	}
+}
+
+// A drainNotice follows one piece of work (a task, say) through Drain:
+// see WithDrainNotice.
+type drainNotice struct {
+	held    atomic.Bool // an Acquire under it was granted
+	drained atomic.Bool // an Acquire under it returned ErrDraining
+}
+
+type noticeKey struct{}
+
+// WithDrainNotice returns a copy of ctx that tells the Acquire calls made
+// under it that they serve one piece of work, such as a task. Drain then
+// refuses them only while none of them has been granted a permit: work
+// that has begun (its first query ran, say) goes on to its end, taking
+// the further permits it needs, while work that has not is refused and
+// can be handed back whole. Drained reports whether one was refused.
+// Without a notice, Drain refuses every Acquire that waits or is made
+// after it.
+func WithDrainNotice(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noticeKey{}, &drainNotice{})
+}
+
+// Drained reports whether an Acquire under ctx, which WithDrainNotice
+// made, returned ErrDraining: the work did not begin, however its code
+// wrapped or replaced that error.
+func Drained(ctx context.Context) bool {
+	n, _ := ctx.Value(noticeKey{}).(*drainNotice)
+	return n != nil && n.drained.Load()
+}
+
+// refuse notes the refusal in n, if any, and returns ErrDraining.
+func (n *drainNotice) refuse() error {
+	if n != nil {
+		n.drained.Store(true)
+	}
+	return ErrDraining
 }
 
 // enlist gives w a fresh token and registers it under that token,

@@ -193,11 +193,14 @@ func (s *Semaphore) TryAcquireN(ctx context.Context, n int) (*Permit, error) {
 
 // Drain makes the Acquire calls of this Semaphore that wait now, and every
 // later one, return ErrDraining at once, giving up their places in the
-// queue to the rest of the fleet. Permits already held are not touched:
-// their holders release them as usual. A process that stops drains its
-// semaphores first, so that work that has not got its permit yet goes back
-// to be done elsewhere instead of starting, or waiting, during the
-// shutdown. Drain cannot be undone; Close still gives back what is held.
+// queue to the rest of the fleet — except those of work that has held a
+// permit already (see WithDrainNotice), which goes on to its end. Permits
+// already held are not touched: their holders release them as usual. A
+// process that stops drains its semaphores first, so that work that has
+// not got its permit yet goes back to be done elsewhere instead of
+// starting, or waiting, during the shutdown. An Acquire that is retrying
+// its call against an unreachable Redis sees the drain once its call
+// returns. Drain cannot be undone; Close still gives back what is held.
 func (s *Semaphore) Drain() {
 	s.drainOnce.Do(func() { close(s.draining) })
 }

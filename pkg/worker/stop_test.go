@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"iter"
 	"log/slog"
 	"strings"
@@ -218,10 +219,12 @@ func sample(t *testing.T, app string) (most func() int) {
 	return most
 }
 
-// A worker that stops while some of its pages wait for a permit hands
-// those back at once: it does not hold the shutdown for ShutdownTimeout
-// (or start their queries during it), and the pages, done by the next
-// worker, spend no retry (the job allows none) and log no failure.
+// A worker that stops while some of its pages wait for their first permit
+// hands those back at once: it does not hold the shutdown for
+// ShutdownTimeout (or start their queries during it), and the pages, done
+// by the next worker, spend no retry (the job allows none) and log no
+// failure, although the job's code wraps the semaphore's error as text. A
+// page whose first query runs goes on to its end, second query included.
 func TestAStoppingWorkerHandsBackPagesStillWaitingForAPermit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -234,7 +237,12 @@ func TestAStoppingWorkerHandsBackPagesStillWaitingForAPermit(t *testing.T) {
 			if err != nil {
 				return 0, err
 			}
-			return p, pgsource.Exec(ctx, db, sem, "SELECT pg_sleep(1.5)")
+			for range 2 {
+				if err := pgsource.Exec(ctx, db, sem, "SELECT pg_sleep(0.75)"); err != nil {
+					return 0, fmt.Errorf("page %d: %v", p, err) // the sentinel lost
+				}
+			}
+			return p, nil
 		},
 		Options: mapreduce.JobOptions{MapRetries: -1},
 	}
@@ -275,10 +283,13 @@ func TestAStoppingWorkerHandsBackPagesStillWaitingForAPermit(t *testing.T) {
 	case <-time.After(cfg.ShutdownTimeout):
 		t.Fatal("the worker held its shutdown for its whole ShutdownTimeout")
 	}
-	// The page at work finishes its query (1.5 s at most); the waiting
-	// ones do not wait, and nothing more starts.
+	// The page at work finishes its two queries (1.5 s at most); the
+	// waiting ones do not wait, and nothing more starts.
 	if took := time.Since(began); took > 6*time.Second {
-		t.Errorf("the worker took %v to stop, want about the running query's 1.5 s", took)
+		t.Errorf("the worker took %v to stop, want about the running page's 1.5 s", took)
+	}
+	if st, err := mr.Status(ctx, id); err != nil || st.Done != 1 {
+		t.Errorf("after the worker stopped: %+v (%v); want the page at work done, with its second query", st, err)
 	}
 	if st, err := sem.Stats(ctx); err != nil || st.Held != 0 || len(st.Waiters) != 0 {
 		t.Errorf("after the worker stopped: %+v (%v); want no permit held or waited for", st, err)
