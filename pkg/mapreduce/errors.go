@@ -28,6 +28,12 @@ var (
 	// do not decode into the job's argument type or that its Validate
 	// rejects; nothing is created.
 	ErrInvalidArgs = errors.New("invalid arguments")
+	// ErrHandedBack is wrapped by the error of a task that its worker
+	// handed back without doing its work, to be offered again (to this
+	// worker or another) without spending a retry: the worker does not run
+	// the task's job, or it is stopping and the step had not got its first
+	// permit. An Observer's step ends with it then; it is not a failure.
+	ErrHandedBack = errors.New("handed back")
 	// ErrRunCancelled is the cause of the context of a Split, Map or
 	// Reduce whose run was cancelled, and what emit returns then.
 	ErrRunCancelled = errors.New("run cancelled")

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
 )
 
@@ -69,6 +70,10 @@ func (c *Client) Queues(weights map[string]int) (map[string]int, error) {
 // the task's attributes, and logs its failure (warn) or its end (debug).
 func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 	ctx = ContextWithLogger(ctx, c.stepLogger(ctx, t))
+	// A worker that stops drains its semaphores: a step that has not got
+	// its first permit is refused one and handed back (transientRetry); a
+	// step that has goes on to its end.
+	ctx = semaphore.WithDrainNotice(ctx)
 	start := time.Now()
 	var err error
 	switch t.Type() {
@@ -170,11 +175,11 @@ func (c *Client) IsFailure(err error) bool {
 }
 
 // errNotHosted marks a task of a job this worker does not run.
-var errNotHosted = errors.New("this worker does not run the task's job: handed back")
+var errNotHosted = fmt.Errorf("this worker does not run the task's job: %w", ErrHandedBack)
 
 // errStopping marks a task handed back because its worker is stopping
 // before the task got the permit its work waited for.
-var errStopping = errors.New("this worker is stopping: handed back")
+var errStopping = fmt.Errorf("this worker is stopping: %w", ErrHandedBack)
 
 // runPayload is the payload of split and reduce tasks. Nonce ties the task
 // to one incarnation of the run ID: a task left over from an earlier run

@@ -39,6 +39,10 @@ const (
 	OutcomeSucceeded = "succeeded" // the step did its work and recorded it
 	OutcomeFailed    = "failed"    // the attempt failed; asynq retries it unless it was the last
 	OutcomeEnded     = "ended"     // the run was cancelled or ended while the step worked
+	// OutcomeHandedBack: the worker handed the task back without doing its
+	// work (it is stopping and the step had no permit yet), for another
+	// attempt that spends no retry.
+	OutcomeHandedBack = "handed_back"
 )
 
 // NewObserver returns an Observer with every series at zero.
@@ -176,6 +180,8 @@ func outcomeOf(err error) string {
 		return OutcomeSucceeded
 	case errors.Is(err, mapreduce.ErrRunCancelled), errors.Is(err, mapreduce.ErrRunEnded):
 		return OutcomeEnded
+	case errors.Is(err, mapreduce.ErrHandedBack):
+		return OutcomeHandedBack
 	}
 	return OutcomeFailed
 }

@@ -36,7 +36,7 @@ const (
 	AttrPage    = attribute.Key("batchmr.page") // map spans only
 	AttrAttempt = attribute.Key("batchmr.attempt")
 	AttrTask    = attribute.Key("batchmr.task_id")
-	AttrOutcome = attribute.Key("batchmr.outcome") // succeeded, failed or ended
+	AttrOutcome = attribute.Key("batchmr.outcome") // succeeded, failed, ended or handed_back
 	AttrState   = attribute.Key("batchmr.state")   // run spans: the state the run ended in
 )
 
@@ -85,6 +85,9 @@ func (o *Observer) Step(ctx context.Context, s mapreduce.Step) (context.Context,
 		case errors.Is(err, mapreduce.ErrRunCancelled), errors.Is(err, mapreduce.ErrRunEnded):
 			span.SetAttributes(AttrOutcome.String("ended"))
 			span.AddEvent("the run ended while the step worked", trace.WithAttributes(attribute.String("reason", err.Error())))
+		case errors.Is(err, mapreduce.ErrHandedBack):
+			span.SetAttributes(AttrOutcome.String("handed_back"))
+			span.AddEvent("handed back without its work done, for another attempt", trace.WithAttributes(attribute.String("reason", err.Error())))
 		default:
 			span.SetAttributes(AttrOutcome.String("failed"))
 			span.RecordError(err)
