@@ -270,12 +270,21 @@ var (
 // (silently: encoding/json would drop them or fail only once decoding), or
 // "" if they can, as far as t's type tells.
 func notJSON(t reflect.Type) string {
+	pointer := t.Kind() == reflect.Pointer
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	pt := reflect.PointerTo(t)
-	if t.Implements(jsonMarshaler) || pt.Implements(jsonMarshaler) || t.Implements(textMarshaler) || pt.Implements(textMarshaler) {
+	if t.Implements(jsonMarshaler) || t.Implements(textMarshaler) {
 		return ""
+	}
+	if pt := reflect.PointerTo(t); pt.Implements(jsonMarshaler) || pt.Implements(textMarshaler) {
+		if pointer {
+			return ""
+		}
+		// encoding/json calls a pointer's method only on an addressable
+		// value, which the value a job hands it is not: big.Int encodes
+		// as {}.
+		return "marshals itself only through a pointer (its MarshalJSON or MarshalText has a pointer receiver), which JSON does not call on a value: use *" + t.String() + " instead"
 	}
 	switch t.Kind() {
 	case reflect.Interface:
