@@ -3,6 +3,8 @@ package app
 import (
 	"context"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,31 +17,38 @@ import (
 const unguardedEvery = time.Minute
 
 // Unguarded is a pgx query tracer that warns when a query starts on the
-// worker's pool without a permit of its semaphore: a job that queries the
-// pool directly, past pgsource and the semaphore, takes the fleet over its
-// permits, and nothing else would show it. It warns at most once a minute,
-// counting the queries since, with the step's run, job and page (through
-// mapreduce.Logger). It sees pgx's Query, QueryRow and Exec, not batches
-// or COPY. Guard sets the semaphore; until then it warns of nothing.
+// worker's pool without a permit of any of its semaphores in the query's
+// context: a job that queries the pool directly, past pgsource and the
+// semaphore (or with a context other than its permit's), takes the fleet
+// over its permits, and nothing else would show it. It warns at most once
+// a minute, counting the queries since, with the step's run, job and page
+// (through mapreduce.Logger). It sees pgx's Query, QueryRow and Exec, not
+// batches or COPY. Guard adds a semaphore; until one is added it warns of
+// nothing.
 type Unguarded struct {
 	mu     sync.Mutex
-	sem    *semaphore.Semaphore
+	sems   []*semaphore.Semaphore
+	names  string
 	last   time.Time
 	missed int
 }
 
-// Guard makes u warn of queries without a permit of sem.
+// Guard makes u accept a permit of sem as guarding a query.
 func (u *Unguarded) Guard(sem *semaphore.Semaphore) {
 	u.mu.Lock()
-	u.sem = sem
-	u.mu.Unlock()
+	defer u.mu.Unlock()
+	u.sems = append(u.sems, sem)
+	names := make([]string, len(u.sems))
+	for i, s := range u.sems {
+		names[i] = quote(s.Name())
+	}
+	u.names = strings.Join(names, " or ")
 }
 
 // TraceQueryStart implements pgx.QueryTracer.
 func (u *Unguarded) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	u.mu.Lock()
-	sem := u.sem
-	if sem == nil || semaphore.Holding(ctx, sem) {
+	if len(u.sems) == 0 || slices.ContainsFunc(u.sems, func(s *semaphore.Semaphore) bool { return semaphore.Holding(ctx, s) }) {
 		u.mu.Unlock()
 		return ctx
 	}
@@ -48,7 +57,7 @@ func (u *Unguarded) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.T
 		u.mu.Unlock()
 		return ctx
 	}
-	n := u.missed
+	n, names := u.missed, u.names
 	u.last, u.missed = time.Now(), 0
 	u.mu.Unlock()
 	sql := data.SQL
@@ -56,8 +65,8 @@ func (u *Unguarded) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.T
 		sql = sql[:120] + "…"
 	}
 	mapreduce.Logger(ctx).LogAttrs(ctx, slog.LevelWarn,
-		"a query ran on the worker's database pool without a permit of semaphore "+quote(sem.Name())+
-			": run it through pgsource.Do, Fetch or Exec with the semaphore worker.Database returns, or the fleet runs more queries at once than its permits allow",
+		"a query ran on the worker's database pool without a permit of semaphore "+names+
+			": run it through pgsource.Do, Fetch or Exec with the semaphore worker.Database returns (or with the permit's context), or the fleet runs more queries at once than its permits allow",
 		slog.String("sql", sql), slog.Int("queries_without_a_permit", n))
 	return ctx
 }

@@ -107,8 +107,8 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	}
 	obs := metrics.NewObserver()
 	w.env = &Env{Redis: w.rdb, Logger: log, Semaphores: map[string]*semaphore.Semaphore{}}
-	// Queries on the pool without a permit of "db" are warned of: they
-	// take the fleet over its permits.
+	// Queries on the pool without a permit of the worker's semaphores
+	// ("db", as a rule) are warned of: they take the fleet over its permits.
 	unguarded := &app.Unguarded{}
 	if cfg.DatabaseURL != "" {
 		// A connection per task at work, and a few for splits and reduces.
@@ -124,9 +124,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 		w.env.Semaphores[name] = sem
-		if name == DBSemaphore {
-			unguarded.Guard(sem)
-		}
+		unguarded.Guard(sem)
 		// Closed (in reverse) before the pool and Redis: releases what is still held.
 		w.closes = append(w.closes, func() { _ = sem.Close() })
 	}
