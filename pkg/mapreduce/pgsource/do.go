@@ -253,8 +253,11 @@ func ConfigurePool(cfg *pgxpool.Config) {
 	}
 }
 
-// cancelRepeat is how often a connection whose context is done asks the
-// server again to cancel its query, until the query returns.
+// cancelRepeat is how soon a connection whose context is done asks the
+// server again to cancel its query, doubling up to a second between
+// requests until the query returns: a backend blocked sending rows
+// nobody reads ignores them, and a fleet-wide cancel should not become a
+// storm of connections to the server.
 const cancelRepeat = 200 * time.Millisecond
 
 // cancelSettle is how long a cancel request may take to reach its backend
@@ -263,8 +266,8 @@ const cancelRepeat = 200 * time.Millisecond
 const cancelSettle = 100 * time.Millisecond
 
 // cancelHandler is pgx's CancelRequestContextWatcherHandler, but sending
-// the cancel request again every cancelRepeat until the query returns, not
-// once. Postgres ignores a cancel that reaches a backend still reading the
+// the cancel request again (cancelRepeat, doubling) until the query
+// returns, not once. Postgres ignores a cancel that reaches a backend still reading the
 // query from its connection, so a single request sent as the query goes
 // out can be lost: on a loaded machine the query then ran on, holding its
 // connection and its permit for cancelDeadline, until pgx closed the
@@ -282,14 +285,14 @@ func (h *cancelHandler) HandleCancel(context.Context) {
 	h.stop, h.done = stop, make(chan struct{})
 	go func() {
 		defer close(h.done)
-		for {
+		for wait := cancelRepeat; ; wait = min(2*wait, time.Second) {
 			_ = h.conn.CancelRequest(ctx)
 			sent := time.Now()
 			select {
 			case <-ctx.Done():
 				time.Sleep(cancelSettle - time.Since(sent))
 				return
-			case <-time.After(cancelRepeat):
+			case <-time.After(wait):
 			}
 		}
 	}()
