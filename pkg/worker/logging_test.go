@@ -21,6 +21,7 @@ import (
 	"github.com/batchmr/batchmr/pkg/worker"
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 )
 
 // jsonLog is a JSON slog handler's output, shared by many goroutines.
@@ -66,7 +67,6 @@ func decodeRecords(t *testing.T, b []byte) []map[string]any {
 // handler, at its level (here debug, so asynq's debug records too).
 func TestAJobsFunctionsLogWithTheirRunJobStepPageAttemptAndTask(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	rdb, prefix := testenv.Redis(t)
 	const name = "stamped"
 	testenv.JobQueue(t, rdb, prefix, name)
@@ -96,27 +96,9 @@ func TestAJobsFunctionsLogWithTheirRunJobStepPageAttemptAndTask(t *testing.T) {
 		Options: mapreduce.JobOptions{MapRetries: 2, Backoff: func(int, error) time.Duration { return 10 * time.Millisecond }},
 	}
 	var logs jsonLog
-	wctx, stop := context.WithCancel(ctx)
-	stopped := make(chan error, 1)
-	go func() {
-		stopped <- worker.Run(wctx, worker.Config{RedisURL: testenv.RedisURL(t), Prefix: prefix, Concurrency: 2,
-			PollInterval: 20 * time.Millisecond,
-			Logger:       slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}, job)
-	}()
-	mr := mustClient(t, rdb, prefix)
-	id, err := job.Start(ctx, mr, 3, mapreduce.StartOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wait, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	if st, err := mr.Wait(wait, id); err != nil || st.State != mapreduce.StateSucceeded {
-		t.Fatalf("run %s: %+v, %v; want succeeded", id, st, err)
-	}
-	stop()
-	if err := <-stopped; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	id := runToSuccess(t, worker.Config{RedisURL: testenv.RedisURL(t), Prefix: prefix, Concurrency: 2,
+		PollInterval: 20 * time.Millisecond,
+		Logger:       slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}, job, 3)
 
 	steps := map[string]int{}
 	attempts := map[float64][]float64{} // page -> attempts that logged "mapped"
@@ -255,7 +237,6 @@ func TestLogLevelFlagSetsWhatTheWorkerAndAsynqLog(t *testing.T) {
 // permit (pgsource) are not warned of.
 func TestAQueryWithoutAPermitOnTheWorkersPoolIsWarnedOf(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	rdb, prefix := testenv.Redis(t)
 	const name = "unguarded"
 	testenv.JobQueue(t, rdb, prefix, name)
@@ -288,27 +269,9 @@ func TestAQueryWithoutAPermitOnTheWorkersPoolIsWarnedOf(t *testing.T) {
 		Options: mapreduce.JobOptions{Backoff: func(int, error) time.Duration { return 10 * time.Millisecond }},
 	}
 	var logs jsonLog
-	wctx, stop := context.WithCancel(ctx)
-	stopped := make(chan error, 1)
-	go func() {
-		stopped <- worker.Run(wctx, worker.Config{RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Prefix: prefix,
-			Concurrency: 2, PollInterval: 20 * time.Millisecond, Permits: map[string]int{"db": 2},
-			Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, job)
-	}()
-	mr := mustClient(t, rdb, prefix)
-	id, err := job.Start(ctx, mr, 6, mapreduce.StartOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wait, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	if st, err := mr.Wait(wait, id); err != nil || st.State != mapreduce.StateSucceeded {
-		t.Fatalf("run %s: %+v, %v; want succeeded", id, st, err)
-	}
-	stop()
-	if err := <-stopped; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	id := runToSuccess(t, worker.Config{RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Prefix: prefix,
+		Concurrency: 2, PollInterval: 20 * time.Millisecond, Permits: map[string]int{"db": 2},
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, job, 6)
 	var warnings []map[string]any
 	for _, r := range logs.records(t) {
 		if msg, _ := r["msg"].(string); strings.Contains(msg, "without a permit") {
@@ -325,4 +288,35 @@ func TestAQueryWithoutAPermitOnTheWorkersPoolIsWarnedOf(t *testing.T) {
 		w["run"] != id || w["job"] != name || w["step"] != "map" || !strings.Contains(w["sql"].(string), "'unguarded'") || w["queries_without_a_permit"] != 1.0 {
 		t.Errorf("the warning %v: want the semaphore, the fix, the page's run, job and step, the query and a count of 1", w)
 	}
+}
+
+// runToSuccess runs a worker of cfg with job, starts a run of job with
+// args, waits for it to succeed and stops the worker; it returns the run.
+func runToSuccess(t *testing.T, cfg worker.Config, job mapreduce.Job[int, int, int, int], args int) string {
+	t.Helper()
+	ctx := context.Background()
+	wctx, stop := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- worker.Run(wctx, cfg, job) }()
+	opt, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	mr := mustClient(t, rdb, cfg.Prefix)
+	id, err := job.Start(ctx, mr, args, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if st, err := mr.Wait(wait, id); err != nil || st.State != mapreduce.StateSucceeded {
+		t.Fatalf("run %s: %+v, %v; want succeeded", id, st, err)
+	}
+	stop()
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return id
 }
