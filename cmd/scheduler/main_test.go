@@ -437,7 +437,8 @@ func TestPermitsGetSummarisesEachProcessUnlessVerbose(t *testing.T) {
 	if code != 0 || len(got) != 4 || got[0] != "semaphore db: limit 3, held 3, 3 waiting (weight 4), 2 processes" {
 		t.Fatalf("permits get db: exit %d, stdout %q, stderr %q; want a summary and one line per process", code, out, errs)
 	}
-	// PROCESS HOLDS WEIGHT LONGEST-HOLD WAITS WEIGHT OLDEST-WAIT
+	// PROCESS WORKER HOLDS WEIGHT LONGEST-HOLD WAITS WEIGHT OLDEST-WAIT:
+	// no worker runs in this process yet.
 	for _, want := range []struct {
 		proc                        string
 		holds, held, waits, waiting string
@@ -447,9 +448,21 @@ func TestPermitsGetSummarisesEachProcessUnlessVerbose(t *testing.T) {
 			t.Fatalf("permits get db: no line for process %s in\n%s", want.proc, out)
 		}
 		fs := strings.Fields(got[i])
-		if len(fs) != 7 || fs[1] != want.holds || fs[2] != want.held || fs[4] != want.waits || fs[5] != want.waiting {
-			t.Errorf("permits get db: %s's line %q, want holds %s (weight %s), waits %s (weight %s)", want.proc, got[i], want.holds, want.held, want.waits, want.waiting)
+		if len(fs) != 8 || fs[1] != "(none)" || fs[2] != want.holds || fs[3] != want.held || fs[5] != want.waits || fs[6] != want.waiting {
+			t.Errorf("permits get db: %s's line %q, want no worker, holds %s (weight %s), waits %s (weight %s)", want.proc, got[i], want.holds, want.held, want.waits, want.waiting)
 		}
+	}
+	// A worker in this process: its host and pid are the handles'.
+	live, _ := f.host([]string{"db"}, sumJob("sum", nil))
+	out, _, _ = s.run("permits", "get", "db")
+	named := 0
+	for _, l := range lines(out) {
+		if fs := strings.Fields(l); len(fs) == 8 && (fs[0] == procA || fs[0] == procB) && fs[1] == live.ID {
+			named++
+		}
+	}
+	if named != 2 {
+		t.Errorf("permits get db: %d of the two processes' lines name worker %s, which runs in them, in\n%s", named, live.ID, out)
 	}
 
 	out, _, code = s.run("permits", "get", "db", "--verbose")

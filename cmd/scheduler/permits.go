@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
@@ -20,8 +21,10 @@ const permitsUsage = `scheduler permits get [NAME] [--verbose] | permits set NAM
 a fleet-wide semaphore, such as the workers' database permits ("db").
 
 'get' shows the limit and the permits held, then one line per process:
-how many permits it holds and how many requests it has queued, their
-weights, its longest hold and its oldest wait; --verbose lists every
+the live worker it belongs to ("(none)": stopped or killed, its permits
+return when their leases run out; or no worker), how many permits it holds
+and how many requests it has queued, their weights, its longest hold and
+its oldest wait; --verbose lists every
 permit and every queued request too. Without NAME, every semaphore a
 live worker announces. A NAME that Redis has no limit for and no live
 worker uses exits 1.
@@ -64,6 +67,10 @@ func permits(ctx context.Context, args []string) int {
 			fmt.Fprintln(os.Stderr, "scheduler: no live worker announces a semaphore: name one, e.g. scheduler permits get "+app.SemaphoreName)
 			return 0
 		}
+		// Each process is shown with the live worker it belongs to, if any:
+		// the semaphore names processes by host and pid, the catalogue
+		// names workers by their own IDs.
+		workers, _ := c.mr.Workers(ctx)
 		for i, name := range names {
 			st := stats(ctx, c, name)
 			if st.Limit == 0 && !slices.Contains(inUse, name) {
@@ -72,7 +79,7 @@ func permits(ctx context.Context, args []string) int {
 			if i > 0 {
 				fmt.Println()
 			}
-			printStats(os.Stdout, st, *verbose)
+			printStats(os.Stdout, st, *verbose, workers)
 		}
 	case "set":
 		want(pos, 3, 3, "NAME and N")
@@ -142,7 +149,20 @@ func stats(ctx context.Context, c *conn, name string) semaphore.Stats {
 	return st
 }
 
-func printStats(out io.Writer, st semaphore.Stats, verbose bool) {
+// workerOf names the live worker that process (a semaphore handle's ID)
+// belongs to, by its host and pid, or "(none)": a process that stopped or
+// was killed, whose permits come back when their leases run out, or one
+// that is no worker.
+func workerOf(process string, workers []mapreduce.WorkerInfo) string {
+	for _, w := range workers {
+		if strings.HasPrefix(process, semaphore.ProcessPrefix(w.Host, w.PID)) {
+			return w.ID
+		}
+	}
+	return "(none)"
+}
+
+func printStats(out io.Writer, st semaphore.Stats, verbose bool, workers []mapreduce.WorkerInfo) {
 	waiting := 0
 	for _, q := range st.Waiters {
 		waiting += q.Weight
@@ -161,9 +181,9 @@ func printStats(out io.Writer, st semaphore.Stats, verbose bool) {
 		return
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PROCESS\tHOLDS\tWEIGHT\tLONGEST HOLD\tWAITS\tWEIGHT\tOLDEST WAIT")
+	fmt.Fprintln(w, "PROCESS\tWORKER\tHOLDS\tWEIGHT\tLONGEST HOLD\tWAITS\tWEIGHT\tOLDEST WAIT")
 	for _, p := range procs {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.Process, p.Holds, p.Held, dur(p.Holds, p.LongestHold), p.Waits, p.Waiting, dur(p.Waits, p.OldestWait))
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.Process, workerOf(p.Process, workers), p.Holds, p.Held, dur(p.Holds, p.LongestHold), p.Waits, p.Waiting, dur(p.Waits, p.OldestWait))
 	}
 	_ = w.Flush()
 	if !verbose {

@@ -127,18 +127,24 @@ var forceEval = false
 // never share a wake list.
 func newProcessID() string {
 	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return ProcessPrefix(host, os.Getpid()) + hex.EncodeToString(b[:])
+}
+
+// ProcessPrefix is how the Process of a handle opened by process pid on
+// host begins, in Stats: for telling which process of a fleet (a worker
+// that announces its host and pid, say) holds or waits.
+func ProcessPrefix(host string, pid int) string {
 	if host == "" {
 		host = "host"
 	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	id := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 	return strings.Map(func(r rune) rune {
 		if r == ':' || r == ' ' || r == '{' || r == '}' {
 			return '_'
 		}
 		return r
-	}, id)
+	}, fmt.Sprintf("%s-%d-", host, pid))
 }
 
 // Name returns the semaphore's name.
