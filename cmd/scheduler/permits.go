@@ -149,19 +149,6 @@ func stats(ctx context.Context, c *conn, name string) semaphore.Stats {
 	return st
 }
 
-// workerOf names the live worker that process (a semaphore handle's ID)
-// belongs to, by its host and pid, or "(none)": a process that stopped or
-// was killed, whose permits come back when their leases run out, or one
-// that is no worker.
-func workerOf(process string, workers []mapreduce.WorkerInfo) string {
-	for _, w := range workers {
-		if strings.HasPrefix(process, semaphore.ProcessPrefix(w.Host, w.PID)) {
-			return w.ID
-		}
-	}
-	return "(none)"
-}
-
 func printStats(out io.Writer, st semaphore.Stats, verbose bool, workers []mapreduce.WorkerInfo) {
 	waiting := 0
 	for _, q := range st.Waiters {
@@ -183,7 +170,7 @@ func printStats(out io.Writer, st semaphore.Stats, verbose bool, workers []mapre
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "PROCESS\tWORKER\tHOLDS\tWEIGHT\tLONGEST HOLD\tWAITS\tWEIGHT\tOLDEST WAIT")
 	for _, p := range procs {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.Process, workerOf(p.Process, workers), p.Holds, p.Held, dur(p.Holds, p.LongestHold), p.Waits, p.Waiting, dur(p.Waits, p.OldestWait))
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.Process, app.WorkerOf(p.Process, workers), p.Holds, p.Held, dur(p.Holds, p.LongestHold), p.Waits, p.Waiting, dur(p.Waits, p.OldestWait))
 	}
 	_ = w.Flush()
 	if !verbose {

@@ -361,3 +361,18 @@ func Parse(fs *flag.FlagSet, usage string, args []string) {
 		Usage("%v", err)
 	}
 }
+
+// WorkerOf names the live worker among workers that a semaphore handle's
+// process (semaphore.ProcessStats.Process) belongs to, by its host and
+// pid, or returns "(none)": a process that stopped or was killed, whose
+// permits come back when their leases run out, or one that is no worker.
+// The semaphore names processes host-pid-random, the catalogue names
+// workers by IDs of their own: this is what links the two.
+func WorkerOf(process string, workers []mapreduce.WorkerInfo) string {
+	for _, w := range workers {
+		if strings.HasPrefix(process, semaphore.ProcessPrefix(w.Host, w.PID)) {
+			return w.ID
+		}
+	}
+	return "(none)"
+}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
@@ -154,13 +155,26 @@ func (c *Console) stats(ctx context.Context, name string, record bool) (semaphor
 type semRow struct {
 	semaphore.Stats
 	Link      string
-	Processes []semaphore.ProcessStats
+	Processes []procRow
 	Waiting   int // the waiters' weight
 	Chart     chart
 }
 
-func (c *Console) semRow(st semaphore.Stats) semRow {
-	r := semRow{Stats: st, Link: "/semaphore?" + url.Values{"name": {st.Name}}.Encode(), Processes: st.ByProcess()}
+// procRow is a process of a semaphore, with the live worker it belongs to
+// ("(none)": it stopped or was killed, or is no worker).
+type procRow struct {
+	semaphore.ProcessStats
+	Worker string
+}
+
+func (c *Console) semRow(ctx context.Context, st semaphore.Stats) semRow {
+	r := semRow{Stats: st, Link: "/semaphore?" + url.Values{"name": {st.Name}}.Encode()}
+	if procs := st.ByProcess(); len(procs) > 0 {
+		workers, _ := c.cfg.MapReduce.Workers(ctx)
+		for _, p := range procs {
+			r.Processes = append(r.Processes, procRow{ProcessStats: p, Worker: app.WorkerOf(p.Process, workers)})
+		}
+	}
 	for _, q := range st.Waiters {
 		r.Waiting += q.Weight
 	}
@@ -189,7 +203,7 @@ func (c *Console) semaphoresData(ctx context.Context, _ *http.Request) (string, 
 		if err != nil {
 			return "Semaphores", "/semaphores/live", nil, err
 		}
-		v.Semaphores = append(v.Semaphores, c.semRow(st))
+		v.Semaphores = append(v.Semaphores, c.semRow(ctx, st))
 	}
 	return "Semaphores", "/semaphores/live", v, nil
 }
@@ -244,7 +258,7 @@ func (c *Console) semaphoreData(ctx context.Context, r *http.Request) (string, s
 	if err != nil {
 		return "Semaphore not found", live, nil, err
 	}
-	return "Semaphore " + name, live, semaphoreView{semRow: c.semRow(st), Input: strconv.Itoa(st.Limit)}, nil
+	return "Semaphore " + name, live, semaphoreView{semRow: c.semRow(ctx, st), Input: strconv.Itoa(st.Limit)}, nil
 }
 
 func (c *Console) setLimit(w http.ResponseWriter, r *http.Request) {
