@@ -136,6 +136,25 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// duration is one of Config's durations, with its flag, its environment
+// variable and the least it may be (zero meaning the default).
+type duration struct {
+	flag, env string
+	v, min    time.Duration
+}
+
+// durations lists Config's durations, for validate and for the command
+// line's own check of explicit zeros.
+func (c Config) durations() []duration {
+	return []duration{
+		{"--lease", "DB_PERMIT_LEASE", c.Lease, time.Second},
+		{"--shutdown-timeout", "WORKER_SHUTDOWN_TIMEOUT", c.ShutdownTimeout, 0},
+		{"--reconcile-every", "WORKER_RECONCILE_EVERY", c.ReconcileEvery, time.Second},
+		{"--poll-interval", "WORKER_POLL_INTERVAL", c.PollInterval, time.Millisecond},
+		{"--max-clock-offset", "WORKER_MAX_CLOCK_OFFSET", c.MaxClockOffset, 100 * time.Millisecond},
+	}
+}
+
 // validate names the field and the flag of every bad value.
 func (c Config) validate() error {
 	var errs []string
@@ -149,17 +168,7 @@ func (c Config) validate() error {
 	if c.Concurrency < 0 {
 		bad("--concurrency %d: use at least 1 (Config.Concurrency)", c.Concurrency)
 	}
-	for _, d := range []struct {
-		flag string
-		v    time.Duration
-		min  time.Duration
-	}{
-		{"--lease", c.Lease, time.Second},
-		{"--shutdown-timeout", c.ShutdownTimeout, 0},
-		{"--reconcile-every", c.ReconcileEvery, time.Second},
-		{"--poll-interval", c.PollInterval, time.Millisecond},
-		{"--max-clock-offset", c.MaxClockOffset, 100 * time.Millisecond},
-	} {
+	for _, d := range c.durations() {
 		if d.v < 0 {
 			bad("%s %v is negative: use a positive duration such as 30s, or leave it unset for the default", d.flag, d.v)
 		} else if d.v > 0 && d.v < d.min {

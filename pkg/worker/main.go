@@ -130,14 +130,7 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	}
 	// Their defaults are the flags' values: zero was given, and Config
 	// would read it as "the default", silently.
-	for _, d := range []struct {
-		flag, env string
-		v         time.Duration
-	}{
-		{"--lease", "DB_PERMIT_LEASE", cfg.Lease}, {"--shutdown-timeout", "WORKER_SHUTDOWN_TIMEOUT", cfg.ShutdownTimeout},
-		{"--reconcile-every", "WORKER_RECONCILE_EVERY", cfg.ReconcileEvery}, {"--poll-interval", "WORKER_POLL_INTERVAL", cfg.PollInterval},
-		{"--max-clock-offset", "WORKER_MAX_CLOCK_OFFSET", cfg.MaxClockOffset},
-	} {
+	for _, d := range cfg.durations() {
 		if d.v == 0 {
 			app.Usage("%s 0 (env %s): use a positive duration, or leave it unset for the default (see --help)", d.flag, d.env)
 		}
