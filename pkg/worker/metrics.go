@@ -63,19 +63,28 @@ func (w *running) serveMetrics(ln net.Listener, obs *metrics.Observer, mr *mapre
 func (w *running) ready(rw http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
-	checks := []struct {
+	type check struct {
 		name string
-		err  <-chan error
-	}{{"redis", within(ctx, func(ctx context.Context) error { return w.rdb.Ping(ctx).Err() })}}
+		err  chan error
+	}
+	run := func(name string, ping func(context.Context) error) check {
+		c := check{name, make(chan error, 1)}
+		go func() { c.err <- ping(ctx) }()
+		return c
+	}
+	checks := []check{run("redis", func(ctx context.Context) error { return w.rdb.Ping(ctx).Err() })}
 	if w.env.DB != nil {
-		checks = append(checks, struct {
-			name string
-			err  <-chan error
-		}{"database", within(ctx, w.env.DB.Ping)})
+		checks = append(checks, run("database", w.env.DB.Ping))
 	}
 	var failed []string
 	for _, c := range checks {
-		if err := <-c.err; err != nil {
+		var err error
+		select {
+		case err = <-c.err:
+		case <-ctx.Done():
+			err = fmt.Errorf("no answer within %v", readyTimeout)
+		}
+		if err != nil {
 			failed = append(failed, fmt.Sprintf("%s: %v", c.name, err))
 		}
 	}
@@ -86,23 +95,6 @@ func (w *running) ready(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _ = fmt.Fprintln(rw, "ok")
-}
-
-// within runs check in the background and sends its error, or ctx's once
-// ctx is done first.
-func within(ctx context.Context, check func(context.Context) error) <-chan error {
-	out := make(chan error, 1)
-	done := make(chan error, 1)
-	go func() { done <- check(ctx) }()
-	go func() {
-		select {
-		case err := <-done:
-			out <- err
-		case <-ctx.Done():
-			out <- fmt.Errorf("no answer within %v", readyTimeout)
-		}
-	}()
-	return out
 }
 
 // slogPrinter passes promhttp's errors to the worker's logger.
