@@ -4,10 +4,12 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/shorten"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5"
@@ -28,7 +30,6 @@ const unguardedEvery = time.Minute
 type Unguarded struct {
 	mu     sync.Mutex
 	sems   []*semaphore.Semaphore
-	names  string
 	last   time.Time
 	missed int
 }
@@ -38,11 +39,6 @@ func (u *Unguarded) Guard(sem *semaphore.Semaphore) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.sems = append(u.sems, sem)
-	names := make([]string, len(u.sems))
-	for i, s := range u.sems {
-		names[i] = quote(s.Name())
-	}
-	u.names = strings.Join(names, " or ")
 }
 
 // TraceQueryStart implements pgx.QueryTracer.
@@ -57,21 +53,19 @@ func (u *Unguarded) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.T
 		u.mu.Unlock()
 		return ctx
 	}
-	n, names := u.missed, u.names
+	n := u.missed
+	names := make([]string, len(u.sems))
+	for i, s := range u.sems {
+		names[i] = strconv.Quote(s.Name())
+	}
 	u.last, u.missed = time.Now(), 0
 	u.mu.Unlock()
-	sql := data.SQL
-	if len(sql) > 120 {
-		sql = sql[:120] + "…"
-	}
 	mapreduce.Logger(ctx).LogAttrs(ctx, slog.LevelWarn,
-		"a query ran on the worker's database pool without a permit of semaphore "+names+
+		"a query ran on the worker's database pool without a permit of semaphore "+strings.Join(names, " or ")+
 			": run it through pgsource.Do, Fetch or Exec with the semaphore worker.Database returns (or with the permit's context), or the fleet runs more queries at once than its permits allow",
-		slog.String("sql", sql), slog.Int("queries_without_a_permit", n))
+		slog.String("sql", shorten.To(data.SQL, 120)), slog.Int("queries_without_a_permit", n))
 	return ctx
 }
 
 // TraceQueryEnd implements pgx.QueryTracer.
 func (*Unguarded) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func quote(s string) string { return `"` + s + `"` }

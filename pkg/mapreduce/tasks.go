@@ -11,8 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
+	"github.com/batchmr/batchmr/internal/shorten"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
 )
@@ -117,14 +117,7 @@ func (c *Client) noteError(ctx context.Context, t *asynq.Task, err error) {
 	if t.Type() == typeMap {
 		step = "page " + strconv.Itoa(p.Index)
 	}
-	msg := err.Error()
-	if len(msg) > lastErrorMax {
-		n := lastErrorMax
-		for n > 0 && !utf8.RuneStart(msg[n]) {
-			n--
-		}
-		msg = msg[:n] + "…"
-	}
+	msg := shorten.To(err.Error(), lastErrorMax)
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	_ = scriptLastError.Run(nctx, c.rdb, []string{k.run}, step, msg, p.Nonce).Err()
