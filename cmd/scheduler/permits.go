@@ -24,9 +24,8 @@ a fleet-wide semaphore, such as the workers' database permits ("db").
 the live worker it belongs to ("(none)": stopped or killed, its permits
 return when their leases run out; or no worker), how many permits it holds
 and how many requests it has queued, their weights, its longest hold and
-its oldest wait; --verbose lists every
-permit and every queued request too. Without NAME, every semaphore a
-live worker announces. A NAME that Redis has no limit for and no live
+its oldest wait; --verbose lists every permit and every queued request
+too. Without NAME, every semaphore a live worker announces. A NAME that Redis has no limit for and no live
 worker uses exits 1.
 
 'set' changes the limit for every worker at once: raising it wakes waiters

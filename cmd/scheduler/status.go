@@ -6,11 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
-	"strings"
 )
 
 const statusUsage = `scheduler status RUN [--json]: show a run's state, progress and result.

@@ -8,11 +8,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/internal/console"
-	"strings"
 )
 
 const uiUsage = `scheduler ui [--listen ADDR] [--read-only]: serve the web console until

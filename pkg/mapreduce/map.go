@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-	"time"
 )
 
 // handleMap runs Map for one page and records its outcome. A page already

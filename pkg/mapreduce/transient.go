@@ -133,9 +133,10 @@ func defaultTransientBackoff(n int) time.Duration {
 // task's user code: if err is transient and the task has transient retries
 // left, or the step was waiting for a permit as this worker stops
 // (semaphore.ErrDraining: handed back), it returns the error to give asynq
-// (not counted as a failure); nil means err counts as an ordinary failure. step names the task within its
-// run ("split", "reduce" or the page index) for the count, which lives in
-// Redis so that it survives the task moving between workers.
+// (not counted as a failure); nil means err counts as an ordinary failure.
+// step names the task within its run ("split", "reduce" or the page index)
+// for the count, which lives in Redis so that it survives the task moving
+// between workers.
 func (c *Client) transientRetry(ctx context.Context, k runKeys, step string, err error, o JobOptions) error {
 	if errors.Is(err, semaphore.ErrDraining) || semaphore.Drained(ctx) {
 		// The step waited for its first permit of a semaphore this process

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/backoff"
-	"sync/atomic"
 )
 
 // waiter is one Acquire call in this process, from before its first Redis

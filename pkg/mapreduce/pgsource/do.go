@@ -267,11 +267,11 @@ const cancelSettle = 100 * time.Millisecond
 
 // cancelHandler is pgx's CancelRequestContextWatcherHandler, but sending
 // the cancel request again (cancelRepeat, doubling) until the query
-// returns, not once. Postgres ignores a cancel that reaches a backend still reading the
-// query from its connection, so a single request sent as the query goes
-// out can be lost: on a loaded machine the query then ran on, holding its
-// connection and its permit for cancelDeadline, until pgx closed the
-// connection.
+// returns, not once. Postgres ignores a cancel that reaches a backend
+// still reading the query from its connection, so a single request sent
+// as the query goes out can be lost: on a loaded machine the query then
+// ran on, holding its connection and its permit for cancelDeadline, until
+// pgx closed the connection.
 type cancelHandler struct {
 	conn *pgconn.PgConn
 	stop context.CancelFunc
