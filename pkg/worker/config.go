@@ -13,8 +13,9 @@ import (
 
 // Config configures a worker. In Main every field has a command-line flag
 // and an environment variable, but Prefix (BATCHMR_PREFIX only), Logger
-// (built from --log-format and --log-level) and Observer (set it with
-// MainWith, or call Run); zero values take the documented defaults.
+// (built from --log-format and --log-level), and Observer and
+// RequireDatabase (set them with MainWith, or call Run); zero values take
+// the documented defaults.
 type Config struct {
 	// RedisURL locates the Redis that holds runs, tasks and semaphores
 	// (--redis-url, REDIS_URL). Required.

@@ -17,15 +17,16 @@
 // repairs runs that crashes left behind, announces the jobs so that
 // 'scheduler run JOB' starts them without being rebuilt, logs with slog
 // (asynq's records too; --log-level, --log-format), and on SIGTERM lets
-// in-flight tasks finish and releases its permits before it exits. Run does the same under a context, for programs that
-// build their Config themselves.
+// in-flight tasks finish and releases its permits before it exits. Run
+// does the same under a context, for programs that build their Config
+// themselves.
 //
 // A job is a plain mapreduce.Job value: what it needs at run time comes
 // from the worker through its functions' context, so any process can hold
 // the job, start runs of it (Job.Start) and decode their results without
 // connecting to a database:
 //
-//	Map: func(ctx context.Context, r pgsource.KeyRange) (Counts, error) {
+//	Map: func(ctx context.Context, r pgsource.KeyRange) ([]Count, error) {
 //		db, permits, err := worker.Database(ctx) // the pool, and the "db" semaphore
 //		if err != nil {
 //			return nil, err

@@ -20,7 +20,9 @@ import (
 // Run runs jobs until ctx is done, then shuts down gracefully and returns
 // nil: it stops taking tasks, lets in-flight ones finish within
 // Config.ShutdownTimeout (handing the rest back to their queues), releases
-// its permits and withdraws its jobs from the catalogue.
+// its permits and takes itself off the catalogue's list of workers (a job
+// stays listed, with the workers that still run it, until 'scheduler jobs
+// forget').
 //
 // It connects to Redis and, with a DatabaseURL, to Postgres, and returns at
 // once with an error naming the problem and the fix when it cannot, when
