@@ -57,16 +57,16 @@ test-inner: check
 # over runs of 400 pages. with-servers.sh installs Redis and Postgres when
 # they are missing.
 chaos: tools
-	scripts/with-servers.sh env BATCHMR_CHAOS_REPEAT=3 BATCHMR_CHAOS_PAGES=2500 \
+	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh env BATCHMR_CHAOS_REPEAT=3 BATCHMR_CHAOS_PAGES=2500 \
 		go test -race -count=1 -timeout 120m -v ./internal/faults/
 
 # bench: run the semaphore, mapreduce and paging benchmarks
 # (internal/cmd/semabench, mrbench, pagebench) against throwaway servers.
 bench:
-	scripts/with-servers.sh sh -c 'go run ./internal/cmd/semabench && go run ./internal/cmd/mrbench && go run ./internal/cmd/pagebench'
+	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh sh -c 'go run ./internal/cmd/semabench && go run ./internal/cmd/mrbench && go run ./internal/cmd/pagebench'
 
 # demo: seed a table, start three workers, run orders-report with its
 # progress bar, check the result against SQL and show what Postgres saw
 # (scripts/demo.sh), against throwaway servers.
 demo:
-	scripts/with-servers.sh scripts/demo.sh
+	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh scripts/demo.sh

@@ -29,6 +29,7 @@ die() { say "$*"; exit 1; }
 # The browser tests skip only when BATCHMR_TEST_CHROMIUM is unset, so make
 # test finds Chromium (installing Debian's as root) and sets it. A value the
 # caller set is kept as it is: the tests fail if it does not work.
+# BATCHMR_NO_BROWSER=1 (make demo, bench, chaos) skips all of this.
 find_chromium() {
 	local c
 	for c in chromium chromium-browser google-chrome; do
@@ -36,7 +37,9 @@ find_chromium() {
 	done
 	return 1
 }
-if [[ -n "${BATCHMR_TEST_CHROMIUM:-}" ]]; then
+if [[ "${BATCHMR_NO_BROWSER:-}" == 1 ]]; then
+	chromium_bin="" # make demo, bench and chaos run no browser: do not install one
+elif [[ -n "${BATCHMR_TEST_CHROMIUM:-}" ]]; then
 	chromium_bin=$BATCHMR_TEST_CHROMIUM
 elif ! chromium_bin=$(find_chromium); then
 	if [[ $(id -u) -eq 0 ]]; then
