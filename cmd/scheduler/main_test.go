@@ -480,6 +480,34 @@ func TestPermitsGetSummarisesEachProcessUnlessVerbose(t *testing.T) {
 	}
 }
 
+// A first deployment starts the scheduler beside its workers (docker
+// compose up), so serve may find the catalogue empty: it waits for a
+// worker to announce its jobs, then serves, rather than exit 1 and count
+// on a restart.
+func TestServeWaitsForTheFirstWorkerOfAnEmptyCatalogue(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	s := newScheduler(t, f)
+	p := s.start("serve", "--schedule", "sum=@every 1s", "--args", `sum={"n": 10, "page_size": 5}`)
+	testenv.WaitFor(t, 10*time.Second, "serve to say it waits for a worker", func() bool {
+		return strings.Contains(p.stderr.String(), "no worker has announced a job yet")
+	})
+	select {
+	case <-p.done:
+		t.Fatalf("serve exited before any worker announced a job: stderr %q", p.stderr)
+	case <-time.After(time.Second):
+	}
+	f.host(nil, sumJob("sum", nil))
+	testenv.WaitFor(t, 15*time.Second, "a scheduled run to succeed", func() bool {
+		runs, err := f.mr.Runs(context.Background(), "sum")
+		return err == nil && slices.ContainsFunc(runs, func(st *mapreduce.Status) bool { return st.State == mapreduce.StateSucceeded })
+	})
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	if code := p.wait(5 * time.Second); code != 0 {
+		t.Errorf("serve after SIGINT: exit %d, stderr %q", code, p.stderr)
+	}
+}
+
 // Two replicas serving the same schedule start one run per tick: with a
 // worker finishing each run before the next tick, three ticks make three
 // runs, not six.

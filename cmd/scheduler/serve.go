@@ -34,7 +34,9 @@ allows overlap); ticks missed while the process was paused are logged.
 At start-up every scheduled job must be in the catalogue — a worker that
 runs it must have announced it at least once ('scheduler jobs' lists
 them) — or serve exits 1: start a worker that runs the job first. This
-catches a misspelt job at once rather than at every tick. A job listed
+catches a misspelt job at once rather than at every tick. While the
+catalogue is empty (a first deployment whose workers start beside the
+scheduler) serve waits up to a minute for a worker to announce its jobs. A job listed
 with no live worker only gets a warning: its runs wait for a worker. Each
 --args must be JSON that fits the job's announced arguments.
 
@@ -44,6 +46,14 @@ Example:
 
 Flags:
 `
+
+// catalogueWait is how long serve waits, at start-up, for a first worker
+// to announce its jobs in an empty catalogue; it looks every
+// catalogueRecheck. A catalogue with jobs in it is checked at once.
+const (
+	catalogueWait    = time.Minute
+	catalogueRecheck = 500 * time.Millisecond
+)
 
 // schedule is one job's timetable.
 type schedule struct {
@@ -101,6 +111,20 @@ func serve(ctx context.Context, args []string) int {
 	c := connect(ctx, *url)
 	defer c.close()
 	catalogue, err := c.mr.Jobs(ctx)
+	if len(catalogue) == 0 && err == nil {
+		// A first deployment starts its scheduler beside its workers
+		// (docker compose up): wait for them rather than fail.
+		log.Info("scheduler: no worker has announced a job yet: waiting for one", "up_to", catalogueWait)
+		for deadline := time.Now().Add(catalogueWait); len(catalogue) == 0 && err == nil && time.Now().Before(deadline); {
+			select {
+			case <-ctx.Done():
+				log.Info("scheduler: stopped")
+				return 0
+			case <-time.After(catalogueRecheck):
+			}
+			catalogue, err = c.mr.Jobs(ctx)
+		}
+	}
 	if err != nil {
 		app.Fail("serve: %s", trim(err))
 	}
