@@ -508,6 +508,41 @@ func TestServeWaitsForTheFirstWorkerOfAnEmptyCatalogue(t *testing.T) {
 	}
 }
 
+// A tick that finds Redis away is not lost: serve tries again until Redis
+// answers (up to the next tick), and the tick's run starts then.
+func TestATickDuringARedisOutageStartsItsRunWhenRedisIsBack(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.host(nil, sumJob("sum", nil))
+	proxy, proxied := testenv.RedisProxy(t, testenv.RedisURL(t))
+	s := newScheduler(t, f).with("REDIS_URL=" + proxied)
+	p := s.start("serve", "--schedule", "sum=@every 4s", "--args", `sum={"n": 10, "page_size": 5}`)
+	testenv.WaitFor(t, 10*time.Second, "serve to serve", func() bool { return strings.Contains(p.stderr.String(), "serving") })
+	proxy.Cut()
+	warned := regexp.MustCompile(`Redis unavailable; retrying until it answers or the next tick.* tick=(\S+)`)
+	var tick time.Time
+	testenv.WaitFor(t, 10*time.Second, "a tick to find Redis away", func() bool {
+		m := warned.FindStringSubmatch(p.stderr.String())
+		if m == nil {
+			return false
+		}
+		var err error
+		tick, err = time.Parse(time.RFC3339Nano, m[1])
+		return err == nil
+	})
+	time.Sleep(1500 * time.Millisecond)
+	proxy.Restore()
+	id := "sum:" + tick.UTC().Format("20060102T150405Z")
+	testenv.WaitFor(t, 10*time.Second, "the tick's run "+id+" to succeed", func() bool { return f.state(id) == mapreduce.StateSucceeded })
+	if !strings.Contains(p.stderr.String(), "Redis answers again") {
+		t.Errorf("serve did not say that Redis answered again: %q", p.stderr)
+	}
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	if code := p.wait(5 * time.Second); code != 0 {
+		t.Errorf("serve after SIGINT: exit %d, stderr %q", code, p.stderr)
+	}
+}
+
 // Two replicas serving the same schedule start one run per tick: with a
 // worker finishing each run before the next tick, three ticks make three
 // runs, not six.

@@ -11,9 +11,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/internal/backoff"
+	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/batchmr/batchmr/internal/schedules"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/robfig/cron/v3"
@@ -149,6 +152,7 @@ func serve(ctx context.Context, args []string) int {
 		}
 	}
 	log.Info("scheduler: serving", "schedules", []string(specs))
+	var firing sync.WaitGroup
 	published := make(chan struct{})
 	go func() { publish(ctx, c, log, scheds); close(published) }()
 	for {
@@ -163,13 +167,17 @@ func serve(ctx context.Context, args []string) int {
 		select {
 		case <-ctx.Done():
 			<-published
+			firing.Wait()
 			log.Info("scheduler: stopped")
 			return 0
 		case <-time.After(time.Until(due)):
 		}
 		for _, s := range scheds {
 			if s.next(now).Equal(due) {
-				fire(ctx, c.mr, log, s, due)
+				// Each tick in its own goroutine: one that waits for Redis
+				// must not hold up the other schedules' ticks.
+				firing.Add(1)
+				go func() { defer firing.Done(); fire(ctx, c.mr, log, s, due) }()
 				// Woken late (a paused process, a slow Start): the ticks
 				// in between are not run, but they are not silent either.
 				if next := s.next(due); time.Now().After(next) {
@@ -213,9 +221,34 @@ func publish(ctx context.Context, c *conn, log *slog.Logger, scheds []*schedule)
 }
 
 // fire starts the run of one tick; another replica may have started it.
+// While Redis cannot be reached it tries again, until the schedule's next
+// tick: the run is named after its tick, so a second try cannot start a
+// second run, and a Redis that fails over at 06:00 does not cost the day's
+// run.
 func fire(ctx context.Context, mr *mapreduce.Client, log *slog.Logger, s *schedule, tick time.Time) {
 	key := tick.UTC().Format("20060102T150405Z")
-	id, err := mr.StartJSON(ctx, s.job, s.args, mapreduce.StartOptions{Key: key})
+	until := s.next(tick)
+	bo := backoff.Backoff{Min: fireRetryMin, Max: fireRetryMax}
+	var id string
+	var err error
+	for tries := 1; ; tries++ {
+		id, err = mr.StartJSON(ctx, s.job, s.args, mapreduce.StartOptions{Key: key})
+		wait := bo.Next()
+		if !rediserr.Transient(err) || ctx.Err() != nil || time.Now().Add(wait).After(until) {
+			if tries > 1 && err == nil {
+				log.Info("scheduler: Redis answers again", "job", s.job, "tick", tick, "tries", tries)
+			}
+			break
+		}
+		if tries == 1 {
+			log.Warn("scheduler: could not start the tick's run: Redis unavailable; retrying until it answers or the next tick",
+				"job", s.job, "tick", tick, "next_tick", until, "error", trim(err))
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
 	switch {
 	case err == nil:
 		log.Info("scheduler: started a run", "run", id, "job", s.job, "tick", tick)
@@ -227,9 +260,19 @@ func fire(ctx context.Context, mr *mapreduce.Client, log *slog.Logger, s *schedu
 		log.Error("scheduler: tick skipped: the job refused its arguments; fix --args and restart", "job", s.job, "tick", tick, "error", trim(err))
 	case ctx.Err() != nil:
 	default:
-		log.Error("scheduler: could not start the tick's run", "job", s.job, "tick", tick, "error", trim(err))
+		hand := "scheduler run " + s.job + " --key " + key
+		if s.args != nil {
+			hand += " --args '" + string(s.args) + "'"
+		}
+		log.Error("scheduler: could not start the tick's run; to start it by hand: "+hand, "job", s.job, "tick", tick, "error", trim(err))
 	}
 }
+
+// fireRetryMin and fireRetryMax pace fire's tries while Redis is away.
+const (
+	fireRetryMin = 250 * time.Millisecond
+	fireRetryMax = 5 * time.Second
+)
 
 // parseSpec returns the function giving a spec's next tick after a time.
 func parseSpec(spec string) (func(time.Time) time.Time, error) {
