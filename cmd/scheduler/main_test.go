@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -154,6 +155,20 @@ func TestStatusShowsARunAndCancelStopsIt(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || st.ID != id || st.Job != "held" ||
 		st.State != "mapping" || st.Total != 2 || st.Done != 0 || st.Created.IsZero() {
 		t.Fatalf("status --json: exit %d, %q, stderr %q (%v); want the run mapping 0/2 pages", code, out, errs, err)
+	}
+	if out, _, _ := s.run("status", id); !regexp.MustCompile(`(?m)^changed  \S+ \(\d+s ago\)$`).MatchString(out) {
+		t.Errorf("status of an active run: %q, want when it last changed", out)
+	}
+	// Its pages hang: two minutes without a change.
+	ms := strconv.FormatInt(time.Now().Add(-2*time.Minute).UnixMilli(), 10)
+	if err := f.rdb.HSet(ctx, f.prefix+":{held}:run:"+id, "updated", ms).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, _ := s.run("status", id); !strings.Contains(out, "(2m0s ago: nothing recorded since;") || !strings.Contains(out, "pg_stat_activity") {
+		t.Errorf("status of a run unchanged for 2m: %q, want it said, with where to look", out)
+	}
+	if out, _, _ := s.run("status", id, "--json"); !strings.Contains(out, `"stalled": true`) || !strings.Contains(out, `"updated": `) {
+		t.Errorf("status --json of a run unchanged for 2m: %q, want stalled and updated", out)
 	}
 
 	// The job forbids overlapping runs: a second start is refused, naming the fix.

@@ -15,7 +15,9 @@ import (
 
 const statusUsage = `scheduler status RUN [--json]: show a run's state, progress and result.
 --json also gives pages_per_second and remaining_seconds: the run's own
-rate since it started or was last retried, and the time left at it.
+rate since it started or was last retried, and the time left at it
+(absent once the run is stalled: unchanged for a minute or more, which
+"stalled" says, with "updated", when it last changed).
 
 Example:
   scheduler status orders-report:20261121T060000Z --json
@@ -35,11 +37,18 @@ func status(ctx context.Context, args []string) int {
 	if err != nil {
 		app.Fail("%s", trim(err))
 	}
+	now := time.Now().Add(app.RedisSkew(ctx, c.rdb))
 	if *asJSON {
-		printJSON(st, time.Now().Add(app.RedisSkew(ctx, c.rdb)))
+		printJSON(st, now)
 		return 0
 	}
 	fmt.Printf("run      %s\njob      %s\nstate    %s\npages    %s\n", st.ID, st.Job, st.State, progress(st))
+	if idle, stalled := st.Stalled(now); stalled {
+		fmt.Printf("changed  %s (%s ago: nothing recorded since; unless its pages (or its reduce) take this long, look at 'last err', the workers' logs and /readyz, and the database's pg_stat_activity)\n",
+			st.Updated.Format(time.RFC3339), idle.Round(time.Second))
+	} else if !st.State.Ended() && !st.Updated.IsZero() {
+		fmt.Printf("changed  %s (%s ago)\n", st.Updated.Format(time.RFC3339), idle.Round(time.Second))
+	}
 	fmt.Printf("created  %s\n", st.Created.Format(time.RFC3339))
 	if st.Retries > 0 {
 		fmt.Printf("retried  %s (retry %d)\n", st.Retried.Format(time.RFC3339), st.Retries)
@@ -70,8 +79,12 @@ type jsonStatus struct {
 	Created   time.Time  `json:"created"`
 	SplitDone *time.Time `json:"split_done,omitempty"`
 	Finished  *time.Time `json:"finished,omitempty"`
-	Retries   int        `json:"retries,omitempty"`
-	Retried   *time.Time `json:"retried,omitempty"`
+	// Updated: when the run last changed; Stalled: an active run has not
+	// for mapreduce.StalledAfter.
+	Updated time.Time  `json:"updated"`
+	Stalled bool       `json:"stalled,omitempty"`
+	Retries int        `json:"retries,omitempty"`
+	Retried *time.Time `json:"retried,omitempty"`
 	// RetriedDone: the pages the last retry kept (-1: not known).
 	RetriedDone *int `json:"retried_done,omitempty"`
 	// PagesPerSecond and RemainingSeconds: Status.Rate and Remaining, on
@@ -92,7 +105,8 @@ type jsonStepError struct {
 
 func printJSON(st *mapreduce.Status, now time.Time) {
 	js := jsonStatus{ID: st.ID, Job: st.Job, State: string(st.State), Total: st.Total, Done: st.Done,
-		Failed: st.Failed, Created: st.Created, Error: st.Error, Retries: st.Retries}
+		Failed: st.Failed, Created: st.Created, Error: st.Error, Retries: st.Retries, Updated: st.Updated}
+	_, js.Stalled = st.Stalled(now)
 	if !st.SplitDone.IsZero() {
 		js.SplitDone = &st.SplitDone
 	}

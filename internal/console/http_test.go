@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -544,5 +545,31 @@ func TestARunsPageShowsItsStepsLastFailureWhileItRetries(t *testing.T) {
 	if !strings.Contains(body, "Last failure") || !strings.Contains(body, "split at ") || !strings.Contains(body, "relation &#34;events&#34; does not exist") ||
 		!strings.Contains(body, `state-splitting`) {
 		t.Errorf("the run's page: want it splitting, with its split's last failure:\n%s", body)
+	}
+}
+
+// A run that stopped moving says so, instead of an ETA at its average
+// rate: a database that hangs leaves no error to show, only the time since
+// the run last changed.
+func TestARunThatStoppedMovingShowsStalledInsteadOfAnETA(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	f.host(2, nil, workJob("stalling", nil, nil))
+	id := f.start("stalling", workArgs{N: 2, SleepMS: 120_000})
+	testenv.WaitFor(t, 10*time.Second, "the run to map", func() bool { return f.status(id).State == mapreduce.StateMapping })
+	if _, body := f.get(runPath(id)); strings.Contains(body, `id="stalled"`) {
+		t.Fatalf("a run that changed just now shown stalled:\n%s", body)
+	}
+	// As if its pages' queries had hung for two minutes.
+	ms := strconv.FormatInt(time.Now().Add(-2*time.Minute).UnixMilli(), 10)
+	if err := f.rdb.HSet(context.Background(), f.prefix+":{stalling}:run:"+id, "updated", ms).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, body := f.get(runPath(id)); !strings.Contains(body, `id="stalled"`) || !strings.Contains(body, "nothing recorded for 2m0s") ||
+		strings.Contains(body, "ETA") {
+		t.Errorf("the run's page: want it stalled for 2m0s, without an ETA:\n%s", body)
+	}
+	if _, body := f.get("/runs"); !strings.Contains(body, `title="nothing recorded for 2m0s">stalled</span>`) {
+		t.Errorf("the runs page: want the run marked stalled:\n%s", body)
 	}
 }

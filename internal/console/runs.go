@@ -29,7 +29,8 @@ type runRow struct {
 	Pages   int     // recorded: done and failed
 	Percent float64 // of the total, 0 while splitting
 	Rate    string  // pages/s since the run (or its last retry) started
-	ETA     string  // at that rate; empty when ended or unknown
+	ETA     string  // at that rate; empty when ended, unknown or stalled
+	Stalled string  // how long an active run has not changed, once mapreduce.StalledAfter
 	Took    string
 	Link    string
 	Cancel  bool   // can be cancelled
@@ -56,6 +57,9 @@ func row(st *mapreduce.Status, now time.Time) runRow {
 	}
 	if left, ok := st.Remaining(now); ok {
 		r.ETA = duration(left)
+	}
+	if idle, stalled := st.Stalled(now); stalled {
+		r.Stalled = duration(idle)
 	}
 	return r
 }

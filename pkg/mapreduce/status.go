@@ -156,15 +156,36 @@ func (st *Status) Rate(now time.Time) (perSecond float64, ok bool) {
 
 // Remaining estimates how long the run needs to record its other pages at
 // its Rate. ok is false once the run has ended, while neither its total
-// nor the pages its Split said to expect are known, and while Rate is not.
+// nor the pages its Split said to expect are known, while Rate is not, and
+// while the run is Stalled: a rate averaged over the run says nothing of
+// a run that stopped moving.
 func (st *Status) Remaining(now time.Time) (d time.Duration, ok bool) {
 	total, known := st.Pages()
 	r, rated := st.Rate(now)
 	left := total - st.Done - st.Failed
-	if st.State.Ended() || !known || !rated || left <= 0 {
+	if _, stalled := st.Stalled(now); st.State.Ended() || !known || !rated || left <= 0 || stalled {
 		return 0, false
 	}
 	return time.Duration(float64(left) / r * float64(time.Second)), true
+}
+
+// StalledAfter is how long an active run may go without changing (a page
+// recorded, a step begun or ended) before Stalled says so.
+const StalledAfter = time.Minute
+
+// Stalled returns how long an active run has gone without changing (its
+// Updated: a page recorded, done or failed, or its state moved on) up to
+// now, in Redis's time, and whether that is StalledAfter or more. A run
+// whose pages each take longer is stalled between them; otherwise its
+// workers are stopped, failing (LastError), or waiting on something: a
+// database that hangs shows only in its own activity (pg_stat_activity)
+// and in the workers' /readyz. ok is false for an ended run.
+func (st *Status) Stalled(now time.Time) (idle time.Duration, ok bool) {
+	if st.State.Ended() || st.Updated.IsZero() {
+		return 0, false
+	}
+	idle = max(now.Sub(st.Updated), 0)
+	return idle, idle >= StalledAfter
 }
 
 // Pages returns the run's number of pages for showing its progress: its
