@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,6 +242,26 @@ func (s *Semaphore) SetLimit(ctx context.Context, n int) error {
 		return fmt.Errorf("semaphore %q: set limit: %w", s.name, err)
 	}
 	return nil
+}
+
+// Limit returns the fleet-wide limit that Redis holds now; ok is false
+// when it holds none (a new semaphore, or Redis lost its keys: a restart
+// without persistence, a FLUSHDB, a failover to a replica that lacked it),
+// and then the next call of any process sets the limit of its own Options.
+// One GET: cheap enough to watch.
+func (s *Semaphore) Limit(ctx context.Context) (n int, ok bool, err error) {
+	v, err := s.rdb.Get(ctx, s.keys[0]).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("semaphore %q: limit: %w", s.name, err)
+	}
+	n, err = strconv.Atoi(v)
+	if err != nil {
+		return 0, false, fmt.Errorf("semaphore %q: limit: Redis holds %q, not a number", s.name, v)
+	}
+	return n, true, nil
 }
 
 // Close stops this handle's background work. Its queued Acquire calls

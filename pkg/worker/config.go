@@ -98,6 +98,7 @@ type Config struct {
 
 	now             func() time.Time // the worker's clock; tests skew it (export_test.go)
 	metricsListener net.Listener     // overrides MetricsAddr; tests listen on a free port (export_test.go)
+	limitCheckEvery time.Duration    // how often watchLimits reads the limits; tests shorten it (export_test.go)
 }
 
 func (c Config) withDefaults() Config {
@@ -127,6 +128,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.now == nil {
 		c.now = time.Now
+	}
+	if c.limitCheckEvery == 0 {
+		c.limitCheckEvery = limitCheckEvery
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second

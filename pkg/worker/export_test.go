@@ -19,5 +19,12 @@ func WithMetricsListener(cfg Config, ln net.Listener) Config {
 	return cfg
 }
 
+// WithLimitChecks returns cfg with the worker reading its semaphores'
+// limits every d.
+func WithLimitChecks(cfg Config, d time.Duration) Config {
+	cfg.limitCheckEvery = d
+	return cfg
+}
+
 // AsynqLevel is the asynq.LogLevel a worker with log gives asynq.
 var AsynqLevel = asynqLevel

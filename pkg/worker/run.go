@@ -173,14 +173,16 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	if info.Version == "" {
 		info.Version = "batchmr " + app.BuildVersion()
 	}
+	limits := w.limits(ctx)
 	go mr.RunReconciler(bg, cfg.ReconcileEvery)
 	go w.watchClock(bg)
+	go w.watchLimits(bg, maps.Clone(limits))
 	go func() {
 		defer close(w.done)
 		_ = mr.Announce(bg, info)
 	}()
 	log.Info("worker: started", "worker", info.ID, "jobs", registry.Names(), "queues", queues,
-		"concurrency", cfg.Concurrency, "permits", cfg.Permits)
+		"concurrency", cfg.Concurrency, "permits", limits, "permits_if_unset", cfg.Permits)
 	if cfg.DatabaseURL == "" {
 		log.Warn("worker: this worker has no database (--database-url, DATABASE_URL): a job that calls worker.Database fails the pages it takes here; " +
 			"if its jobs query Postgres, give it one, and set Config.RequireDatabase so that it refuses to start without")
