@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"os"
 	"os/exec"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -19,7 +23,9 @@ import (
 // orders-report over 100 000 orders with 3 database permits and a slow
 // query per page; Postgres itself never sees more than 3 of their queries
 // at once; one worker is killed with kill -9 mid-run, and the run still
-// succeeds with the SQL-exact report; afterwards no permit is held.
+// succeeds with the SQL-exact report; afterwards no permit is held; and no
+// worker warns of a query without a permit: the example takes one for
+// every query it makes, its split's CREATE TABLEs included.
 func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits a minute for asynq to hand the killed worker's pages on")
@@ -38,11 +44,12 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 	dbURL := testenv.DatabaseURLIn(t, schema)
 	env := append(os.Environ(), "REDIS_URL="+testenv.RedisURL(t), "DATABASE_URL="+dbURL,
 		"BATCHMR_PREFIX="+prefix)
+	var logs syncBuffer // every worker's warnings
 	startWorker := func(i int) *exec.Cmd {
 		cmd := exec.Command(bin, "--db-permits", "3", "--concurrency", "8", "--lease", "5s",
 			"--application-name", appName, "--log-level", "warn")
 		cmd.Env = env
-		cmd.Stderr = os.Stderr
+		cmd.Stderr = io.MultiWriter(os.Stderr, &logs)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -138,6 +145,9 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 		t.Errorf("Postgres saw up to %d worker queries at once, want 1..3 (the permits)", m)
 	}
 	t.Logf("most worker queries active at once: %d of 3 permits", maxActive.Load())
+	if l := logs.String(); strings.Contains(l, "without a permit") {
+		t.Errorf("a worker warned of a query without a permit: the example must take one for every query:\n%s", l)
+	}
 	sem, err := semaphore.New(rdb, "db", semaphore.Options{Limit: 3, Prefix: prefix + ":sem"})
 	if err != nil {
 		t.Fatal(err)
@@ -157,4 +167,22 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// syncBuffer is a bytes.Buffer that several processes' stderr copiers share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

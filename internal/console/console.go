@@ -299,7 +299,7 @@ func (c *Console) view(r *http.Request, name string) *view {
 // set, so that a link cannot make the console say anything else.
 var notices = map[string]string{
 	"cancelled": "Run cancelled.",
-	"retried":   "Run resumed: its failed pages run again.",
+	"retried":   "Run resumed: its pages that did not succeed (failed, or not run before it stopped) run again; those done are kept.",
 	"limit":     "Limit changed.",
 	"login":     "Logged in: you can change things now.",
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
+	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/batchmr/batchmr/pkg/worker"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -109,7 +110,7 @@ func Seed(ctx context.Context, db *pgxpool.Pool, rows int) error {
 	}
 	_, err := db.Exec(ctx, `DROP TABLE IF EXISTS orders`)
 	if err == nil {
-		err = createTables(ctx, db)
+		err = createTables(ctx, db, nil)
 	}
 	if err == nil {
 		_, err = db.Exec(ctx, `
@@ -130,14 +131,17 @@ func Seed(ctx context.Context, db *pgxpool.Pool, rows int) error {
 
 // createTables runs Schema under an advisory lock: CREATE TABLE IF NOT
 // EXISTS is not safe against itself, and workers starting together on an
-// empty database all run it.
-func createTables(ctx context.Context, db *pgxpool.Pool) error {
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('batchmr/ordersreport/schema'))`); err != nil {
+// empty database all run it. In a job it holds a permit of sem, as every
+// query of the fleet does (nil: none, for Seed).
+func createTables(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore) error {
+	return pgsource.Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('batchmr/ordersreport/schema'))`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, Schema)
 			return err
-		}
-		_, err := tx.Exec(ctx, Schema)
-		return err
+		})
 	})
 }
 
@@ -202,7 +206,7 @@ var Job = mapreduce.Job[Args, Page, Totals, Report]{
 		if err != nil {
 			return err
 		}
-		if err := createTables(ctx, db); err != nil {
+		if err := createTables(ctx, db, sem); err != nil {
 			return fmt.Errorf("%s: creating its tables: %w", Name, err)
 		}
 		size := a.PageSize
