@@ -53,12 +53,20 @@ type giveBackResult struct {
 // giveBack gives token back in a goroutine that Close waits for, and
 // returns a channel that receives the first attempt's result. An attempt
 // that fails for a reason that may pass (Redis unreachable, restarting,
-// failing over) is retried with backoff until Redis answers, or until
-// deadline — when Redis drops the token by itself, its lease or heartbeat
-// over — or, once the Semaphore is closed, after one last attempt. Without
-// the retries a permit released during a Redis restart would block its
-// capacity for a whole lease after Redis is back. A late release hands the
-// capacity it frees to this process's waiters as any release does.
+// failing over) is retried with backoff until Redis answers, or, once the
+// Semaphore is closed, after one last attempt. Without the retries a
+// permit released during a Redis restart would block its capacity for a
+// whole lease after Redis is back.
+//
+// The retries go on past deadline (when the token's lease or heartbeat
+// ends in Redis): Redis does not drop a lapsed permit by itself when this
+// process calls first, it keeps it for one more Lease (purge_holders,
+// scripts/lib.lua), because a live process's lapsed permit guards work
+// that may still run. So after an outage longer than the lease, a release
+// that had stopped at its deadline left a permit that nothing guarded
+// taken for another Lease, and the fleet's throughput fell for that long.
+// A late release hands the capacity it frees to this process's waiters as
+// any release does.
 func (s *Semaphore) giveBack(ctx context.Context, token string, deadline func() time.Time) <-chan giveBackResult {
 	first := make(chan giveBackResult, 1)
 	s.spawn(func() { s.giveBackRetrying(context.WithoutCancel(ctx), token, deadline, first) })
@@ -84,7 +92,7 @@ func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, deadline
 		actx, cancel := bounded(ctx, releaseTimeout)
 		was, err := s.releaseToken(actx, token)
 		cancel()
-		retry := err != nil && mayPass(err) && !last && time.Now().Before(deadline())
+		retry := err != nil && mayPass(err) && !last
 		if first != nil {
 			first <- giveBackResult{was: was, err: err, retrying: retry}
 		}
@@ -93,23 +101,17 @@ func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, deadline
 			return
 		}
 		if attempt == 1 {
-			s.log.Warn("semaphore: giving a permit back failed; retrying in the background until Redis answers or its lease runs out",
-				"permit", token, "error", err, "lease_left", time.Until(deadline()).Round(time.Millisecond))
+			s.log.Warn("semaphore: giving a permit back failed; retrying in the background until Redis answers",
+				"permit", token, "error", err, "lease_left", max(time.Until(deadline()), 0).Round(time.Millisecond))
 		}
 		first = nil
 		if s.stopped() {
 			last = true // one last attempt, now
 			continue
 		}
-		wait := min(bo.Next(), time.Until(deadline()))
-		if perr := s.pause(ctx, wait); perr != nil {
+		if perr := s.pause(ctx, bo.Next()); perr != nil {
 			last = true
 			continue
-		}
-		if !time.Now().Before(deadline()) {
-			s.log.Info("semaphore: stopped giving a permit back: its lease is over, so Redis has dropped it by itself",
-				"permit", token, "attempts", attempt, "last_error", err)
-			return
 		}
 	}
 }

@@ -584,3 +584,45 @@ func TestAcquireWaitsOutABlackholeLongerThanItsCallsDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A permit released during an outage longer than its lease is still given
+// back once Redis answers. Redis keeps a live process's lapsed permits for
+// one more lease when that process calls first (here the refresh of its
+// waiter), since the work they guard may still run; a release that stopped
+// retrying at the lease's end therefore left the permit taken, guarding
+// nothing, for a whole extra lease, and every waiter of the fleet waited
+// that long.
+func TestAPermitReleasedDuringAnOutagePastItsLeaseIsGivenBackWhenRedisReturns(t *testing.T) {
+	t.Parallel()
+	const lease = 4 * time.Second
+	rdb, prefix := testenv.Redis(t)
+	px, pxOther := startProxy(t, redisAddr(t)), startProxy(t, redisAddr(t))
+	s := newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1, Lease: lease})
+	other := newSem(t, clientVia(t, pxOther.addr()), prefix, semaphore.Options{Limit: 1})
+	watch := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	ctx := context.Background()
+	released := mustAcquire(t, s)
+	got := acquireQueued(t, other, watch, 1)
+	acquireQueued(t, s, watch, 2) // s's own waiter, behind it
+
+	// Redis goes away for both processes, past s's lease.
+	px.cut()
+	pxOther.cut()
+	if err := released.Release(ctx); err != nil {
+		t.Errorf("Release with Redis away = %v, want nil (retried in the background)", err)
+	}
+	time.Sleep(lease + time.Second)
+	// s calls first when Redis is back, as a busy worker does.
+	px.restore()
+	time.Sleep(lease/3 + slack)
+	pxOther.restore()
+	back := time.Now()
+	q := receiveGrant(t, got, resumeWithin, "the other process's waiter, after Redis came back")
+	t.Logf("the waiter held the permit %v after Redis came back", time.Since(back))
+	defer q.Release(ctx)
+	for _, h := range stats(t, watch).Holders {
+		if h.ID == released.ID() {
+			t.Errorf("the released permit is still held in Redis: %+v", stats(t, watch))
+		}
+	}
+}

@@ -84,8 +84,9 @@ func (p *Permit) ID() string { return p.token }
 // without its answer — nil if the lease this process knows was still
 // running when Release was called, ErrLeaseLost otherwise — and goes on
 // giving the permit back in the background, retrying with backoff (tens of
-// milliseconds, growing to a second) until Redis answers or the permit's
-// lease is over, so that the capacity returns to the fleet moments after
+// milliseconds, growing to a second) until Redis answers, past the
+// permit's lease too (Redis keeps a live process's lapsed permit for one
+// more lease), so that the capacity returns to the fleet moments after
 // Redis does, not a lease later. Close ends these retries after one last
 // attempt. An error Redis answers that retrying cannot fix (WRONGTYPE,
 // NOPERM) is returned; the permit then returns when its lease runs out.
