@@ -103,6 +103,10 @@ type Console struct {
 	history  map[string]*ring
 	closed   bool
 	sampling sync.WaitGroup
+
+	// The sampler's failures, which only its goroutine touches: logged
+	// when they start, then once a minute while they go on.
+	sampleFailingSince, sampleWarned time.Time
 }
 
 // New returns a console over cfg's deployment, or an error naming what is

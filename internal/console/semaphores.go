@@ -73,10 +73,12 @@ func (c *Console) Sample(ctx context.Context) {
 func (c *Console) sampleOnce(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.SampleEvery+time.Second)
 	defer cancel()
+	var failed error
+	defer func() { c.noteSample(failed) }()
 	names, err := c.announced(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			c.log.Warn("console: sampling semaphores: listing workers", "error", err)
+			failed = fmt.Errorf("listing workers: %w", err)
 		}
 		return
 	}
@@ -88,9 +90,31 @@ func (c *Console) sampleOnce(ctx context.Context) {
 	}
 	c.mu.Unlock()
 	for _, name := range names {
-		if _, err := c.stats(ctx, name, true); err != nil && ctx.Err() == nil {
-			c.log.Warn("console: sampling a semaphore", "semaphore", name, "error", err)
+		if _, err := c.stats(ctx, name, true); err != nil && ctx.Err() == nil && failed == nil {
+			failed = fmt.Errorf("semaphore %q: %w", name, err)
 		}
+	}
+}
+
+// sampleWarnEvery is how often the sampler repeats its warning while its
+// samples keep failing (Redis away, say): every second would flood the log.
+const sampleWarnEvery = time.Minute
+
+// noteSample logs the sampler's failures: a warning when they start and
+// once a minute while they go on, and when sampling works again.
+func (c *Console) noteSample(err error) {
+	now := time.Now()
+	switch {
+	case err == nil && !c.sampleFailingSince.IsZero():
+		c.log.Info("console: sampling semaphores works again", "failed_for", now.Sub(c.sampleFailingSince).Round(time.Second))
+		c.sampleFailingSince, c.sampleWarned = time.Time{}, time.Time{}
+	case err == nil:
+	case c.sampleFailingSince.IsZero():
+		c.sampleFailingSince, c.sampleWarned = now, now
+		c.log.Warn("console: sampling semaphores failed; the charts have a gap until it works again (logged once a minute meanwhile)", "error", err)
+	case now.Sub(c.sampleWarned) >= sampleWarnEvery:
+		c.sampleWarned = now
+		c.log.Warn("console: sampling semaphores still fails", "for", now.Sub(c.sampleFailingSince).Round(time.Second), "error", err)
 	}
 }
 
