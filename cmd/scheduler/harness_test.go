@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -162,13 +161,13 @@ func (s *scheduler) run(args ...string) (string, string, int) {
 type proc struct {
 	t              *testing.T
 	cmd            *exec.Cmd
-	stdout, stderr *buffer
+	stdout, stderr *testenv.LogBuffer
 	done           chan struct{}
 }
 
 func (s *scheduler) start(args ...string) *proc {
 	s.t.Helper()
-	p := &proc{t: s.t, cmd: exec.Command(s.bin, args...), stdout: &buffer{}, stderr: &buffer{}, done: make(chan struct{})}
+	p := &proc{t: s.t, cmd: exec.Command(s.bin, args...), stdout: &testenv.LogBuffer{}, stderr: &testenv.LogBuffer{}, done: make(chan struct{})}
 	p.cmd.Env = s.env
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	if err := p.cmd.Start(); err != nil {
@@ -198,24 +197,6 @@ func (p *proc) wait(timeout time.Duration) int {
 		p.t.Fatalf("%v still running after %v; stdout %q, stderr %q", p.cmd.Args, timeout, p.stdout, p.stderr)
 	}
 	return p.cmd.ProcessState.ExitCode()
-}
-
-// buffer collects a process's output while the test reads it.
-type buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // lines splits output into its non-empty lines.

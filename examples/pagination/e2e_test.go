@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -44,7 +42,7 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 	dbURL := testenv.DatabaseURLIn(t, schema)
 	env := append(os.Environ(), "REDIS_URL="+testenv.RedisURL(t), "DATABASE_URL="+dbURL,
 		"BATCHMR_PREFIX="+prefix)
-	var logs syncBuffer // every worker's warnings
+	var logs testenv.LogBuffer // every worker's warnings
 	startWorker := func(i int) *exec.Cmd {
 		cmd := exec.Command(bin, "--db-permits", "3", "--concurrency", "8", "--lease", "5s",
 			"--application-name", appName, "--log-level", "warn")
@@ -167,22 +165,4 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// syncBuffer is a bytes.Buffer that several processes' stderr copiers share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,7 +31,7 @@ func TestTheSamplerWarnsOnceWhenRedisGoesAwayAndSaysWhenItIsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedLog
+	var logs testenv.LogBuffer
 	con, err := console.New(console.Config{Redis: rdb, MapReduce: mr, Prefix: prefix, SemaphorePrefix: prefix + ":sem",
 		SampleEvery: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -47,26 +46,9 @@ func TestTheSamplerWarnsOnceWhenRedisGoesAwayAndSaysWhenItIsBack(t *testing.T) {
 	time.Sleep(2 * time.Second) // dozens of failed samples
 	proxy.Restore()
 	testenv.WaitFor(t, 5*time.Second, "the sampler to say it works again", func() bool {
-		return bytes.Contains(logs.bytes(), []byte("sampling semaphores works again"))
+		return bytes.Contains(logs.Bytes(), []byte("sampling semaphores works again"))
 	})
-	if n := bytes.Count(logs.bytes(), []byte("level=WARN")); n != 1 {
-		t.Errorf("%d warnings over 2s of failed samples, want 1:\n%s", n, logs.bytes())
+	if n := bytes.Count(logs.Bytes(), []byte("level=WARN")); n != 1 {
+		t.Errorf("%d warnings over 2s of failed samples, want 1:\n%s", n, logs.Bytes())
 	}
-}
-
-type lockedLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) bytes() []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return bytes.Clone(l.b.Bytes())
 }

@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -473,7 +472,7 @@ func (f *fleet) run(name string, args ...string) result {
 // proc is a long-running subprocess: a worker, scheduler serve.
 type proc struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testenv.LogBuffer
 	done chan struct{} // closed once it has exited
 }
 
@@ -481,7 +480,7 @@ type proc struct {
 // is still running.
 func (f *fleet) start(name string, args ...string) *proc {
 	f.t.Helper()
-	p := &proc{cmd: exec.Command(filepath.Join(f.bin, name), args...), out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{cmd: exec.Command(filepath.Join(f.bin, name), args...), out: &testenv.LogBuffer{}, done: make(chan struct{})}
 	p.cmd.Env = f.env
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = dieWithTest()
@@ -521,21 +520,3 @@ func (p *proc) stop(t *testing.T) {
 }
 
 func (p *proc) output() string { return p.out.String() }
-
-// syncBuffer is a bytes.Buffer a subprocess writes to while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}

@@ -1,45 +1,17 @@
 package mapreduce_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
-
-// syncBuffer is a bytes.Buffer that handlers on many goroutines can share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) records(t *testing.T) []map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []map[string]any
-	for _, line := range bytes.Split(bytes.TrimSpace(s.b.Bytes()), []byte("\n")) {
-		var m map[string]any
-		if err := json.Unmarshal(line, &m); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
 
 // asynq does not log handler errors, so batchmr does: every failed attempt
 // of a page is one log line with its run, job, step, page, attempt, task
@@ -52,7 +24,7 @@ func TestEveryPageFailureIsLoggedWithRunJobPageAttemptAndError(t *testing.T) {
 	e.addJob(e.jobs.Add(flakyJob("logged", f, 1000, errors.New("row 7 is malformed"), e.opts(mapreduce.JobOptions{
 		MapRetries: 1, Semantics: mapreduce.CompleteSemantics,
 	}))))
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
 		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	if err != nil {
@@ -65,7 +37,7 @@ func TestEveryPageFailureIsLoggedWithRunJobPageAttemptAndError(t *testing.T) {
 	}
 	attempts := map[float64][]float64{} // page -> attempts logged
 	ended := 0
-	for _, r := range logs.records(t) {
+	for _, r := range logs.Records(t) {
 		switch r["msg"] {
 		case "mapreduce: page failed; retrying", "mapreduce: page failed for good: it is not retried":
 			if task, _ := r["task"].(string); r["run"] != id || r["job"] != "logged" || r["step"] != "map" || task == "" || r["error"] == nil {
@@ -120,7 +92,7 @@ func TestALargeResultIsWarnedOfAndAnOversizedOneFailsItsPageNamingTheFix(t *test
 		Options: e.opts(mapreduce.JobOptions{MapRetries: 3, Semantics: mapreduce.CompleteSemantics}),
 	}
 	e.addJob(mapreduce.AddJob(e.jobs, job))
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
 		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
@@ -140,7 +112,7 @@ func TestALargeResultIsWarnedOfAndAnOversizedOneFailsItsPageNamingTheFix(t *test
 		t.Errorf("the oversized page's Map ran %d times, want once: no retry makes it smaller", n)
 	}
 	var warned int
-	for _, r := range logs.records(t) {
+	for _, r := range logs.Records(t) {
 		if msg, _ := r["msg"].(string); strings.Contains(msg, "result is large") {
 			warned++
 			if r["result_bytes"] != float64(2<<20+2) || r["run"] != id {

@@ -1,12 +1,10 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,7 +30,7 @@ func TestAWorkerWarnsWhenTheFleetsLimitIsLostOrSetAgainFromItsFlags(t *testing.T
 	if err := sem.SetLimit(ctx, 3); err != nil { // the operator's
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	cfg := worker.WithLimitChecks(worker.Config{RedisURL: testenv.RedisURL(t), Prefix: prefix, Permits: map[string]int{"db": 8},
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, 50*time.Millisecond)
 	wctx, stop := context.WithCancel(ctx)
@@ -40,7 +38,7 @@ func TestAWorkerWarnsWhenTheFleetsLimitIsLostOrSetAgainFromItsFlags(t *testing.T
 	go func() { done <- worker.Run(wctx, cfg, skewedJob) }()
 	defer func() { stop(); <-done }()
 
-	started := logs.wait(t, "worker: started")
+	started := logs.WaitForRecord(t, 10*time.Second, "worker: started")
 	if got, _ := json.Marshal(started["permits"]); string(got) != `{"db":3}` {
 		t.Errorf("the start line's permits: %s, want what Redis holds, {\"db\":3}; the line: %v", got, started)
 	}
@@ -48,55 +46,25 @@ func TestAWorkerWarnsWhenTheFleetsLimitIsLostOrSetAgainFromItsFlags(t *testing.T
 	if err := rdb.Del(ctx, limitKey).Err(); err != nil { // Redis lost it
 		t.Fatal(err)
 	}
-	if r := logs.wait(t, "has lost its limit"); r["level"] != "WARN" || r["limit_was"] != 3.0 || !strings.Contains(r["msg"].(string), "scheduler permits set db N") {
+	if r := logs.WaitForRecord(t, 10*time.Second, "has lost its limit"); r["level"] != "WARN" || r["limit_was"] != 3.0 || !strings.Contains(r["msg"].(string), "scheduler permits set db N") {
 		t.Errorf("the loss: %v, want a warning with the limit that was and the fix", r)
 	}
 	if err := sem.SetLimit(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
-	logs.wait(t, `limit set`)
+	logs.WaitForRecord(t, 10*time.Second, `limit set`)
 	// A worker's first call after a loss sets its own setting, before this
 	// one looks: it sees the limit go from the operator's to its own.
 	if err := rdb.Set(ctx, limitKey, "8", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if r := logs.wait(t, "changed to this worker's own setting"); r["level"] != "WARN" || r["limit_was"] != 3.0 || r["limit"] != 8.0 {
+	if r := logs.WaitForRecord(t, 10*time.Second, "changed to this worker's own setting"); r["level"] != "WARN" || r["limit_was"] != 3.0 || r["limit"] != 8.0 {
 		t.Errorf("the limit back at the worker's own setting: %v, want a warning from 3 to 8", r)
 	}
 	if err := sem.SetLimit(ctx, 5); err != nil { // an operator's change
 		t.Fatal(err)
 	}
-	if r := logs.wait(t, `limit changed"`); r["level"] != "INFO" || r["limit_was"] != 8.0 || r["limit"] != 5.0 {
+	if r := logs.WaitForRecord(t, 10*time.Second, `limit changed"`); r["level"] != "INFO" || r["limit_was"] != 8.0 || r["limit"] != 5.0 {
 		t.Errorf("an operator's change: %v, want info from 8 to 5", r)
 	}
-}
-
-// syncBuffer collects a worker's JSON log lines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// wait returns the first log record whose line contains text, waiting up
-// to 10s for it.
-func (s *syncBuffer) wait(t *testing.T, text string) map[string]any {
-	t.Helper()
-	var rec map[string]any
-	testenv.WaitFor(t, 10*time.Second, "a log line with "+text, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for _, line := range bytes.Split(s.b.Bytes(), []byte("\n")) {
-			if bytes.Contains(line, []byte(text)) {
-				return json.Unmarshal(line, &rec) == nil
-			}
-		}
-		return false
-	})
-	return rec
 }

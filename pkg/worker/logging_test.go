@@ -1,15 +1,12 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"iter"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -23,42 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
-
-// jsonLog is a JSON slog handler's output, shared by many goroutines.
-type jsonLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *jsonLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *jsonLog) records(t *testing.T) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return decodeRecords(t, l.b.Bytes())
-}
-
-// decodeRecords decodes JSON log lines, one record a line.
-func decodeRecords(t *testing.T, b []byte) []map[string]any {
-	t.Helper()
-	var out []map[string]any
-	for _, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
-		if len(line) == 0 {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal(line, &m); err != nil {
-			t.Fatalf("log line %q is not JSON: %v", line, err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
 
 // What a job's Split, Map and Reduce log through worker.Logger(ctx) says
 // which run, job, step, page and attempt it is about, and which asynq task:
@@ -95,7 +56,7 @@ func TestAJobsFunctionsLogWithTheirRunJobStepPageAttemptAndTask(t *testing.T) {
 		},
 		Options: mapreduce.JobOptions{MapRetries: 2, Backoff: func(int, error) time.Duration { return 10 * time.Millisecond }},
 	}
-	var logs jsonLog
+	var logs testenv.LogBuffer
 	id := runToSuccess(t, worker.Config{RedisURL: testenv.RedisURL(t), Prefix: prefix, Concurrency: 2,
 		PollInterval: 20 * time.Millisecond,
 		Logger:       slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}, job, 3)
@@ -104,7 +65,7 @@ func TestAJobsFunctionsLogWithTheirRunJobStepPageAttemptAndTask(t *testing.T) {
 	attempts := map[float64][]float64{} // page -> attempts that logged "mapped"
 	var asynqDebug, workerStarted bool
 	done := map[float64]int{} // page -> "done" records
-	for _, r := range logs.records(t) {
+	for _, r := range logs.Records(t) {
 		switch msg, _ := r["msg"].(string); {
 		case strings.HasPrefix(msg, "stamped: "):
 			step, _ := r["step"].(string)
@@ -163,10 +124,10 @@ func TestAJobsFunctionsLogWithTheirRunJobStepPageAttemptAndTask(t *testing.T) {
 // with no run attributes; outside a worker, slog.Default().
 func TestLoggerOutsideAStepIsTheWorkersPlainLogger(t *testing.T) {
 	t.Parallel()
-	var logs jsonLog
+	var logs testenv.LogBuffer
 	log := slog.New(slog.NewJSONHandler(&logs, nil))
 	worker.Logger(worker.NewContext(context.Background(), &worker.Env{Logger: log})).Info("plain")
-	rs := logs.records(t)
+	rs := logs.Records(t)
 	if len(rs) != 1 || rs[0]["msg"] != "plain" || len(rs[0]) != 3 {
 		t.Errorf("records %v; want one with only time, level and msg", rs)
 	}
@@ -217,14 +178,14 @@ func TestLogLevelFlagSetsWhatTheWorkerAndAsynqLog(t *testing.T) {
 		<-p.eof
 	}
 	var asynqDebug, started bool
-	for _, r := range decodeRecords(t, []byte(chatty.output())) {
+	for _, r := range testenv.Records(t, []byte(chatty.output())) {
 		asynqDebug = asynqDebug || r["component"] == "asynq" && r["level"] == "DEBUG"
 		started = started || r["msg"] == "worker: started" && r["level"] == "INFO"
 	}
 	if !asynqDebug || !started {
 		t.Errorf("--log-level debug (over LOG_LEVEL=warn): asynq debug %v, worker info %v; want both:\n%s", asynqDebug, started, chatty.output())
 	}
-	for _, r := range decodeRecords(t, []byte(quiet.output())) {
+	for _, r := range testenv.Records(t, []byte(quiet.output())) {
 		if r["level"] == "INFO" || r["level"] == "DEBUG" {
 			t.Errorf("--log-level warn logged %v", r)
 		}
@@ -268,12 +229,12 @@ func TestAQueryWithoutAPermitOnTheWorkersPoolIsWarnedOf(t *testing.T) {
 		},
 		Options: mapreduce.JobOptions{Backoff: func(int, error) time.Duration { return 10 * time.Millisecond }},
 	}
-	var logs jsonLog
+	var logs testenv.LogBuffer
 	id := runToSuccess(t, worker.Config{RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Prefix: prefix,
 		Concurrency: 2, PollInterval: 20 * time.Millisecond, Permits: map[string]int{"db": 2},
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, job, 6)
 	var warnings []map[string]any
-	for _, r := range logs.records(t) {
+	for _, r := range logs.Records(t) {
 		if msg, _ := r["msg"].(string); strings.Contains(msg, "without a permit") {
 			warnings = append(warnings, r)
 		}

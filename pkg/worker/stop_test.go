@@ -247,7 +247,7 @@ func TestAStoppingWorkerHandsBackPagesStillWaitingForAPermit(t *testing.T) {
 		Options: mapreduce.JobOptions{MapRetries: -1},
 	}
 	testenv.JobQueue(t, rdb, prefix, job.Name)
-	var logs jsonLog
+	var logs testenv.LogBuffer
 	cfg := worker.Config{RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Prefix: prefix,
 		Concurrency: 4, Permits: map[string]int{worker.DBSemaphore: 1}, ShutdownTimeout: 20 * time.Second,
 		PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
@@ -308,7 +308,7 @@ func TestAStoppingWorkerHandsBackPagesStillWaitingForAPermit(t *testing.T) {
 	stopNext()
 	<-nextStopped
 	var handedBack int
-	for _, r := range logs.records(t) {
+	for _, r := range logs.Records(t) {
 		msg, _ := r["msg"].(string)
 		if strings.Contains(msg, "handed back: this worker is stopping") {
 			handedBack++

@@ -1,47 +1,15 @@
 package pgsource_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
-
-// lockedBuffer is a bytes.Buffer that loggers on many goroutines can share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) records(t *testing.T) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for _, line := range bytes.Split(bytes.TrimSpace(l.b.Bytes()), []byte("\n")) {
-		if len(line) == 0 {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal(line, &m); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
 
 // pgsource logs to the logger its context carries (mapreduce.Logger): in a
 // job's Map, the worker's, with the page's run, job, page and attempt. So
@@ -50,7 +18,7 @@ func (l *lockedBuffer) records(t *testing.T) []map[string]any {
 // going to slog.Default() without either.
 func TestPgsourceWarnsThroughTheContextsLoggerWithTheStepsAttributes(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	var logs testenv.LogBuffer
 	step := slog.New(slog.NewJSONHandler(&logs, nil)).With(
 		"run", "logged:r1", "job", "logged", "step", "map", "page", 7, "attempt", 2, "task", "t-7")
 	p := startPgProxy(t)
@@ -63,7 +31,7 @@ func TestPgsourceWarnsThroughTheContextsLoggerWithTheStepsAttributes(t *testing.
 		t.Fatal("the permit was held although the server refuses connections")
 	}
 	var warned bool
-	for _, r := range logs.records(t) {
+	for _, r := range logs.Records(t) {
 		msg, _ := r["msg"].(string)
 		if !strings.HasPrefix(msg, "pgsource: ") {
 			continue
@@ -75,6 +43,6 @@ func TestPgsourceWarnsThroughTheContextsLoggerWithTheStepsAttributes(t *testing.
 		}
 	}
 	if !warned {
-		t.Errorf("no pgsource warning reached the context's logger; got %v", logs.records(t))
+		t.Errorf("no pgsource warning reached the context's logger; got %v", logs.Records(t))
 	}
 }
