@@ -534,7 +534,7 @@ func TestATickDuringARedisOutageStartsItsRunWhenRedisIsBack(t *testing.T) {
 	p := s.start("serve", "--schedule", "sum=@every 4s", "--args", `sum={"n": 10, "page_size": 5}`)
 	testenv.WaitFor(t, 10*time.Second, "serve to serve", func() bool { return strings.Contains(p.stderr.String(), "serving") })
 	proxy.Cut()
-	warned := regexp.MustCompile(`Redis unavailable; retrying until it answers or the next tick.* tick=(\S+)`)
+	warned := regexp.MustCompile(`could not start the tick's run; retrying until Redis answers.* tick=(\S+)`)
 	var tick time.Time
 	testenv.WaitFor(t, 10*time.Second, "a tick to find Redis away", func() bool {
 		m := warned.FindStringSubmatch(p.stderr.String())

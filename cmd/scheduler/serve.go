@@ -118,7 +118,7 @@ func serve(ctx context.Context, args []string) int {
 		// A first deployment starts its scheduler beside its workers
 		// (docker compose up): wait for them rather than fail.
 		log.Info("scheduler: no worker has announced a job yet: waiting for one", "up_to", catalogueWait)
-		for deadline := time.Now().Add(catalogueWait); len(catalogue) == 0 && err == nil && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(catalogueWait); len(catalogue) == 0 && (err == nil || rediserr.Transient(err)) && time.Now().Before(deadline); {
 			select {
 			case <-ctx.Done():
 				log.Info("scheduler: stopped")
@@ -178,7 +178,7 @@ func serve(ctx context.Context, args []string) int {
 				// must not hold up the other schedules' ticks.
 				firing.Add(1)
 				go func() { defer firing.Done(); fire(ctx, c.mr, log, s, due) }()
-				// Woken late (a paused process, a slow Start): the ticks
+				// Woken late (a paused process): the ticks
 				// in between are not run, but they are not silent either.
 				if next := s.next(due); time.Now().After(next) {
 					log.Warn("scheduler: ticks missed", "job", s.job, "after", due, "until", time.Now())
@@ -224,34 +224,43 @@ func publish(ctx context.Context, c *conn, log *slog.Logger, scheds []*schedule)
 // While Redis cannot be reached it tries again, until the schedule's next
 // tick: the run is named after its tick, so a second try cannot start a
 // second run, and a Redis that fails over at 06:00 does not cost the day's
-// run.
+// run. So does a job missing from the catalogue, which serve checked at
+// start-up: a Redis that came back empty has it again once a worker
+// announces it.
 func fire(ctx context.Context, mr *mapreduce.Client, log *slog.Logger, s *schedule, tick time.Time) {
 	key := tick.UTC().Format("20060102T150405Z")
 	until := s.next(tick)
 	bo := backoff.Backoff{Min: fireRetryMin, Max: fireRetryMax}
 	var id string
 	var err error
-	for tries := 1; ; tries++ {
+	tries := 1
+	for ; ; tries++ {
 		id, err = mr.StartJSON(ctx, s.job, s.args, mapreduce.StartOptions{Key: key})
 		wait := bo.Next()
-		if !rediserr.Transient(err) || ctx.Err() != nil || time.Now().Add(wait).After(until) {
+		again := rediserr.Transient(err) || errors.Is(err, mapreduce.ErrUnknownJob)
+		if !again || ctx.Err() != nil || time.Now().Add(wait).After(until) {
 			if tries > 1 && err == nil {
 				log.Info("scheduler: Redis answers again", "job", s.job, "tick", tick, "tries", tries)
 			}
 			break
 		}
 		if tries == 1 {
-			log.Warn("scheduler: could not start the tick's run: Redis unavailable; retrying until it answers or the next tick",
+			log.Warn("scheduler: could not start the tick's run; retrying until Redis answers (and a worker has announced the job) or the next tick",
 				"job", s.job, "tick", tick, "next_tick", until, "error", trim(err))
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
 		}
+		if ctx.Err() != nil {
+			break
+		}
 	}
 	switch {
 	case err == nil:
 		log.Info("scheduler: started a run", "run", id, "job", s.job, "tick", tick)
+	case errors.Is(err, mapreduce.ErrRunExists) && tries > 1:
+		log.Info("scheduler: the tick's run exists: an earlier try of this replica's, which Redis took as it went away, or another replica started it", "run", id, "job", s.job, "tick", tick)
 	case errors.Is(err, mapreduce.ErrRunExists):
 		log.Info("scheduler: the tick's run was started by another replica", "run", id, "job", s.job, "tick", tick)
 	case errors.Is(err, mapreduce.ErrRunActive):

@@ -26,12 +26,19 @@ func Transient(err error) bool {
 	if errors.As(err, &netErr) || errors.Is(err, net.ErrClosed) {
 		return true
 	}
-	msg := err.Error()
+	// A reply of Redis's own starts with its code, also when a caller
+	// wrapped it ("mapreduce: start …: READONLY …").
+	reply := err.Error()
+	var re redis.Error
+	if errors.As(err, &re) {
+		reply = re.Error()
+	}
 	for _, prefix := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK"} {
-		if strings.HasPrefix(msg, prefix) {
+		if strings.HasPrefix(reply, prefix) {
 			return true
 		}
 	}
+	msg := err.Error()
 	return strings.Contains(msg, "EOF") || strings.Contains(msg, "connection refused") ||
 		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
 		strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "pool timeout")

@@ -2,6 +2,7 @@ package rediserr_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -34,5 +35,28 @@ func TestTxReturnsTheRefusalThatAbortedATransaction(t *testing.T) {
 	}
 	if got := rediserr.Tx(cmds, nil); got != nil {
 		t.Errorf("Tx of no error: %v", got)
+	}
+}
+
+// A failover's refusals (READONLY from a demoted primary, LOADING from a
+// server still reading its data) pass by themselves, also when a caller
+// has wrapped them: the reply's code is not at the start of the message
+// then.
+func TestAWrappedFailoverRefusalIsTransient(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testenv.Redis(t)
+	ctx := context.Background()
+	for _, reply := range []string{"READONLY You can't write against a read only replica.", "LOADING Redis is loading the dataset in memory"} {
+		err := rdb.Eval(ctx, "return redis.error_reply(ARGV[1])", nil, reply).Err()
+		if err == nil || !strings.HasPrefix(err.Error(), reply[:7]) {
+			t.Fatalf("Redis's reply: %v, want %q (the premise)", err, reply)
+		}
+		wrapped := fmt.Errorf("mapreduce: start %q: %w", "nightly", err)
+		if !rediserr.Transient(err) || !rediserr.Transient(wrapped) {
+			t.Errorf("%q: Transient %v, wrapped %v; want both true", reply, rediserr.Transient(err), rediserr.Transient(wrapped))
+		}
+	}
+	if err := rdb.Eval(ctx, "return redis.error_reply('ERR no such thing')", nil).Err(); rediserr.Transient(fmt.Errorf("wrapped: %w", err)) {
+		t.Errorf("%v is not transient", err)
 	}
 }
