@@ -15,9 +15,40 @@ import (
 
 // While Redis is away the sampler fails every SampleEvery (a second by
 // default); it warns when that starts and once a minute after, not each
-// time, and says when sampling works again.
+// time, and says when sampling works again. A Redis that refuses
+// connections fails a sample at once; one that hangs (a dead host, a
+// blackhole), only past the sample's own deadline, and that is a failure
+// too, not a sample that worked.
 func TestTheSamplerWarnsOnceWhenRedisGoesAwayAndSaysWhenItIsBack(t *testing.T) {
 	t.Parallel()
+	for _, away := range []string{"refusing", "hanging"} {
+		t.Run(away, func(t *testing.T) {
+			t.Parallel()
+			proxy, logs := sampledThroughProxy(t)
+			if away == "refusing" {
+				proxy.Cut()
+			} else {
+				proxy.Blackhole()
+			}
+			testenv.WaitFor(t, 10*time.Second, "the sampler to warn", func() bool {
+				return bytes.Contains(logs.Bytes(), []byte("level=WARN"))
+			})
+			time.Sleep(2 * time.Second) // more failed samples
+			proxy.Restore()
+			testenv.WaitFor(t, 10*time.Second, "the sampler to say it works again", func() bool {
+				return bytes.Contains(logs.Bytes(), []byte("sampling semaphores works again"))
+			})
+			if n := bytes.Count(logs.Bytes(), []byte("level=WARN")); n != 1 {
+				t.Errorf("%d warnings while Redis was %s, want 1:\n%s", n, away, logs.Bytes())
+			}
+		})
+	}
+}
+
+// sampledThroughProxy starts a console that samples every 50ms through a
+// proxy of the test Redis, logging to the buffer it returns.
+func sampledThroughProxy(t *testing.T) (*testenv.Proxy, *testenv.LogBuffer) {
+	t.Helper()
 	_, prefix := testenv.Redis(t)
 	proxy, proxied := testenv.RedisProxy(t, testenv.RedisURL(t))
 	opts, err := redis.ParseURL(proxied)
@@ -31,9 +62,9 @@ func TestTheSamplerWarnsOnceWhenRedisGoesAwayAndSaysWhenItIsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs testenv.LogBuffer
+	logs := &testenv.LogBuffer{}
 	con, err := console.New(console.Config{Redis: rdb, MapReduce: mr, Prefix: prefix, SemaphorePrefix: prefix + ":sem",
-		SampleEvery: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		SampleEvery: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,14 +72,5 @@ func TestTheSamplerWarnsOnceWhenRedisGoesAwayAndSaysWhenItIsBack(t *testing.T) {
 	sampled := make(chan struct{})
 	go func() { con.Sample(ctx); close(sampled) }()
 	t.Cleanup(func() { cancel(); <-sampled; _ = con.Close() })
-
-	proxy.Cut()
-	time.Sleep(2 * time.Second) // dozens of failed samples
-	proxy.Restore()
-	testenv.WaitFor(t, 5*time.Second, "the sampler to say it works again", func() bool {
-		return bytes.Contains(logs.Bytes(), []byte("sampling semaphores works again"))
-	})
-	if n := bytes.Count(logs.Bytes(), []byte("level=WARN")); n != 1 {
-		t.Errorf("%d warnings over 2s of failed samples, want 1:\n%s", n, logs.Bytes())
-	}
+	return proxy, logs
 }

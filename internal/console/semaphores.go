@@ -42,7 +42,8 @@ func (r *ring) samples() []sample {
 
 // Sample reads the Stats of every semaphore live workers announce, every
 // Config.SampleEvery, into the charts' history, until ctx is done or
-// Close is called. Errors are logged and the next tick tries again.
+// Close is called. Errors are logged and the next tick tries again. Run
+// one Sample per Console.
 func (c *Console) Sample(ctx context.Context) {
 	c.mu.Lock()
 	if c.closed {
@@ -70,16 +71,20 @@ func (c *Console) Sample(ctx context.Context) {
 	}
 }
 
-func (c *Console) sampleOnce(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.SampleEvery+time.Second)
+func (c *Console) sampleOnce(parent context.Context) {
+	ctx, cancel := context.WithTimeout(parent, c.cfg.SampleEvery+time.Second)
 	defer cancel()
 	var failed error
-	defer func() { c.noteSample(failed) }()
+	defer func() {
+		if parent.Err() == nil { // stopping is no failure, nor a recovery
+			c.noteSample(failed)
+		}
+	}()
 	names, err := c.announced(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			failed = fmt.Errorf("listing workers: %w", err)
-		}
+		// Past the sample's own deadline too: a Redis that hangs fails
+		// every sample that way.
+		failed = fmt.Errorf("listing workers: %w", err)
 		return
 	}
 	c.mu.Lock()
@@ -90,7 +95,7 @@ func (c *Console) sampleOnce(ctx context.Context) {
 	}
 	c.mu.Unlock()
 	for _, name := range names {
-		if _, err := c.stats(ctx, name, true); err != nil && ctx.Err() == nil && failed == nil {
+		if _, err := c.stats(ctx, name, true); err != nil && failed == nil {
 			failed = fmt.Errorf("semaphore %q: %w", name, err)
 		}
 	}
