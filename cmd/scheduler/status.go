@@ -44,10 +44,10 @@ func status(ctx context.Context, args []string) int {
 	}
 	fmt.Printf("run      %s\njob      %s\nstate    %s\npages    %s\n", st.ID, st.Job, st.State, progress(st))
 	if idle, stalled := st.Stalled(now); stalled {
-		fmt.Printf("changed  %s (%s ago: nothing recorded since; unless its pages (or its reduce) take this long, look at 'last err', the workers' logs and /readyz, and the database's pg_stat_activity)\n",
+		fmt.Printf("changed  %s (%s ago: nothing recorded since; unless its pages take this long, look at 'last err', the workers' logs and /readyz, and the database's pg_stat_activity)\n",
 			st.Updated.Format(time.RFC3339), idle.Round(time.Second))
 	} else if !st.State.Ended() && !st.Updated.IsZero() {
-		fmt.Printf("changed  %s (%s ago)\n", st.Updated.Format(time.RFC3339), idle.Round(time.Second))
+		fmt.Printf("changed  %s (%s ago)\n", st.Updated.Format(time.RFC3339), max(now.Sub(st.Updated), 0).Round(time.Second))
 	}
 	fmt.Printf("created  %s\n", st.Created.Format(time.RFC3339))
 	if st.Retries > 0 {
@@ -81,7 +81,7 @@ type jsonStatus struct {
 	Finished  *time.Time `json:"finished,omitempty"`
 	// Updated: when the run last changed; Stalled: an active run has not
 	// for mapreduce.StalledAfter.
-	Updated time.Time  `json:"updated"`
+	Updated *time.Time `json:"updated,omitempty"`
 	Stalled bool       `json:"stalled,omitempty"`
 	Retries int        `json:"retries,omitempty"`
 	Retried *time.Time `json:"retried,omitempty"`
@@ -105,7 +105,10 @@ type jsonStepError struct {
 
 func printJSON(st *mapreduce.Status, now time.Time) {
 	js := jsonStatus{ID: st.ID, Job: st.Job, State: string(st.State), Total: st.Total, Done: st.Done,
-		Failed: st.Failed, Created: st.Created, Error: st.Error, Retries: st.Retries, Updated: st.Updated}
+		Failed: st.Failed, Created: st.Created, Error: st.Error, Retries: st.Retries}
+	if !st.Updated.IsZero() {
+		js.Updated = &st.Updated
+	}
 	_, js.Stalled = st.Stalled(now)
 	if !st.SplitDone.IsZero() {
 		js.SplitDone = &st.SplitDone

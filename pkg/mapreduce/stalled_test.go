@@ -32,3 +32,22 @@ func TestARunUnchangedForStalledAfterIsStalledAndHasNoETA(t *testing.T) {
 		t.Error("an ended run is Stalled")
 	}
 }
+
+// Only a run whose pages are under way can be stalled: a Reduce, or a
+// split's first query, may take minutes and records nothing meanwhile.
+func TestARunThatReducesOrSplitsBeforeItsFirstPageIsNotStalled(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	long := now.Add(-time.Hour)
+	for _, st := range []*mapreduce.Status{
+		{State: mapreduce.StateReducing, Total: 10, Done: 10, Updated: long},
+		{State: mapreduce.StateSplitting, Total: -1, Expected: -1, Updated: long},
+	} {
+		if _, stalled := st.Stalled(now); stalled {
+			t.Errorf("%s with %d pages recorded, unchanged for an hour: Stalled, want not", st.State, st.Done)
+		}
+	}
+	splitting := &mapreduce.Status{State: mapreduce.StateSplitting, Total: -1, Expected: -1, Done: 3, Updated: long}
+	if _, stalled := splitting.Stalled(now); !stalled {
+		t.Error("a split with pages recorded, unchanged for an hour: not Stalled")
+	}
+}

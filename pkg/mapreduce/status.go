@@ -173,15 +173,24 @@ func (st *Status) Remaining(now time.Time) (d time.Duration, ok bool) {
 // recorded, a step begun or ended) before Stalled says so.
 const StalledAfter = time.Minute
 
-// Stalled returns how long an active run has gone without changing (its
-// Updated: a page recorded, done or failed, or its state moved on) up to
-// now, in Redis's time, and whether that is StalledAfter or more. A run
-// whose pages each take longer is stalled between them; otherwise its
-// workers are stopped, failing (LastError), or waiting on something: a
-// database that hangs shows only in its own activity (pg_stat_activity)
-// and in the workers' /readyz. ok is false for an ended run.
+// Stalled returns how long a run whose pages are under way has gone
+// without changing (its Updated: a page recorded, done or failed, or its
+// state moved on) up to now, in Redis's time, and whether that is
+// StalledAfter or more. A run whose pages each take longer is stalled
+// between them; otherwise its workers are stopped, failing (LastError), or
+// waiting on something: a database that hangs shows only in its own
+// activity (pg_stat_activity) and in the workers' /readyz. ok is false for
+// a run that has ended, that reduces (a long Reduce records nothing), and
+// that splits before its first page is recorded (a split's first query
+// may take that long).
 func (st *Status) Stalled(now time.Time) (idle time.Duration, ok bool) {
-	if st.State.Ended() || st.Updated.IsZero() {
+	switch {
+	case st.State == StateMapping:
+	case st.State == StateSplitting && st.Done+st.Failed > max(st.RetriedDone, 0):
+	default:
+		return 0, false
+	}
+	if st.Updated.IsZero() {
 		return 0, false
 	}
 	idle = max(now.Sub(st.Updated), 0)
