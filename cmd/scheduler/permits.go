@@ -70,6 +70,7 @@ func permits(ctx context.Context, args []string) int {
 		// the semaphore names processes by host and pid, the catalogue
 		// names workers by their own IDs.
 		workers, _ := c.mr.Workers(ctx)
+		now := time.Now().Add(app.RedisSkew(ctx, c.rdb)) // as the workers' heartbeats are
 		for i, name := range names {
 			st := stats(ctx, c, name)
 			if st.Limit == 0 && !slices.Contains(inUse, name) {
@@ -78,7 +79,7 @@ func permits(ctx context.Context, args []string) int {
 			if i > 0 {
 				fmt.Println()
 			}
-			printStats(os.Stdout, st, *verbose, workers)
+			printStats(os.Stdout, st, *verbose, workers, now)
 		}
 	case "set":
 		want(pos, 3, 3, "NAME and N")
@@ -148,7 +149,7 @@ func stats(ctx context.Context, c *conn, name string) semaphore.Stats {
 	return st
 }
 
-func printStats(out io.Writer, st semaphore.Stats, verbose bool, workers []mapreduce.WorkerInfo) {
+func printStats(out io.Writer, st semaphore.Stats, verbose bool, workers []mapreduce.WorkerInfo, now time.Time) {
 	waiting := 0
 	for _, q := range st.Waiters {
 		waiting += q.Weight
@@ -169,7 +170,7 @@ func printStats(out io.Writer, st semaphore.Stats, verbose bool, workers []mapre
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "PROCESS\tWORKER\tHOLDS\tWEIGHT\tLONGEST HOLD\tWAITS\tWEIGHT\tOLDEST WAIT")
 	for _, p := range procs {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.Process, app.WorkerOf(p.Process, workers), p.Holds, p.Held, dur(p.Holds, p.LongestHold), p.Waits, p.Waiting, dur(p.Waits, p.OldestWait))
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.Process, app.WorkerOf(p.Process, workers, now), p.Holds, p.Held, dur(p.Holds, p.LongestHold), p.Waits, p.Waiting, dur(p.Waits, p.OldestWait))
 	}
 	_ = w.Flush()
 	if !verbose {

@@ -366,11 +366,17 @@ func Parse(fs *flag.FlagSet, usage string, args []string) {
 // process (semaphore.ProcessStats.Process) belongs to, by its host and
 // pid, or returns "(none)": a process that stopped or was killed, whose
 // permits come back when their leases run out, or one that is no worker.
-// The semaphore names processes host-pid-random, the catalogue names
-// workers by IDs of their own: this is what links the two.
-func WorkerOf(process string, workers []mapreduce.WorkerInfo) string {
+// A worker that has not renewed its catalogue entry for
+// mapreduce.SilentAfter as of now (Redis's time) is named with "(silent
+// 17s)": most likely killed, its entry not yet expired. The semaphore
+// names processes host-pid-random, the catalogue names workers by IDs of
+// their own: this is what links the two.
+func WorkerOf(process string, workers []mapreduce.WorkerInfo, now time.Time) string {
 	for _, w := range workers {
 		if strings.HasPrefix(process, semaphore.ProcessPrefix(w.Host, w.PID)) {
+			if d, silent := w.Silent(now); silent {
+				return w.ID + " (silent " + d.Round(time.Second).String() + ")"
+			}
 			return w.ID
 		}
 	}

@@ -200,8 +200,9 @@ func (c *Console) semRow(ctx context.Context, st semaphore.Stats) semRow {
 	r := semRow{Stats: st, Link: "/semaphore?" + url.Values{"name": {st.Name}}.Encode()}
 	if procs := st.ByProcess(); len(procs) > 0 {
 		workers, _ := c.cfg.MapReduce.Workers(ctx)
+		now := time.Now().Add(app.RedisSkew(ctx, c.cfg.Redis)) // as the workers' heartbeats are
 		for _, p := range procs {
-			r.Processes = append(r.Processes, procRow{ProcessStats: p, Worker: app.WorkerOf(p.Process, workers)})
+			r.Processes = append(r.Processes, procRow{ProcessStats: p, Worker: app.WorkerOf(p.Process, workers, now)})
 		}
 	}
 	for _, q := range st.Waiters {

@@ -98,6 +98,20 @@ type WorkerInfo struct {
 	Seen time.Time `json:"seen"`
 }
 
+// SilentAfter is how long a worker may go without renewing its catalogue
+// entry (every 5 s) before Silent says so: it is then most likely gone —
+// killed, paused or cut off from Redis — although the catalogue lists it
+// until its entry expires, 30 s after its last heartbeat.
+const SilentAfter = 3 * heartbeatEvery
+
+// Silent returns how long before now (Redis's time, as Seen is) the worker
+// last renewed its catalogue entry, and whether that is SilentAfter or
+// more.
+func (w WorkerInfo) Silent(now time.Time) (time.Duration, bool) {
+	d := max(now.Sub(w.Seen), 0)
+	return d, !w.Seen.IsZero() && d >= SilentAfter
+}
+
 func (j Job[A, P, R, O]) info() JobInfo {
 	o := j.Options.withDefaults()
 	info := JobInfo{

@@ -1,0 +1,37 @@
+package app_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+)
+
+// A semaphore process is named by its worker; a worker that has stopped
+// renewing its catalogue entry (killed: the entry outlives it by 30 s) is
+// named as silent, so that permits held by a dead worker read as such
+// before its entry expires, not as a live worker's.
+func TestWorkerOfNamesASilentWorkerAsSuch(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	workers := []mapreduce.WorkerInfo{
+		{ID: "live", Host: "vm", PID: 10, Seen: now.Add(-2 * time.Second)},
+		{ID: "dead", Host: "vm", PID: 20, Seen: now.Add(-17 * time.Second)},
+	}
+	for process, want := range map[string]string{
+		semaphore.ProcessPrefix("vm", 10) + "abc": "live",
+		semaphore.ProcessPrefix("vm", 20) + "abc": "dead (silent 17s)",
+		semaphore.ProcessPrefix("vm", 30) + "abc": "(none)",
+	} {
+		if got := app.WorkerOf(process, workers, now); got != want {
+			t.Errorf("WorkerOf(%q) = %q, want %q", process, got, want)
+		}
+	}
+	if _, silent := workers[0].Silent(now); silent {
+		t.Error("a worker seen 2s ago is Silent")
+	}
+	if d, silent := workers[1].Silent(now); !silent || d != 17*time.Second {
+		t.Errorf("a worker seen 17s ago: Silent = %v, %v; want 17s, true", d, silent)
+	}
+}
