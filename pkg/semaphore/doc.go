@@ -46,7 +46,9 @@
 //
 // The limit lives in Redis. Options.Limit only sets it when Redis has none;
 // SetLimit changes it for the whole fleet at once, and a raised limit wakes
-// waiters immediately. Stats shows who holds and who waits.
+// waiters immediately; Limit reads it, and tells whether Redis holds one
+// (a Redis that lost it gets the next caller's Options.Limit). Stats shows
+// who holds and who waits.
 //
 // All of a semaphore's keys share one Redis Cluster hash tag ("{name}"), and
 // every state change is one Lua script that reads Redis's own clock, so the
