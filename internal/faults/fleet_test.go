@@ -3,7 +3,6 @@
 package faults_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -116,7 +114,7 @@ type fleet struct {
 	workers []*workerProc
 	sampler *sampler
 	// timeline is the run's progress after the fault, shown on failure.
-	timeline logBuffer
+	timeline testenv.LogBuffer
 }
 
 // quiet logs the test's own clients' errors only.
@@ -225,14 +223,14 @@ func (f *fleet) seed(ctx context.Context) {
 // workerProc is a worker process and what it logged.
 type workerProc struct {
 	cmd    *exec.Cmd
-	out    *logBuffer
+	out    *testenv.LogBuffer
 	exited chan struct{}
 }
 
 // startWorker starts one more worker. It is killed when the test ends.
 func (f *fleet) startWorker() {
 	f.t.Helper()
-	w := &workerProc{cmd: exec.Command(f.bin, f.args...), out: &logBuffer{}, exited: make(chan struct{})}
+	w := &workerProc{cmd: exec.Command(f.bin, f.args...), out: &testenv.LogBuffer{}, exited: make(chan struct{})}
 	w.cmd.Env = f.env
 	w.cmd.Stdout, w.cmd.Stderr = w.out, w.out
 	w.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -255,32 +253,12 @@ func (f *fleet) dumpLogsOnFailure() {
 	if !f.t.Failed() {
 		return
 	}
-	if tl := f.timeline.tail(200); tl != "" {
+	if tl := f.timeline.Tail(200); tl != "" {
 		f.t.Logf("the run's progress after the fault (seconds after it ended; lines where nothing changed left out):\n%s", tl)
 	}
 	for i, w := range f.workers {
-		f.t.Logf("worker %d (pid %d), the end of its log:\n%s", i, w.cmd.Process.Pid, w.out.tail(40))
+		f.t.Logf("worker %d (pid %d), the end of its log:\n%s", i, w.cmd.Process.Pid, w.out.Tail(40))
 	}
-}
-
-// logBuffer collects a process's output while the test reads it.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-// tail returns the last n lines.
-func (b *logBuffer) tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	lines := strings.Split(strings.TrimRight(b.b.String(), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // start starts a run of the job and returns its ID.

@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +34,12 @@ func (l *LogBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// Tail returns the last n lines written.
+func (l *LogBuffer) Tail(n int) string {
+	lines := strings.Split(strings.TrimRight(l.String(), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // Records decodes what was written as the lines of a JSON slog handler,
