@@ -248,6 +248,9 @@ func TestReadOnlyServesNoMutations(t *testing.T) {
 	}
 }
 
+// A limit that is no whole number of at least 1 is refused, and one that
+// raises the limit many times over is set only once confirmed: either way
+// nothing changes until the limit asked for is one meant.
 func TestBadLimitsAreRefusedWithAMessageAndChangeNothing(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, console.Config{})
@@ -278,6 +281,22 @@ func TestBadLimitsAreRefusedWithAMessageAndChangeNothing(t *testing.T) {
 	_, body := f.get(resp.Header.Get("Location"))
 	if !strings.Contains(body, "Limit changed") || !strings.Contains(body, `data-limit="5"`) {
 		t.Errorf("the semaphore's page after the change:\n%s", body)
+	}
+
+	// A large raise (5 to 1000: a typo of 10?) waits for a confirmation.
+	resp, body = f.post("/semaphore/limit", url.Values{"csrf": {csrf}, "name": {"db"}, "limit": {"1000"}})
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "Raise the limit of db from 5 to 1000, 200× what it is?") ||
+		!strings.Contains(body, `id="confirm-limit"`) || !strings.Contains(body, `name="confirm" value="1000"`) {
+		t.Errorf("limit 1000 from 5: %d, want the confirmation asked; body:\n%s", resp.StatusCode, body)
+	}
+	if st, _ := sem.Stats(context.Background()); st.Limit != 5 {
+		t.Fatalf("an unconfirmed raise changed the limit to %d", st.Limit)
+	}
+	if resp, _ := f.post("/semaphore/limit", url.Values{"csrf": {csrf}, "name": {"db"}, "limit": {"1000"}, "confirm": {"1000"}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("limit 1000 confirmed: %d, want 303", resp.StatusCode)
+	}
+	if st, _ := sem.Stats(context.Background()); st.Limit != 1000 {
+		t.Fatalf("after the confirmed raise the limit is %d", st.Limit)
 	}
 }
 

@@ -240,8 +240,17 @@ func (c *Console) semaphoresData(ctx context.Context, _ *http.Request) (string, 
 
 type semaphoreView struct {
 	semRow
-	Input string // the limit the form shows: the one refused, or the current one
+	Input   string // the limit the form shows: the one refused, or the current one
+	Confirm int    // a limit asked for that is a large jump, to confirm; 0: none
 }
+
+// A limit raised more than bigRaise times, and by more than bigRaiseMin,
+// is set only once confirmed: the permits protect the database, and 1000
+// for 10 is a typo away.
+const (
+	bigRaise    = 4
+	bigRaiseMin = 8
+)
 
 // known returns the semaphore's stats, or a 404 error when Redis has no
 // limit for it and no live worker uses it (what `scheduler permits get`
@@ -295,12 +304,27 @@ func (c *Console) setLimit(w http.ResponseWriter, r *http.Request) {
 	name, input := r.PostFormValue("name"), strings.TrimSpace(r.PostFormValue("limit"))
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	if _, err := c.known(ctx, name); err != nil {
+	st, err := c.known(ctx, name)
+	if err != nil {
 		c.failWith(w, r, err)
 		return
 	}
 	link := "/semaphore?" + url.Values{"name": {name}}.Encode()
 	n, err := strconv.Atoi(input)
+	if err == nil && n > bigRaise*st.Limit && n-st.Limit > bigRaiseMin && r.PostFormValue("confirm") != strconv.Itoa(n) {
+		v := c.view(r, "semaphore")
+		v.Problem = fmt.Sprintf("Raise the limit of %s from %d to %d, %.0f× what it is? The permits protect the database: confirm below if you mean it. Nothing changed yet.",
+			name, st.Limit, n, float64(n)/float64(st.Limit))
+		if err := c.load(r, v, c.semaphoreData); err != nil {
+			c.failWith(w, r, err)
+			return
+		}
+		sv := v.Data.(semaphoreView)
+		sv.Input, sv.Confirm = input, n
+		v.Data = sv
+		c.render(w, http.StatusOK, "semaphore", "layout", v)
+		return
+	}
 	if err == nil && n >= 1 {
 		var s *semaphore.Semaphore
 		if s, err = c.handle(name); err == nil {
