@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/schedules"
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
@@ -555,6 +556,27 @@ func TestATickDuringARedisOutageStartsItsRunWhenRedisIsBack(t *testing.T) {
 	_ = p.cmd.Process.Signal(os.Interrupt)
 	if code := p.wait(5 * time.Second); code != 0 {
 		t.Errorf("serve after SIGINT: exit %d, stderr %q", code, p.stderr)
+	}
+}
+
+// The schedules serve publishes for the console are republished as each
+// tick fires, so the next tick shown is never one that has passed (it was,
+// for up to the 5 s between publications).
+func TestThePublishedNextTickIsNeverInThePast(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.host(nil, sumJob("sum", nil))
+	p := newScheduler(t, f).start("serve", "--schedule", "sum=@every 2s", "--args", `sum={"n": 2, "page_size": 1}`)
+	testenv.WaitFor(t, 10*time.Second, "serve to serve", func() bool { return strings.Contains(p.stderr.String(), "serving") })
+	ctx := context.Background()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		list, err := schedules.List(ctx, f.rdb, f.prefix)
+		if err != nil || len(list) != 1 {
+			t.Fatalf("the published schedules: %v (%v), want sum's", list, err)
+		}
+		if late := time.Since(list[0].Next); late > 500*time.Millisecond {
+			t.Fatalf("the published next tick %v passed %v ago", list[0].Next, late.Round(time.Millisecond))
+		}
 	}
 }
 

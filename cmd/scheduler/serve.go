@@ -154,7 +154,8 @@ func serve(ctx context.Context, args []string) int {
 	log.Info("scheduler: serving", "schedules", []string(specs))
 	var firing sync.WaitGroup
 	published := make(chan struct{})
-	go func() { publish(ctx, c, log, scheds); close(published) }()
+	ticked := make(chan struct{}, 1) // a tick fired: publish the next ones now
+	go func() { publish(ctx, c, log, scheds, ticked); close(published) }()
 	for {
 		// The earliest next tick of any schedule.
 		now := time.Now()
@@ -178,6 +179,10 @@ func serve(ctx context.Context, args []string) int {
 				// must not hold up the other schedules' ticks.
 				firing.Add(1)
 				go func() { defer firing.Done(); fire(ctx, c.mr, log, s, due) }()
+				select {
+				case ticked <- struct{}{}:
+				default:
+				}
 				// Woken late (a paused process): the ticks
 				// in between are not run, but they are not silent either.
 				if next := s.next(due); time.Now().After(next) {
@@ -193,9 +198,11 @@ func serve(ctx context.Context, args []string) int {
 const publishEvery = 5 * time.Second
 
 // publish keeps the schedules, with their next ticks, in Redis until ctx
-// is done, then withdraws them. Failing to is logged, never fatal: the
-// copy is only for display.
-func publish(ctx context.Context, c *conn, log *slog.Logger, scheds []*schedule) {
+// is done, then withdraws them: every publishEvery, and at once when a
+// tick fires (ticked), so that the console never shows a tick that has
+// passed as the next. Failing to is logged, never fatal: the copy is only
+// for display.
+func publish(ctx context.Context, c *conn, log *slog.Logger, scheds []*schedule, ticked <-chan struct{}) {
 	host, _ := os.Hostname()
 	process := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), strconv.FormatInt(time.Now().UnixNano()%1e6, 36))
 	tick := time.NewTicker(publishEvery)
@@ -216,6 +223,7 @@ func publish(ctx context.Context, c *conn, log *slog.Logger, scheds []*schedule)
 			cancel()
 			return
 		case <-tick.C:
+		case <-ticked:
 		}
 	}
 }
