@@ -32,16 +32,19 @@ or '@every DURATION', which fires at multiples of the duration since
 the Unix epoch. Each tick's run is named after the tick, so any number of
 replicas can serve the same schedules: they start one run per tick. A tick
 whose previous run of the job is still going is skipped (unless the job
-allows overlap); ticks missed while the process was paused are logged.
+allows overlap); ticks missed while the process was paused are logged. A
+tick that finds Redis away (down, failing over) is tried again until
+Redis answers or the next tick: a failover at the tick costs no run.
 
 At start-up every scheduled job must be in the catalogue — a worker that
 runs it must have announced it at least once ('scheduler jobs' lists
 them) — or serve exits 1: start a worker that runs the job first. This
 catches a misspelt job at once rather than at every tick. While the
 catalogue is empty (a first deployment whose workers start beside the
-scheduler) serve waits up to a minute for a worker to announce its jobs. A job listed
-with no live worker only gets a warning: its runs wait for a worker. Each
---args must be JSON that fits the job's announced arguments.
+scheduler) serve waits up to a minute for a worker to announce its jobs.
+A job listed with no live worker only gets a warning: its runs wait for
+a worker. Each --args must be JSON that fits the job's announced
+arguments.
 
 Example:
   scheduler serve --schedule 'orders-report=@every 10m' --args 'orders-report={"slow_ms": 0}'
