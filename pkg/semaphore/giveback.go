@@ -58,8 +58,7 @@ type giveBackResult struct {
 // permit released during a Redis restart would block its capacity for a
 // whole lease after Redis is back.
 //
-// The retries go on past deadline (when the token's lease or heartbeat
-// ends in Redis): Redis does not drop a lapsed permit by itself when this
+// The retries go on past the token's lease or heartbeat: Redis does not drop a lapsed permit by itself when this
 // process calls first, it keeps it for one more Lease (purge_holders,
 // scripts/lib.lua), because a live process's lapsed permit guards work
 // that may still run. So after an outage longer than the lease, a release
@@ -67,24 +66,21 @@ type giveBackResult struct {
 // taken for another Lease, and the fleet's throughput fell for that long.
 // A late release hands the capacity it frees to this process's waiters as
 // any release does.
-func (s *Semaphore) giveBack(ctx context.Context, token string, deadline func() time.Time) <-chan giveBackResult {
+func (s *Semaphore) giveBack(ctx context.Context, token string) <-chan giveBackResult {
 	first := make(chan giveBackResult, 1)
-	s.spawn(func() { s.giveBackRetrying(context.WithoutCancel(ctx), token, deadline, first) })
+	s.spawn(func() { s.giveBackRetrying(context.WithoutCancel(ctx), token, first) })
 	return first
 }
 
 // releaseDetached gives token back for a caller that has already moved on,
-// retrying as giveBack does. Whatever Redis holds for the token expires
-// within one Lease from now: a heartbeat or lease deadline is never set
-// further ahead than that.
+// retrying as giveBack does.
 func (s *Semaphore) releaseDetached(token string) {
-	until := time.Now().Add(s.opts.Lease)
-	s.giveBackRetrying(context.Background(), token, func() time.Time { return until }, nil)
+	s.giveBackRetrying(context.Background(), token, nil)
 }
 
 // giveBackRetrying is giveBack's loop; first, if not nil, receives the
 // first attempt's result.
-func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, deadline func() time.Time, first chan<- giveBackResult) {
+func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, first chan<- giveBackResult) {
 	var bo backoff.Backoff
 	detached := first == nil
 	last := s.stopped() // Close's own give-backs make one attempt
@@ -102,7 +98,7 @@ func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, deadline
 		}
 		if attempt == 1 {
 			s.log.Warn("semaphore: giving a permit back failed; retrying in the background until Redis answers",
-				"permit", token, "error", err, "lease_left", max(time.Until(deadline()), 0).Round(time.Millisecond))
+				"permit", token, "error", err)
 		}
 		first = nil
 		if s.stopped() {

@@ -107,7 +107,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	p.sem.forgetHolder(p)
 	p.sem.observeReleased(p)
-	answer := p.sem.giveBack(ctx, p.token, p.leaseEnd)
+	answer := p.sem.giveBack(ctx, p.token)
 	var done <-chan struct{} // nil, never ready, if ctx is already done
 	if ctx.Err() == nil {
 		done = ctx.Done()
@@ -171,14 +171,6 @@ func (p *Permit) expired(now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return now.After(p.until)
-}
-
-// leaseEnd returns the last deadline this process knows Redis to have
-// accepted for the permit's lease.
-func (p *Permit) leaseEnd() time.Time {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.until
 }
 
 // deadline is the last lease deadline this process knows Redis accepted.

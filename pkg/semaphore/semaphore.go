@@ -292,8 +292,7 @@ func (s *Semaphore) Close() error {
 	var results []<-chan giveBackResult
 	for tok, w := range waiters {
 		w.ch <- wakeup{err: ErrClosed}
-		until := time.Now().Add(s.opts.Lease)
-		results = append(results, s.giveBack(ctx, tok, func() time.Time { return until }))
+		results = append(results, s.giveBack(ctx, tok))
 	}
 	for tok, p := range holders {
 		// A Release under way owns the permit's release: only give back
@@ -302,7 +301,7 @@ func (s *Semaphore) Close() error {
 			continue
 		}
 		s.observeReleased(p)
-		results = append(results, s.giveBack(ctx, tok, p.leaseEnd))
+		results = append(results, s.giveBack(ctx, tok))
 	}
 	if dispatching {
 		// Wake the dispatcher's BLPOP so it sees stop now, not at its
