@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
@@ -129,12 +130,25 @@ func (c *Console) announced(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return semaphoresOf(workers), nil
+}
+
+// semaphoresOf returns the semaphores workers announce, sorted.
+func semaphoresOf(workers []mapreduce.WorkerInfo) []string {
 	var names []string
 	for _, w := range workers {
 		names = append(names, w.Semaphores...)
 	}
 	slices.Sort(names)
-	return slices.Compact(names), nil
+	return slices.Compact(names)
+}
+
+// workersNow returns the live workers and Redis's time now, against which
+// their heartbeats are judged (app.WorkerOf): read once per page, however
+// many semaphores it shows.
+func (c *Console) workersNow(ctx context.Context) ([]mapreduce.WorkerInfo, time.Time, error) {
+	workers, err := c.cfg.MapReduce.Workers(ctx)
+	return workers, time.Now().Add(app.RedisSkew(ctx, c.cfg.Redis)), err
 }
 
 // handle returns this console's handle on the named semaphore.
@@ -196,14 +210,12 @@ type procRow struct {
 	Worker string
 }
 
-func (c *Console) semRow(ctx context.Context, st semaphore.Stats) semRow {
+// semRow is st as the pages show it, each process with its worker among
+// workers as of now (workersNow).
+func (c *Console) semRow(st semaphore.Stats, workers []mapreduce.WorkerInfo, now time.Time) semRow {
 	r := semRow{Stats: st, Link: "/semaphore?" + url.Values{"name": {st.Name}}.Encode()}
-	if procs := st.ByProcess(); len(procs) > 0 {
-		workers, _ := c.cfg.MapReduce.Workers(ctx)
-		now := time.Now().Add(app.RedisSkew(ctx, c.cfg.Redis)) // as the workers' heartbeats are
-		for _, p := range procs {
-			r.Processes = append(r.Processes, procRow{ProcessStats: p, Worker: app.WorkerOf(p.Process, workers, now)})
-		}
+	for _, p := range st.ByProcess() {
+		r.Processes = append(r.Processes, procRow{ProcessStats: p, Worker: app.WorkerOf(p.Process, workers, now)})
 	}
 	for _, q := range st.Waiters {
 		r.Waiting += q.Weight
@@ -223,17 +235,17 @@ type semaphoresView struct {
 }
 
 func (c *Console) semaphoresData(ctx context.Context, _ *http.Request) (string, string, any, error) {
-	names, err := c.announced(ctx)
+	workers, now, err := c.workersNow(ctx)
 	if err != nil {
 		return "Semaphores", "/semaphores/live", nil, err
 	}
 	var v semaphoresView
-	for _, name := range names {
+	for _, name := range semaphoresOf(workers) {
 		st, err := c.stats(ctx, name, false)
 		if err != nil {
 			return "Semaphores", "/semaphores/live", nil, err
 		}
-		v.Semaphores = append(v.Semaphores, c.semRow(ctx, st))
+		v.Semaphores = append(v.Semaphores, c.semRow(st, workers, now))
 	}
 	return "Semaphores", "/semaphores/live", v, nil
 }
@@ -297,7 +309,8 @@ func (c *Console) semaphoreData(ctx context.Context, r *http.Request) (string, s
 	if err != nil {
 		return "Semaphore not found", live, nil, err
 	}
-	return "Semaphore " + name, live, semaphoreView{semRow: c.semRow(ctx, st), Input: strconv.Itoa(st.Limit)}, nil
+	workers, now, _ := c.workersNow(ctx) // without them, each process shows "(none)"
+	return "Semaphore " + name, live, semaphoreView{semRow: c.semRow(st, workers, now), Input: strconv.Itoa(st.Limit)}, nil
 }
 
 func (c *Console) setLimit(w http.ResponseWriter, r *http.Request) {
