@@ -28,7 +28,8 @@ func Transient(err error) bool {
 	}
 	// A reply of Redis's own starts with its code, also when a caller
 	// wrapped it ("mapreduce: start …: READONLY …").
-	reply := err.Error()
+	msg := err.Error()
+	reply := msg
 	var re redis.Error
 	if errors.As(err, &re) {
 		reply = re.Error()
@@ -38,7 +39,6 @@ func Transient(err error) bool {
 			return true
 		}
 	}
-	msg := err.Error()
 	return strings.Contains(msg, "EOF") || strings.Contains(msg, "connection refused") ||
 		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
 		strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "pool timeout")

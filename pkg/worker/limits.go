@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
 // limitCheckEvery is how often a worker reads its semaphores' limits.
@@ -16,14 +18,18 @@ const limitCheckEvery = 10 * time.Second
 func (w *running) limits(ctx context.Context) map[string]int {
 	out := map[string]int{}
 	for name, sem := range w.env.Semaphores {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		n, ok, err := sem.Limit(cctx)
-		cancel()
-		if err == nil && ok {
+		if n, ok, err := limitOf(ctx, sem); err == nil && ok {
 			out[name] = n
 		}
 	}
 	return out
+}
+
+// limitOf reads sem's limit (Semaphore.Limit) within 5 s.
+func limitOf(ctx context.Context, sem *semaphore.Semaphore) (int, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return sem.Limit(ctx)
 }
 
 // watchLimits logs how the fleet-wide limits of the worker's semaphores
@@ -42,9 +48,7 @@ func (w *running) watchLimits(ctx context.Context, last map[string]int) {
 		case <-t.C:
 		}
 		for _, name := range slices.Sorted(maps.Keys(w.env.Semaphores)) {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			n, ok, err := w.env.Semaphores[name].Limit(cctx)
-			cancel()
+			n, ok, err := limitOf(ctx, w.env.Semaphores[name])
 			prev, seen := last[name]
 			own := w.cfg.Permits[name]
 			switch {
