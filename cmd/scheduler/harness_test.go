@@ -185,6 +185,18 @@ func (s *scheduler) start(args ...string) *proc {
 	return p
 }
 
+// interrupt sends the command SIGINT and fails the test unless it exits 0
+// within timeout; it reports whether it did.
+func (p *proc) interrupt(timeout time.Duration) bool {
+	p.t.Helper()
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	if code := p.wait(timeout); code != 0 {
+		p.t.Errorf("%s after SIGINT: exit %d, stderr %q", p.cmd.Args[1], code, p.stderr)
+		return false
+	}
+	return true
+}
+
 // wait waits for the command to exit and returns its exit code; it fails
 // the test if the command runs past timeout.
 func (p *proc) wait(timeout time.Duration) int {

@@ -518,10 +518,7 @@ func TestServeWaitsForTheFirstWorkerOfAnEmptyCatalogue(t *testing.T) {
 		runs, err := f.mr.Runs(context.Background(), "sum")
 		return err == nil && slices.ContainsFunc(runs, func(st *mapreduce.Status) bool { return st.State == mapreduce.StateSucceeded })
 	})
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	if code := p.wait(5 * time.Second); code != 0 {
-		t.Errorf("serve after SIGINT: exit %d, stderr %q", code, p.stderr)
-	}
+	p.interrupt(5 * time.Second)
 }
 
 // A tick that finds Redis away is not lost: serve tries again until Redis
@@ -553,10 +550,7 @@ func TestATickDuringARedisOutageStartsItsRunWhenRedisIsBack(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "Redis answers again") {
 		t.Errorf("serve did not say that Redis answered again: %q", p.stderr)
 	}
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	if code := p.wait(5 * time.Second); code != 0 {
-		t.Errorf("serve after SIGINT: exit %d, stderr %q", code, p.stderr)
-	}
+	p.interrupt(5 * time.Second)
 }
 
 // The schedules serve publishes for the console are republished as each
@@ -598,10 +592,7 @@ func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 	})
 	time.Sleep(3500 * time.Millisecond)
 	for _, p := range replicas {
-		_ = p.cmd.Process.Signal(os.Interrupt)
-		if code := p.wait(5 * time.Second); code != 0 {
-			t.Errorf("serve after SIGINT: exit %d, stderr %q", code, p.stderr)
-		}
+		p.interrupt(5 * time.Second)
 	}
 	// The last tick's run may still be going.
 	testenv.WaitFor(t, 5*time.Second, "every run to end", func() bool {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -40,10 +39,7 @@ func TestUIServesTheConsoleOfItsDeploymentUntilInterrupted(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `data-job="sum"`) || !strings.Contains(string(body), "read-only") {
 		t.Errorf("GET /jobs: %d, want the read-only jobs page listing sum:\n%s", resp.StatusCode, body)
 	}
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	if code := p.wait(10 * time.Second); code != 0 {
-		t.Errorf("ui after SIGINT: exit %d, stderr %q", code, p.stderr)
-	}
+	p.interrupt(10 * time.Second)
 	out, errs, code := s.run("ui", "--help")
 	if help := out + errs; code != 0 || !strings.Contains(help, "loopback") || !strings.Contains(help, "BATCHMR_UI_TOKEN") || !strings.Contains(help, "--read-only") {
 		t.Errorf("ui --help: exit %d, want the loopback, token and read-only notes:\n%s", code, help)
@@ -70,9 +66,8 @@ func TestServePublishesItsSchedulesWhileItRuns(t *testing.T) {
 	if got := list[0]; got.Job != "sum" || got.Spec != "@every 1h" || !got.Next.After(time.Now()) || got.Next.After(time.Now().Add(time.Hour)) {
 		t.Errorf("published %+v, want sum's @every 1h with its next tick within the hour", got)
 	}
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	if code := p.wait(10 * time.Second); code != 0 {
-		t.Fatalf("serve after SIGINT: exit %d, stderr %q", code, p.stderr)
+	if !p.interrupt(10 * time.Second) {
+		t.FailNow()
 	}
 	if list, _ := schedules.List(context.Background(), f.rdb, f.prefix); len(list) != 0 {
 		t.Errorf("after serve stopped its schedules are still published: %+v", list)

@@ -424,15 +424,8 @@ func TestDrainGivesUpWaitingPlacesAndKeepsHeldPermits(t *testing.T) {
 	if err := held.Release(context.Background()); err != nil {
 		t.Errorf("releasing the permit held across Drain: %v", err)
 	}
-	select {
-	case p := <-fleet:
-		if p == nil {
-			t.Fatal("the fleet's waiter got no permit")
-		}
-		_ = p.Release(context.Background())
-	case <-time.After(5 * time.Second):
-		t.Fatal("the fleet's waiter did not get the permit the drained process released")
-	}
+	p := receiveGrant(t, fleet, 5*time.Second, "the fleet's waiter, with the permit the drained process released")
+	_ = p.Release(context.Background())
 }
 
 // Under WithDrainNotice, Drain refuses the work that has not held a permit
