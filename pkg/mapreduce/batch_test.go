@@ -369,7 +369,7 @@ func TestTheSplitEnqueuesItsPagesTogether(t *testing.T) {
 	run := "job:" + strings.ReplaceAll(queue, ":", "-")
 	errc := make(chan error, 1)
 	go func() {
-		errc <- c.enqueuePages(context.Background(), run, "nonce", pages, JobOptions{Queue: queue, Codec: JSON})
+		errc <- c.enqueuePages(context.Background(), run, "nonce", pages, JobOptions{Queue: queue, Codec: JSON}, packing{})
 	}()
 	// The first enqueuers to arrive go in the held trip, the rest wait.
 	testenv.WaitFor(t, 10*time.Second, "every page to be sent or waiting", func() bool {

@@ -54,6 +54,9 @@ type JobInfo struct {
 	Retention     time.Duration `json:"retention"`
 	Semantics     string        `json:"semantics"`
 	AllowOverlap  bool          `json:"allow_overlap,omitempty"`
+	// PagesPerTask is JobOptions.PagesPerTask; 0 from a worker of a
+	// release before packing, which cannot run packed tasks.
+	PagesPerTask int `json:"pages_per_task,omitempty"`
 
 	// Announced is when a worker last announced the job.
 	Announced time.Time `json:"announced"`
@@ -128,6 +131,7 @@ func (j Job[A, P, R, O]) info() JobInfo {
 		Retention:     o.Retention,
 		Semantics:     "success",
 		AllowOverlap:  o.AllowOverlap,
+		PagesPerTask:  o.PagesPerTask,
 	}
 	if o.Semantics == CompleteSemantics {
 		info.Semantics = "complete"

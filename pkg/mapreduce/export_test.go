@@ -14,8 +14,39 @@ import (
 const (
 	TypeSplit  = typeSplit
 	TypeMap    = typeMap
+	TypePages  = typePages
 	TypeReduce = typeReduce
 )
+
+// PackSample is how many measured pages a run's split waits for before it
+// decides how many pages a task carries.
+const PackSample = packSample
+
+// SetPacking makes a run that has not fed a page yet pack its pages by k
+// from page from, as if its split had decided so (feed.lua).
+func (c *Client) SetPacking(ctx context.Context, id string, k, from int) error {
+	keys, err := c.keys(id)
+	if err != nil {
+		return err
+	}
+	return c.rdb.HSet(ctx, keys.run, "pack", k, "pack_from", from).Err()
+}
+
+// Packing returns how a run packs its pages: k pages a task from page
+// from on; k is 0 if it does not.
+func (c *Client) Packing(ctx context.Context, id string) (k, from int, err error) {
+	keys, err := c.keys(id)
+	if err != nil {
+		return 0, 0, err
+	}
+	v, err := c.rdb.HMGet(ctx, keys.run, "pack", "pack_from").Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	k, _ = strconv.Atoi(str(v[0]))
+	from, _ = strconv.Atoi(str(v[1]))
+	return k, from, nil
+}
 
 // ProcessTask runs one task as a worker's asynq server would.
 func (c *Client) ProcessTask(ctx context.Context, t *asynq.Task) error { return c.processTask(ctx, t) }
@@ -61,6 +92,13 @@ func (c *Client) SetStallHandOff(d time.Duration) { c.stallHandOff = d }
 
 // WindowSizes returns the split's batch and backlog for a window.
 func WindowSizes(window int) (batch, backlog int) { return windowSizes(window) }
+
+// IsFeedMove reports whether args, a command's, run feed.lua to move a
+// split's window (not to read it).
+func IsFeedMove(args []any) bool {
+	return len(args) > 2 && args[0] == "evalsha" && args[1] == scriptFeed.Hash() &&
+		len(args) >= 3+2+7 // numkeys, 2 keys, and a move's pages (ARGV[7])
+}
 
 // SetEnqueueFault makes the enqueue of a map task fail with what fault
 // returns for its page (nil: enqueue it), as if the split's worker died

@@ -153,6 +153,20 @@ type JobOptions struct {
 	// it above the number of pages the job's workers run at once
 	// (their total concurrency), or some workers will idle.
 	Window int
+	// PagesPerTask is the most pages one map task may carry. A run's
+	// split measures how long Map takes; once a sample of pages is
+	// recorded, it packs the pages it enqueues from then on into tasks
+	// of about 2 ms of Map each, so that pages that take microseconds (an
+	// in-memory step, a cache lookup) do not pay asynq's per-task cost
+	// each, about 100–300 µs of CPU. Pages that take 1 ms or more, such as
+	// a database query, keep a task each. Each page of a packed task still
+	// gets its own Map call, context (PageIndex), MapTimeout, result and
+	// failure; the pages of a task run one after another, a failed page
+	// retries with its task, and the pages that succeeded are not run
+	// again. Default 64, the most; a power of two; 1 turns packing off.
+	// Workers of a release before packing cannot run packed tasks: see
+	// the upgrade notes in docs/operations.md.
+	PagesPerTask int
 }
 
 // Codec encodes the values a job passes between processes.
@@ -211,6 +225,9 @@ func (o JobOptions) withDefaults() JobOptions {
 	if o.Window == 0 {
 		o.Window = defaultWindow
 	}
+	if o.PagesPerTask == 0 {
+		o.PagesPerTask = maxPack
+	}
 	return o
 }
 
@@ -227,6 +244,8 @@ func (o JobOptions) validate() error {
 		return fmt.Errorf("a Retention of %v is too short to read a finished run: use at least 1s", o.Retention)
 	case o.Window < 0:
 		return fmt.Errorf("negative Window %d: leave it zero for the default (%d pages)", o.Window, defaultWindow)
+	case o.PagesPerTask < 0 || o.PagesPerTask > maxPack || o.PagesPerTask&(o.PagesPerTask-1) != 0:
+		return fmt.Errorf("PagesPerTask %d: use a power of two up to %d (1 turns packing off), or leave it zero for the default (%d)", o.PagesPerTask, maxPack, maxPack)
 	case o.Semantics != SuccessSemantics && o.Semantics != CompleteSemantics:
 		return fmt.Errorf("unknown Semantics %d: use SuccessSemantics or CompleteSemantics", o.Semantics)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -19,6 +20,7 @@ const (
 	attrJob     = "job"     // a job's name
 	attrStep    = "step"    // split, map or reduce
 	attrPage    = "page"    // a page's index, from 0
+	attrPages   = "pages"   // a task of several pages: its first and last
 	attrAttempt = "attempt" // a task's attempt, from 1
 	attrTask    = "task"    // asynq's task ID
 )
@@ -38,8 +40,12 @@ func (c *Client) stepLogger(ctx context.Context, t *asynq.Task) *slog.Logger {
 			attrs = append(attrs, slog.String(attrRun, p.Run), slog.String(attrJob, job))
 		}
 		attrs = append(attrs, slog.String(attrStep, step))
-		if t.Type() == typeMap {
+		switch t.Type() {
+		case typeMap:
 			attrs = append(attrs, slog.Int(attrPage, p.Index))
+		case typePages: // each page's Map logs its own page (handleMap)
+			parts := p.parts()
+			attrs = append(attrs, slog.String(attrPages, strconv.Itoa(parts[0].i)+"–"+strconv.Itoa(parts[len(parts)-1].i)))
 		}
 		if n, ok := asynq.GetRetryCount(ctx); ok {
 			attrs = append(attrs, slog.Int(attrAttempt, n+1))
@@ -49,6 +55,13 @@ func (c *Client) stepLogger(ctx context.Context, t *asynq.Task) *slog.Logger {
 		}
 		return attrs
 	}})
+}
+
+// withPage returns l with the attribute of page i, worked out only once
+// something is logged, as stepLogger's are: for each page of a task of
+// several.
+func withPage(l *slog.Logger, i int) *slog.Logger {
+	return slog.New(&lazyHandler{base: l.Handler(), attrs: func() []slog.Attr { return []slog.Attr{slog.Int(attrPage, i)} }})
 }
 
 // lazyHandler is base with the attributes attrs returns, asked for the
@@ -97,7 +110,7 @@ func logFailure(ctx context.Context, t *asynq.Task, err error) {
 }
 
 // stepName names what task t does in log messages: "page" for a map
-// task, "split" or "reduce".
+// task, "pages" for one of several pages, "split" or "reduce".
 func stepName(t *asynq.Task) string {
 	if t.Type() == typeMap {
 		return "page"

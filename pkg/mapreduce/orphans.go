@@ -119,7 +119,7 @@ func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]
 			return 0, fmt.Errorf("listing active tasks of queue %s: %w", o.Queue, err)
 		}
 		for _, t := range tasks {
-			if !held[t.ID] && (t.Type == typeSplit || t.Type == typeMap || t.Type == typeReduce) {
+			if !held[t.ID] && (t.Type == typeSplit || t.Type == typeMap || t.Type == typePages || t.Type == typeReduce) {
 				cands = append(cands, t)
 			}
 		}
@@ -230,7 +230,8 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	if err != nil {
 		return false, nil
 	}
-	st, nonce, recorded, err := c.pageState(ctx, k, p.Index, "")
+	pages := p.parts()
+	st, nonce, recorded, err := c.pageState(ctx, k, pages[0].i, pages[len(pages)-1].i, "")
 	if err != nil {
 		return false, err
 	}
@@ -239,10 +240,15 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	}
 	timeout := o.MapTimeout
 	switch t.Type {
-	case typeMap:
-		if (st != StateSplitting && st != StateMapping) || recorded {
+	case typeMap, typePages:
+		unrecorded := false
+		for _, pg := range pages {
+			unrecorded = unrecorded || !recorded.has(pg.i)
+		}
+		if (st != StateSplitting && st != StateMapping) || !unrecorded {
 			return false, nil
 		}
+		timeout = time.Duration(len(pages)) * o.MapTimeout
 	case typeSplit:
 		if st != StateSplitting {
 			return false, nil
@@ -272,8 +278,11 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	}
 	job, _ := jobOf(p.Run)
 	attrs := []any{attrRun, p.Run, attrJob, job, attrTask, t.ID, "copy", id, "type", t.Type}
-	if t.Type == typeMap {
+	switch t.Type {
+	case typeMap:
 		attrs = append(attrs, attrPage, p.Index)
+	case typePages:
+		attrs = append(attrs, attrPages, strconv.Itoa(pages[0].i)+"–"+strconv.Itoa(pages[len(pages)-1].i))
 	}
 	c.log.Warn("mapreduce: a task asynq shows as active has no live worker (killed, cut off from Redis, or with a skewed clock): enqueued a copy", attrs...)
 	return true, nil

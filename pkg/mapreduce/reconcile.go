@@ -235,29 +235,50 @@ func (c *Client) repairPages(ctx context.Context, st *Status, upto int, o JobOpt
 			continue
 		}
 		checks++
-		info, err := c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, st.nonce, i))
-		var lost failure
+		// The unrecorded pages of i's task (one, or its pack's group).
+		first, pages := st.pack.group(i), []int{i}
+		for j := i + 1; st.pack.packed(i) && j < upto && st.pack.group(j) == first; j++ {
+			if !bitSet(bits, j) {
+				pages = append(pages, j)
+			}
+		}
+		id := mapTaskID(st.ID, st.nonce, first)
+		if st.pack.packed(i) {
+			id = pagesTaskID(st.ID, st.nonce, first)
+		}
+		info, err := c.insp.GetTaskInfo(o.Queue, id)
+		var why string
+		descs := map[int][]byte{}
 		switch {
 		case isTaskGone(err):
 			// Gone without being recorded: deleted by hand, or lost with a
-			// Redis that failed over. Its page descriptor went with it.
-			lost.Error = "mapreduce: the map task disappeared before its page was recorded"
+			// Redis that failed over. Its page descriptors went with it.
+			why = "mapreduce: the map task disappeared before its page was recorded"
 		case err != nil:
 			return err
 		case info.State == asynq.TaskStateArchived:
 			var p mapPayload
 			_ = json.Unmarshal(info.Payload, &p)
-			lost = failure{Page: p.page(), Error: "mapreduce: archived by asynq after its retries ran out: " + info.LastErr}
+			for _, pg := range p.parts() {
+				descs[pg.i] = pg.page
+			}
+			why = "mapreduce: archived by asynq after its retries ran out: " + info.LastErr
 		default:
+			i = pages[len(pages)-1]
 			continue // pending, active, retrying: it will record itself
 		}
-		outcome, _ := json.Marshal(lost)
-		state, err := c.record(ctx, k, st.nonce, i, outcome, true, "")
+		outcomes := make([]pageOutcome, len(pages))
+		for n, j := range pages {
+			b, _ := json.Marshal(failure{Page: descs[j], Error: why})
+			outcomes[n] = pageOutcome{i: j, outcome: b, failed: true}
+		}
+		state, err := c.record(ctx, k, st.nonce, outcomes, 0, 0, "")
 		if err != nil {
 			return err
 		}
-		rep.PagesFailed++
+		rep.PagesFailed += len(pages)
 		reducing = reducing || state == StateReducing
+		i = pages[len(pages)-1]
 	}
 	if reducing { // a page recorded here was the last one
 		return c.enqueueStep(ctx, st.ID, st.nonce, typeReduce, o)

@@ -409,7 +409,7 @@ func (h *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, cmd := range cmds {
-			if cmd.Name() == "evalsha" && len(cmd.Args()) == 15 { // 3 + 2 keys + 10 arguments
+			if mapreduce.IsFeedMove(cmd.Args()) {
 				h.seen++
 				if h.seen == h.n && h.fired.CompareAndSwap(false, true) {
 					lost := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strings"
 	"sync"
 	"time"
@@ -39,7 +40,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	)
 	if err := c.withRedis(ctx, "reading the run", func(ctx context.Context) error {
 		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			fields = p.HMGet(ctx, k.run, "state", "args", "nonce", "resume", "fed", "cursor", "feeding")
+			fields = p.HMGet(ctx, k.run, "state", "args", "nonce", "resume", "fed", "cursor", "feeding", "pack", "pack_from")
 			recorded = p.Get(ctx, k.recorded)
 			c.claim(ctx, p, r.name())
 			return nil
@@ -61,6 +62,11 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	f := &feeder{c: c, k: k, run: run, nonce: nonce, o: o, pending: pendingKey(o.Queue), started: time.Now(),
 		bits: []byte(recorded.Val())}
 	f.ready = sync.NewCond(&f.mu)
+	if pack := atoi(str(vals[7])); pack > 1 {
+		f.pack = packing{k: pack, from: atoi(str(vals[8]))}
+	}
+	batch, _ := windowSizes(o.Window)
+	f.packLimit = min(o.PagesPerTask, 1<<(bits.Len(uint(batch))-1))
 	f.token = newNonce()
 	if id, ok := asynq.GetTaskID(ctx); ok {
 		if step, ok := strings.CutPrefix(id, taskID(run, nonce, "")); ok {

@@ -75,6 +75,7 @@ type Status struct {
 	nonce     string // part of the run's task IDs
 	splitTask string // the last part of the ID of the run's split task
 	resume    int    // while splitting: every page below it was enqueued
+	pack      packing
 }
 
 func parseStatus(id string, h map[string]string) *Status {
@@ -90,6 +91,9 @@ func parseStatus(id string, h map[string]string) *Status {
 		nonce:     h["nonce"],
 		splitTask: h["split_task"],
 		resume:    atoi(h["resume"]),
+	}
+	if k := atoi(h["pack"]); k > 1 {
+		st.pack = packing{k: k, from: atoi(h["pack_from"])}
 	}
 	st.Expected = -1
 	if e, err := strconv.Atoi(h["expected"]); err == nil {

@@ -18,14 +18,19 @@ import (
 )
 
 // The asynq task types of a run. Each task's ID is derived from the run
-// (<run>:<nonce>:split, <run>:<nonce>:map:<index>, <run>:<nonce>:reduce),
-// so enqueuing a task twice — a retried split, a duplicate reduce trigger —
-// makes one task. The nonce is drawn when the run is created: a run started
+// (<run>:<nonce>:split, <run>:<nonce>:map:<index>, <run>:<nonce>:reduce,
+// and <run>:<nonce>:pages:<first> for a task that carries several pages,
+// pack.go), so enqueuing a task twice — a retried split, a duplicate
+// reduce trigger — makes one task. The nonce is drawn when the run is created: a run started
 // again under the same ID after the first one expired gets new task IDs,
 // while asynq may still keep the first one's tasks.
 const (
-	typeSplit  = "batchmr:split"
-	typeMap    = "batchmr:map"
+	typeSplit = "batchmr:split"
+	typeMap   = "batchmr:map"
+	// typePages is a map task of several pages (pack.go). It has a type
+	// of its own so that a worker of a release before packing, which would
+	// run only the first page, archives it with an error instead.
+	typePages  = "batchmr:pages"
 	typeReduce = "batchmr:reduce"
 )
 
@@ -38,6 +43,7 @@ const (
 func (c *Client) Register(mux *asynq.ServeMux) {
 	mux.HandleFunc(typeSplit, c.processTask)
 	mux.HandleFunc(typeMap, c.processTask)
+	mux.HandleFunc(typePages, c.processTask)
 	mux.HandleFunc(typeReduce, c.processTask)
 	mux.HandleFunc("batchmr:", c.processTask) // asynq routes by longest prefix
 }
@@ -79,7 +85,7 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 	switch t.Type() {
 	case typeSplit:
 		err = c.handleSplit(ctx, t)
-	case typeMap:
+	case typeMap, typePages:
 		err = c.handleMap(ctx, t)
 	case typeReduce:
 		err = c.handleReduce(ctx, t)
@@ -114,8 +120,11 @@ func (c *Client) noteError(ctx context.Context, t *asynq.Task, err error) {
 		return
 	}
 	step := stepName(t)
-	if t.Type() == typeMap {
+	switch parts := p.parts(); {
+	case t.Type() == typeMap:
 		step = "page " + strconv.Itoa(p.Index)
+	case t.Type() == typePages && len(parts) > 0:
+		step = "pages " + strconv.Itoa(parts[0].i) + "–" + strconv.Itoa(parts[len(parts)-1].i)
 	}
 	msg := shorten.To(err.Error(), lastErrorMax)
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -182,28 +191,61 @@ type runPayload struct {
 	Nonce string `json:"n"`
 }
 
-// mapPayload is the payload of a map task. A page the codec encoded as
-// JSON travels as JSON, readable in asynq's tools; any other bytes as
-// base64.
+// mapPayload is the payload of a map task: its first page, and in a task
+// of several pages (typePages) the others in More, in index order. A page
+// the codec encoded as JSON travels as JSON, readable in asynq's tools;
+// any other bytes as base64.
 type mapPayload struct {
-	Run       string          `json:"run"`
-	Nonce     string          `json:"n"`
+	Run   string `json:"run"`
+	Nonce string `json:"n"`
+	pagePart
+	More []pagePart `json:"more,omitempty"`
+}
+
+// pagePart is one page of a map task's payload.
+type pagePart struct {
 	Index     int             `json:"i"`
 	Page      json.RawMessage `json:"page,omitempty"`
 	PageBytes []byte          `json:"page_b,omitempty"` // may be empty: a codec may encode a page as no bytes
 }
 
-func (p *mapPayload) page() []byte {
+func (p *pagePart) page() []byte {
 	if p.Page != nil {
 		return p.Page
 	}
 	return p.PageBytes
 }
 
+// parts returns the pages of the task, in index order.
+func (p *mapPayload) parts() []fedPage {
+	pages := make([]fedPage, 0, 1+len(p.More))
+	pages = append(pages, fedPage{i: p.Index, page: p.page()})
+	for i := range p.More {
+		pages = append(pages, fedPage{i: p.More[i].Index, page: p.More[i].page()})
+	}
+	return pages
+}
+
+// newPagePart is page i's part of a payload, as codec encoded it.
+func newPagePart(i int, page []byte, codec Codec) pagePart {
+	// Only JSON-encoded pages travel as JSON: encoding/json compacts and
+	// escapes a RawMessage, which would change another codec's bytes.
+	if codec == JSON {
+		return pagePart{Index: i, Page: page}
+	}
+	return pagePart{Index: i, PageBytes: page}
+}
+
 func taskID(run, nonce, step string) string { return run + ":" + nonce + ":" + step }
 
 func mapTaskID(run, nonce string, i int) string {
 	return run + ":" + nonce + ":map:" + strconv.Itoa(i)
+}
+
+// pagesTaskID is the ID of the task of a pack's group that starts at page
+// first (pack.go).
+func pagesTaskID(run, nonce string, first int) string {
+	return run + ":" + nonce + ":pages:" + strconv.Itoa(first)
 }
 
 // maxPages bounds a run: the recorded-pages bitmap of the largest run is
@@ -236,6 +278,16 @@ func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
 	}
 	if p.Index < 0 || p.Index >= maxPages {
 		return nil, malformed(t, fmt.Errorf("page index %d is out of range [0, %d)", p.Index, maxPages))
+	}
+	if len(p.More) >= maxPack {
+		return nil, malformed(t, fmt.Errorf("%d pages in one task: at most %d", len(p.More)+1, maxPack))
+	}
+	prev := p.Index
+	for _, m := range p.More {
+		if m.Index <= prev || m.Index >= maxPages || m.Index/maxPack != p.Index/maxPack {
+			return nil, malformed(t, fmt.Errorf("page index %d follows %d: a task's pages are ascending, within one block of %d", m.Index, prev, maxPack))
+		}
+		prev = m.Index
 	}
 	return &p, nil
 }
@@ -287,32 +339,39 @@ func (c *Client) enqueueStepAs(ctx context.Context, run, nonce, typ, step string
 	return nil
 }
 
-func (c *Client) enqueueMap(ctx context.Context, run, nonce string, i int, page []byte, o JobOptions) error {
-	p := mapPayload{Run: run, Nonce: nonce, Index: i}
-	// Only JSON-encoded pages travel as JSON: encoding/json compacts and
-	// escapes a RawMessage, which would change another codec's bytes.
-	if o.Codec == JSON {
-		p.Page = page
-	} else {
-		p.PageBytes = page
+// enqueueMap enqueues the map task of pages (mapTask): a task of one page
+// of its own (typeMap), or of a pack's group (typePages). An existing task
+// with its ID means it is already enqueued.
+func (c *Client) enqueueMap(ctx context.Context, run, nonce string, t mapTask, o JobOptions) error {
+	p := mapPayload{Run: run, Nonce: nonce, pagePart: newPagePart(t.pages[0].i, t.pages[0].page, o.Codec)}
+	for _, m := range t.pages[1:] {
+		p.More = append(p.More, newPagePart(m.i, m.page, o.Codec))
 	}
 	payload, err := json.Marshal(p)
 	if err != nil {
 		return err
 	}
+	typ, id, timeout := typeMap, mapTaskID(run, nonce, t.first), o.MapTimeout
+	if t.packed {
+		// Each page has MapTimeout (handleMap); the task, all of them.
+		typ, id, timeout = typePages, pagesTaskID(run, nonce, t.first), time.Duration(len(t.pages))*o.MapTimeout
+	}
 	err = c.withRedis(ctx, "enqueuing pages", func(ctx context.Context) error {
 		if c.enqueueFault != nil {
-			if err := c.enqueueFault(i); err != nil {
+			if err := c.enqueueFault(t.pages[0].i); err != nil {
 				return err
 			}
 		}
-		_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typeMap, payload),
-			asynq.TaskID(mapTaskID(run, nonce, i)), asynq.Queue(o.Queue), asynq.MaxRetry(o.MapRetries+spareRetry),
-			asynq.Timeout(o.MapTimeout))
+		_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typ, payload),
+			asynq.TaskID(id), asynq.Queue(o.Queue), asynq.MaxRetry(o.MapRetries+spareRetry),
+			asynq.Timeout(timeout))
 		return err
 	})
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("enqueue page %d of run %s: %w", i, run, err)
+		if t.packed {
+			return fmt.Errorf("enqueue pages %d–%d of run %s: %w", t.pages[0].i, t.pages[len(t.pages)-1].i, run, err)
+		}
+		return fmt.Errorf("enqueue page %d of run %s: %w", t.first, run, err)
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
+	"strconv"
 	"sync"
 	"time"
 
@@ -88,6 +90,11 @@ type feeder struct {
 	buf    []fedPage  // emitted, not yet fed
 	closed bool       // Split returned: feed what is buffered, then end
 
+	pack      packing // how the run's pages go to tasks (pack.go)
+	packLimit int     // the most pages a task may carry: PagesPerTask, within the window's batch
+	mapUS     int64   // µs Map took over mapN recorded pages, as of the last read
+	mapN      int64
+
 	rateDone int       // pages recorded when the rate was last measured
 	rateAt   time.Time // when
 	rate     float64   // pages recorded per second, smoothed
@@ -132,15 +139,17 @@ func (f *feeder) wake() {
 // emitted is fed, or ctx ends, or feeding fails or hands on (its error).
 // Call wake when ctx ends.
 func (f *feeder) loop(ctx context.Context) error {
-	if err := f.c.enqueuePages(ctx, f.run, f.nonce, f.redo, f.o); err != nil {
+	if err := f.c.enqueuePages(ctx, f.run, f.nonce, f.redo, f.o, f.pack); err != nil {
 		return fmt.Errorf("enqueuing again the pages fed before the split started: %w", err)
 	}
+	held := 0 // pages buffered that wait for the rest of their group
 	for {
 		f.mu.Lock()
-		for len(f.buf) == 0 && !f.closed && ctx.Err() == nil {
+		for len(f.buf) <= held && !f.closed && ctx.Err() == nil {
 			f.ready.Wait()
 		}
 		take := append([]fedPage(nil), f.buf...)
+		final := f.closed
 		f.mu.Unlock()
 		if err := ctx.Err(); err != nil {
 			return context.Cause(ctx)
@@ -148,7 +157,11 @@ func (f *feeder) loop(ctx context.Context) error {
 		if len(take) == 0 {
 			return nil // Split returned, and every page is fed
 		}
-		n, err := f.feed(ctx, take)
+		n, err := f.feed(ctx, take, final)
+		held = 0
+		if n == 0 && err == nil {
+			held = len(take)
+		}
 		f.mu.Lock()
 		f.buf = f.buf[:copy(f.buf, f.buf[n:])]
 		f.ready.Broadcast()
@@ -160,15 +173,24 @@ func (f *feeder) loop(ctx context.Context) error {
 }
 
 // feed waits for room in the window, then feeds as many of pages as it
-// has room for, and returns how many. Pages an earlier attempt fed (below
-// counted) need no room.
-func (f *feeder) feed(ctx context.Context, pages []fedPage) (int, error) {
+// has room for, and returns how many: none if they are the start of a
+// group whose other pages Split has yet to emit (final: it has returned,
+// and there are none). Pages an earlier attempt fed (below counted) need
+// no room.
+func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, error) {
 	var from any = "" // the fed mark this feed moves from: no check for counted pages
+	pack := ""        // the run's packing, if this feed decides it
+	next := -1        // the index of the page after the feed's, if buffered
 	if pages[0].i < f.counted {
 		n := 0
 		for n < len(pages) && pages[n].i < f.counted {
 			n++
 		}
+		if n < len(pages) {
+			next = pages[n].i
+		}
+		// An earlier attempt fed up to counted, at the end of a block.
+		final = final || n < len(pages) || pages[n-1].i == f.counted-1
 		pages = pages[:n]
 	} else {
 		if f.allow == 0 {
@@ -178,17 +200,45 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage) (int, error) {
 		} else if f.pastHalf() {
 			return 0, f.handOff(ctx)
 		}
-		pages = pages[:min(len(pages), f.allow)]
-		f.allow -= len(pages)
+		whole := pages
+		if n := min(len(pages), f.allow); n < len(pages) {
+			next, pages = pages[n].i, pages[:n]
+			if f.pack.cut(pages, next, false) == 0 {
+				// The room left is less than the next group: wait for
+				// more (waitRoom makes room for a batch, which holds a
+				// group whole).
+				f.allow = 0
+				return f.feed(ctx, whole, final)
+			}
+		}
 		from = max(f.fed, f.counted)
+		if f.pack.k == 0 {
+			// Undecided: pack from this feed on, once the pages are measured.
+			limit := min(f.packLimit, 1<<max(bits.Len(uint(f.allow))-1, 0))
+			if k := packFor(f.mapUS, f.mapN, limit); k > 1 {
+				f.pack = packing{k: k, from: max(f.fed, f.counted)}
+				pack = strconv.Itoa(k)
+			}
+		}
+	}
+	n := f.pack.cut(pages, next, final)
+	if n == 0 {
+		if pack != "" {
+			f.pack = packing{} // not recorded: decide again with the next feed
+		}
+		return 0, nil
+	}
+	pages = pages[:n]
+	if from != "" {
+		f.allow -= n
 	}
 	last := pages[len(pages)-1]
-	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), from, f.step, f.token}
+	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), from, f.step, f.token, pack}
 	if _, _, _, err := f.read(ctx, args...); err != nil {
 		return 0, err
 	}
 	f.fed = last.i + 1
-	return len(pages), f.c.enqueuePages(ctx, f.run, f.nonce, pages, f.o)
+	return len(pages), f.c.enqueuePages(ctx, f.run, f.nonce, pages, f.o, f.pack)
 }
 
 // waitRoom waits until the window has room for a batch of pages past fed
@@ -213,7 +263,8 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 		}
 		free := f.o.Window - (fed - done)
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
-			free = min(free, f.backlog(done, least)-pending)
+			// A pending task of a packing run holds up to k pages.
+			free = min(free, f.backlog(done, least)-pending*max(f.pack.k, 1))
 		}
 		if free >= batch || (free > 0 && fed == 0) {
 			f.allow = free
@@ -331,6 +382,10 @@ func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending int,
 		return 0, 0, 0, f.taken(ctx)
 	}
 	done64, _ := v[1].(int64)
+	if len(v) >= 5 {
+		f.mapUS, _ = v[3].(int64)
+		f.mapN, _ = v[4].(int64)
+	}
 	return int(fed64), int(done64), int(n.Val()), nil
 }
 
@@ -383,14 +438,14 @@ func (c *Client) handOn(ctx context.Context, k runKeys, run, nonce string, resum
 	return c.enqueueStepAs(ctx, run, nonce, typeSplit, step, o)
 }
 
-// enqueuePages enqueues pages' map tasks, EnqueueConcurrency at a time, and
-// returns the first error.
-func (c *Client) enqueuePages(ctx context.Context, run, nonce string, pages []fedPage, o JobOptions) error {
+// enqueuePages enqueues the map tasks of pages (ascending), packed as pack
+// says, EnqueueConcurrency at a time, and returns the first error.
+func (c *Client) enqueuePages(ctx context.Context, run, nonce string, pages []fedPage, o JobOptions, pack packing) error {
 	ctx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
 	slots := make(chan struct{}, c.cfg.EnqueueConcurrency)
 	var wg sync.WaitGroup
-	for _, p := range pages {
+	for _, t := range pack.tasks(pages) {
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
@@ -401,7 +456,7 @@ func (c *Client) enqueuePages(ctx context.Context, run, nonce string, pages []fe
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := c.enqueueMap(ctx, run, nonce, p.i, p.page, o); err != nil {
+			if err := c.enqueueMap(ctx, run, nonce, t, o); err != nil {
 				abort(err)
 			}
 			<-slots

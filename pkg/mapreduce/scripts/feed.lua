@@ -36,11 +36,17 @@
 --         'feeder' with each move, so that the same feed sent again (its
 --         reply was lost, and the call retried) is known for its own and
 --         not taken for another attempt's
--- Returns {fed, fed_done, name} after the call, name being the new split
--- task's ("" unless handing on), or {-1, state} if the run is not
+-- ARGV[11] optional, with a move: the pages a task carries from the first
+--         page of the move on (pack.go), set as 'pack', with the old fed
+--         mark as 'pack_from', if the run has no 'pack' yet; if it has
+--         another, another attempt decided: nothing moves, and the script
+--         returns {-2, state}
+-- Returns {fed, fed_done, name, map_us, map_n} after the call, name being
+-- the new split task's ("" unless handing on) and map_us and map_n what
+-- record.lua measured of Map (pack.go), or {-1, state} if the run is not
 -- splitting under this nonce (state "" if it does not exist), or {-2,
--- state} (ARGV[8]).
-local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume', 'split_task', 'feeder')
+-- state} (ARGV[8], ARGV[11]).
+local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume', 'split_task', 'feeder', 'map_us', 'map_n', 'pack')
 if not run[1] then
   return {-1, ''}
 end
@@ -53,6 +59,13 @@ if ARGV[8] and ARGV[8] ~= '' and tonumber(ARGV[8]) ~= fed and
   return {-2, run[1]}
 end
 local to = tonumber(ARGV[3])
+if to > fed and ARGV[11] and ARGV[11] ~= '' then
+  if not run[10] then
+    redis.call('HSET', KEYS[1], 'pack', ARGV[11], 'pack_from', fed)
+  elseif run[10] ~= ARGV[11] then
+    return {-2, run[1]}
+  end
+end
 if to > fed then
   -- Recorded pages in [fed, to): bits before the first whole byte and
   -- after the last one by GETBIT, whole bytes by BITCOUNT.
@@ -101,4 +114,4 @@ end
 if ARGV[5] and ARGV[5] ~= '' then
   redis.call('HSET', KEYS[1], 'expected', ARGV[5])
 end
-return {fed, done, name}
+return {fed, done, name, tonumber(run[8]) or 0, tonumber(run[9]) or 0}

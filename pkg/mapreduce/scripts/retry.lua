@@ -53,6 +53,7 @@ redis.call('UNLINK', KEYS[4], KEYS[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HDEL', KEYS[1], 'error', 'result', 'finished', 'split_done', 'reducing_at', 'fed', 'fed_done', 'resume', 'split_task', 'handoffs', 'expected', 'cursor', 'feeding', 'feeder',
+  'pack', 'pack_from',
   'last_error', 'last_error_step', 'last_error_at')
 local retries = redis.call('HINCRBY', KEYS[1], 'retries', 1)
 -- retried_done: "retries:pages kept", so that a rate counts only the pages

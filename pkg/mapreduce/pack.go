@@ -1,0 +1,129 @@
+package mapreduce
+
+import (
+	"math/bits"
+	"time"
+)
+
+// Packing: a map task may carry several pages. asynq's own work per task
+// (its enqueue, dequeue and done scripts, ~100–300 µs of CPU on a 2-vCPU
+// machine) and the framework's (the run's read, the record) dwarf a page
+// whose Map takes microseconds, so that such a job ran at a fraction of
+// the rate a bare asynq handler reaches, and a 10M-page run spent most of
+// its time in bookkeeping. A run's split therefore measures its pages
+// (record.lua sums how long Map took over the pages recorded) and, once
+// it has a sample, packs the pages it feeds from then on into tasks of k,
+// k chosen so that a task's pages take about packBudget. Pages that take
+// longer than half of that (a database query under a permit, typically)
+// keep a task each: packing them would only cut the parallelism a run
+// gets from its workers.
+//
+// A run packs from one page on, once: the run hash records k ('pack') and
+// the first page packed ('pack_from'), with the feed that moves the fed
+// mark past it (feed.lua), so that every split attempt, the orphan scan
+// and the reconciler find page i's task by i alone: below pack_from, a
+// page is its own task (mapTaskID); from there, pages go by groups, each
+// the pages of one aligned block of k (i - i%k), or from pack_from for
+// the first one (pagesTaskID names the group's first index). A feed only
+// ever ends at the end of a block, or at the split's end, so no group is
+// split between two feeds and no two tasks share an ID. Retry forgets the
+// decision with the nonce; the measurements stay, so a resumed run packs
+// from its first feed.
+
+// packing is how a run's pages go to tasks: from page from on, by groups
+// of k; before, and with k < 2, one page a task.
+type packing struct {
+	k    int
+	from int
+}
+
+// packed reports whether page i goes in a task of several pages.
+func (p packing) packed(i int) bool { return p.k > 1 && i >= p.from }
+
+// group returns the first index of page i's group (its task's ID).
+func (p packing) group(i int) int {
+	if !p.packed(i) {
+		return i
+	}
+	return max(p.from, i-i%p.k)
+}
+
+// blockEnd reports whether page i is the last of its group's block, so
+// that a feed may end after it with pages still to come.
+func (p packing) blockEnd(i int) bool { return !p.packed(i) || (i+1)%p.k == 0 }
+
+// mapTask is one map task: its pages, and the first index of its group
+// (the task's ID).
+type mapTask struct {
+	first  int
+	packed bool
+	pages  []fedPage
+}
+
+// tasks groups pages (ascending) into their map tasks.
+func (p packing) tasks(pages []fedPage) []mapTask {
+	var ts []mapTask
+	for _, pg := range pages {
+		g := p.group(pg.i)
+		if n := len(ts); n > 0 && ts[n-1].packed && ts[n-1].first == g {
+			ts[n-1].pages = append(ts[n-1].pages, pg)
+			continue
+		}
+		ts = append(ts, mapTask{first: g, packed: p.packed(pg.i), pages: []fedPage{pg}})
+	}
+	return ts
+}
+
+// cut returns how many of pages (ascending, the first n of what a feed
+// may take) a feed can take without splitting a group between two feeds:
+// all of them if the split has ended (final) or the last one ends its
+// block, or else up to the start of the last one's group. next, if not
+// -1, is the index of the page that follows pages in the split.
+func (p packing) cut(pages []fedPage, next int, final bool) int {
+	n := len(pages)
+	if n == 0 {
+		return 0
+	}
+	last := pages[n-1].i
+	switch {
+	case next >= 0 && p.group(next) != p.group(last):
+		return n
+	case next < 0 && (final || p.blockEnd(last)):
+		return n
+	}
+	g := p.group(last)
+	for n > 0 && p.group(pages[n-1].i) == g {
+		n--
+	}
+	return n
+}
+
+// Packing's knobs.
+const (
+	// maxPack is the most pages a task carries: JobOptions.PagesPerTask's
+	// default and ceiling.
+	maxPack = 64
+	// packBudget is about how long the pages of one packed task take: the
+	// pages of a task take its per-task cost ~10 times over.
+	packBudget = 2 * time.Millisecond
+	// packSample is how many measured pages a run needs before its split
+	// decides.
+	packSample = 32
+)
+
+// packFor returns how many pages a task should carry for pages whose Map
+// took mapUS microseconds in all over n pages, at most limit (a power of
+// two): 1 while fewer than packSample are measured or the pages are too
+// slow to gain.
+func packFor(mapUS, n int64, limit int) int {
+	if n < packSample || limit < 2 {
+		return 1
+	}
+	avg := max(float64(mapUS)/float64(n), 1) // µs a page: 1 for anything faster
+	budget := float64(packBudget.Microseconds())
+	if 2*avg >= budget {
+		return 1 // a millisecond or more: a task's cost is a small part of it
+	}
+	want := int(budget / avg)
+	return min(1<<(bits.Len(uint(want))-1), limit) // a power of two, so that blocks nest
+}

@@ -1,0 +1,338 @@
+package mapreduce_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
+)
+
+// packedTasks returns how many tasks asynq has processed from the env's
+// queue.
+func (e *env) processedTasks() int {
+	e.t.Helper()
+	info, err := asynq.NewInspectorFromRedisClient(e.rdb).GetQueueInfo(e.queue)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info.ProcessedTotal
+}
+
+// wantEachMappedOnce checks that Map ran exactly once for each of pages
+// pages of one number each (sumArgs{PageSize: 1}), but for those in again,
+// which it ran twice.
+func wantEachMappedOnce(t *testing.T, cnt *counts, pages int, again func(i int) bool) {
+	t.Helper()
+	cnt.mu.Lock()
+	defer cnt.mu.Unlock()
+	bad := 0
+	for i := range pages {
+		want := 1
+		if again != nil && again(i) {
+			want = 2
+		}
+		if got := cnt.maps[i]; got != want && bad < 5 {
+			bad++
+			t.Errorf("page %d: Map ran %d times, want %d", i, got, want)
+		}
+	}
+}
+
+func TestCheapPagesGoSeveralToATaskAndEachIsRecordedOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages = 3000
+	cnt := newCounts()
+	job := sumJob("cheap", cnt, e.opts(mapreduce.JobOptions{Window: 1000}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, 8)
+	ctx := context.Background()
+	id, err := job.Start(ctx, c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := wait(t, c, id, time.Minute)
+	if st.State != mapreduce.StateSucceeded || st.Done != pages {
+		t.Fatalf("run ended %s with %d pages done: %s", st.State, st.Done, st.Error)
+	}
+	if got, want := resultOf(t, c, st), pages*(pages-1)/2; got != want {
+		t.Errorf("result %d, want %d", got, want)
+	}
+	wantEachMappedOnce(t, cnt, pages, nil)
+	k, from, err := c.Packing(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k < 2 || from < mapreduce.PackSample {
+		t.Fatalf("the run packs %d pages a task from page %d: want several, once %d pages were measured", k, from, mapreduce.PackSample)
+	}
+	// One task a page up to from, then groups of k, a split and a reduce.
+	if tasks, most := e.processedTasks(), from+(pages-from)/k+8+2; tasks > most {
+		t.Errorf("asynq processed %d tasks for %d pages packed by %d from page %d: want at most %d", tasks, pages, k, from, most)
+	} else {
+		t.Logf("%d pages in %d tasks: packed by %d from page %d", pages, tasks, k, from)
+	}
+}
+
+func TestPagesThatTakeAMillisecondOrMoreKeepATaskEach(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	slow := sumJob("slow", newCounts(), e.opts(mapreduce.JobOptions{}))
+	inner := slow.Map
+	slow.Map = func(ctx context.Context, p span) (int, error) {
+		time.Sleep(2 * time.Millisecond) // a query's worth
+		return inner(ctx, p)
+	}
+	off := sumJob("off", newCounts(), e.opts(mapreduce.JobOptions{PagesPerTask: 1}))
+	e.addJob(mapreduce.AddJob(e.jobs, slow))
+	e.addJob(mapreduce.AddJob(e.jobs, off))
+	c := e.client()
+	e.worker(c, 16)
+	ctx := context.Background()
+	for _, job := range []string{"slow", "off"} {
+		id := mustStart(t, c, job, sumArgs{N: 400, PageSize: 1}, mapreduce.StartOptions{})
+		if st := wait(t, c, id, time.Minute); st.State != mapreduce.StateSucceeded || st.Done != 400 {
+			t.Fatalf("%s: run ended %s with %d pages done: %s", job, st.State, st.Done, st.Error)
+		}
+		if k, from, err := c.Packing(ctx, id); err != nil || k != 0 {
+			t.Errorf("%s: the run packs %d pages a task from page %d (%v): want one page a task", job, k, from, err)
+		}
+	}
+	if tasks := e.processedTasks(); tasks < 2*(400+2) {
+		t.Errorf("asynq processed %d tasks for two runs of 400 pages: want a task a page", tasks)
+	}
+}
+
+// packedRun starts a run of pages of one number each that packs by k from
+// its first page, and runs its split by hand: its map tasks are pending.
+func packedRun(t *testing.T, e *env, c *mapreduce.Client, job string, pages, k int) string {
+	t.Helper()
+	ctx := context.Background()
+	id := mustStart(t, c, job, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+	if err := c.SetPacking(ctx, id, k, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
+		t.Fatal(err)
+	}
+	if n, want := len(e.pendingTasks(mapreduce.TypePages)), (pages+k-1)/k; n != want {
+		t.Fatalf("%d pending tasks of several pages, want %d", n, want)
+	}
+	if n := len(e.pendingTasks(mapreduce.TypeMap)); n != 0 {
+		t.Fatalf("%d pending tasks of one page, want none", n)
+	}
+	return id
+}
+
+func TestAPageThatFailsInATaskOfSeveralRetriesAndItsNeighboursRunOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages = 40
+	cnt := newCounts()
+	job := sumJob("flaky", cnt, e.opts(mapreduce.JobOptions{}))
+	inner := job.Map
+	failOnce := func(i int) bool { return i%5 == 3 }
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		cnt.mu.Lock()
+		first := cnt.maps[p.Lo] == 0
+		cnt.mu.Unlock()
+		n, _ := inner(ctx, p)
+		if i, _ := mapreduce.PageIndex(ctx); i != p.Lo {
+			return 0, fmt.Errorf("PageIndex %d in the Map of page %d", i, p.Lo)
+		}
+		if first && failOnce(p.Lo) {
+			return 0, errors.New("first attempt fails")
+		}
+		return n, nil
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	id := packedRun(t, e, c, "flaky", pages, 8)
+	e.worker(c, 4)
+	st := wait(t, c, id, 30*time.Second)
+	if st.State != mapreduce.StateSucceeded || st.Done != pages {
+		t.Fatalf("run ended %s with %d pages done: %s", st.State, st.Done, st.Error)
+	}
+	if got, want := resultOf(t, c, st), pages*(pages-1)/2; got != want {
+		t.Errorf("result %d, want %d", got, want)
+	}
+	wantEachMappedOnce(t, cnt, pages, failOnce)
+}
+
+func TestAPageThatFailsForGoodInATaskOfSeveralFailsAlone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages = 40
+	cnt := newCounts()
+	job := sumJob("doomed", cnt, e.opts(mapreduce.JobOptions{Semantics: mapreduce.CompleteSemantics, MapRetries: 1}))
+	inner := job.Map
+	bad := func(i int) bool { return i%7 == 2 }
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		n, _ := inner(ctx, p)
+		if bad(p.Lo) {
+			return 0, fmt.Errorf("page %d is bad", p.Lo)
+		}
+		return n, nil
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	id := packedRun(t, e, c, "doomed", pages, 8)
+	e.worker(c, 4)
+	st := wait(t, c, id, 30*time.Second)
+	wantFailed := 0
+	for i := range pages {
+		if bad(i) {
+			wantFailed++
+		}
+	}
+	if st.State != mapreduce.StateSucceeded || st.Failed != wantFailed || st.Done != pages-wantFailed {
+		t.Fatalf("run ended %s with %d done, %d failed: %s; want succeeded, %d failed", st.State, st.Done, st.Failed, st.Error, wantFailed)
+	}
+	wantEachMappedOnce(t, cnt, pages, bad) // one retry for the bad pages, none for the others
+	cnt.mu.Lock()
+	defer cnt.mu.Unlock()
+	if len(cnt.reduced) != pages {
+		t.Fatalf("Reduce saw %d pages, want %d", len(cnt.reduced), pages)
+	}
+	for _, pr := range cnt.reduced {
+		switch {
+		case bad(pr.Index) && (pr.Err == nil || !strings.Contains(pr.Err.Error(), fmt.Sprintf("page %d is bad", pr.Index)) || pr.Page.Lo != pr.Index):
+			t.Errorf("page %d: error %v, page %+v; want its own error and descriptor", pr.Index, pr.Err, pr.Page)
+		case !bad(pr.Index) && (pr.Err != nil || pr.Result != pr.Index):
+			t.Errorf("page %d: result %d, error %v; want %d", pr.Index, pr.Result, pr.Err, pr.Index)
+		}
+	}
+}
+
+func TestATaskOfSeveralPagesDeliveredTwiceRecordsThemOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("twice", cnt, e.opts(mapreduce.JobOptions{}))))
+	c := e.client()
+	id := packedRun(t, e, c, "twice", 20, 4)
+	ctx := context.Background()
+	ti := e.pendingTasks(mapreduce.TypePages)[0]
+	for range 2 {
+		if err := c.ProcessTask(ctx, task(ti)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := c.Status(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Done != 4 {
+		t.Errorf("%d pages done after one task of 4 ran twice, want 4", st.Done)
+	}
+	if calls, _ := cnt.snapshot(); calls != 4 {
+		t.Errorf("Map ran %d times for a task of 4 pages delivered twice, want 4", calls)
+	}
+}
+
+func TestReconcilerFailsThePagesOfATaskOfSeveralThatWasArchivedOrLost(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", cnt, e.opts(mapreduce.JobOptions{Semantics: mapreduce.CompleteSemantics}))))
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, StuckAfter: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	id := packedRun(t, e, c, "sum", 20, 4) // tasks of pages 0–3, 4–7, …, 16–19
+	for _, ti := range e.pendingTasks(mapreduce.TypePages) {
+		var err error
+		switch {
+		case strings.HasSuffix(ti.ID, ":pages:0"):
+			err = insp.ArchiveTask(e.queue, ti.ID) // its retries ran out while workers crashed
+		case strings.HasSuffix(ti.ID, ":pages:4"):
+			err = insp.DeleteTask(e.queue, ti.ID) // deleted by hand
+		case strings.HasSuffix(ti.ID, ":pages:8"):
+			// still pending when the reconciler looks: it records itself
+		default:
+			if err = c.ProcessTask(ctx, task(ti)); err == nil {
+				err = insp.DeleteTask(e.queue, ti.ID)
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(150 * time.Millisecond)
+	rep, err := c.Reconcile(ctx)
+	if err != nil || rep.PagesFailed != 8 {
+		t.Fatalf("repairs %+v, %v; want the 8 pages of the archived and the lost task failed", rep, err)
+	}
+	e.worker(c, 2)
+	st := wait(t, c, id, 10*time.Second)
+	if st.State != mapreduce.StateSucceeded || st.Done != 12 || st.Failed != 8 {
+		t.Fatalf("state %s, done %d, failed %d (%s); want succeeded with 12 done, 8 failed", st.State, st.Done, st.Failed, st.Error)
+	}
+	cnt.mu.Lock()
+	defer cnt.mu.Unlock()
+	for _, pr := range cnt.reduced {
+		switch {
+		case pr.Index < 4 && (pr.Err == nil || !strings.Contains(pr.Err.Error(), "archived") || pr.Page.Lo != pr.Index):
+			t.Errorf("page %d: %v, page %+v; want the archived task's error and the page's descriptor", pr.Index, pr.Err, pr.Page)
+		case pr.Index >= 4 && pr.Index < 8 && (pr.Err == nil || !strings.Contains(pr.Err.Error(), "disappeared")):
+			t.Errorf("page %d: %v, want the lost task's error", pr.Index, pr.Err)
+		case pr.Index >= 8 && (pr.Err != nil || pr.Result != pr.Index):
+			t.Errorf("page %d: result %d, error %v; want %d", pr.Index, pr.Result, pr.Err, pr.Index)
+		}
+	}
+}
+
+func TestAnOrphanedTaskOfSeveralPagesIsCopied(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	c := e.client()
+	id := packedRun(t, e, c, "sum", 20, 4)
+	lost := e.pendingTasks(mapreduce.TypePages)[0]
+	e.takeWithoutHandler(lost.ID)
+	if n := scanOrphans(t, c, 2); n != 1 {
+		t.Fatalf("%d copies of an orphaned task of 4 pages, want 1", n)
+	}
+	copies := 0
+	for _, ti := range e.pendingTasks(mapreduce.TypePages) {
+		if strings.HasPrefix(ti.ID, lost.ID+"~") {
+			copies++
+			if string(ti.Payload) != string(lost.Payload) {
+				t.Errorf("the copy carries %s, want the orphan's %s", ti.Payload, lost.Payload)
+			}
+		}
+	}
+	if copies != 1 {
+		t.Fatalf("%d pending copies of %s, want 1", copies, lost.ID)
+	}
+	e.worker(c, 2)
+	if st := wait(t, c, id, 10*time.Second); st.State != mapreduce.StateSucceeded || st.Done != 20 {
+		t.Fatalf("run ended %s with %d done: %s", st.State, st.Done, st.Error)
+	}
+}
+
+func TestPagesPerTaskMustBeAPowerOfTwoUpTo64(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{-1, 3, 12, 128} {
+		err := mapreduce.AddJob(mapreduce.NewJobs(), sumJob("bad", nil, mapreduce.JobOptions{PagesPerTask: n}))
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("PagesPerTask %d: use a power of two up to 64", n)) {
+			t.Errorf("PagesPerTask %d: %v, want an error that names the fix", n, err)
+		}
+	}
+	for _, n := range []int{0, 1, 2, 64} {
+		if err := mapreduce.AddJob(mapreduce.NewJobs(), sumJob("good", nil, mapreduce.JobOptions{PagesPerTask: n})); err != nil {
+			t.Errorf("PagesPerTask %d: %v", n, err)
+		}
+	}
+}
