@@ -70,8 +70,8 @@ func TestTasksCarryAbout2msOfPages(t *testing.T) {
 		{3200, 32, 64, 16},         // 100 µs: 20 fit, 16 is the power of two below
 		{32000, 32, 64, 1},         // 1 ms: 2 fit in 2 ms, packing gains little
 		{25000, 32, 64, 2},
-		{32, 32, 8, 8},  // the job's or the window's limit
-		{32, 32, 1, 1},  // PagesPerTask 1
+		{32, 32, 8, 8}, // the job's or the window's limit
+		{32, 32, 1, 1}, // PagesPerTask 1
 		{0, 1000, 64, 64},
 	} {
 		if got := packFor(c.us, c.n, c.limit); got != c.want {
