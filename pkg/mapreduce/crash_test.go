@@ -26,7 +26,7 @@ import (
 // kill, and each test takes about a minute. They run in parallel.
 
 const (
-	workerEnv = "MRTEST_WORKER" // the step to hang at: split, map or reduce
+	workerEnv = "MRTEST_WORKER" // the step to hang at: split, map, pages (map, in a task of several pages) or reduce
 	prefixEnv = "MRTEST_PREFIX"
 	queueEnv  = "MRTEST_QUEUE"
 )
@@ -58,7 +58,7 @@ func crashJob(queue, at string, hang func()) mapreduce.Job[sumArgs, span, int, i
 		return nil
 	}
 	j.Map = func(ctx context.Context, p span) (int, error) {
-		if at == "map" && p.Lo == 8 {
+		if (at == "map" || at == "pages") && p.Lo == 8 {
 			hang()
 		}
 		return sumSpan(p), nil
@@ -111,8 +111,9 @@ func runCrashWorker(at string) int {
 }
 
 // TestWorkersKilledMidSplitMapAndReduceLoseNothing kills a worker in the
-// middle of each step, in three runs at once (so that the suite waits for
-// asynq's recovery once), then starts replacements.
+// middle of each step, in four runs at once (so that the suite waits for
+// asynq's recovery once), then starts replacements. "pages" is a Map in a
+// task of four pages, two of which ran Map but were not recorded yet.
 func TestWorkersKilledMidSplitMapAndReduceLoseNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits a minute for asynq to recover the dead workers' tasks")
@@ -128,12 +129,18 @@ func TestWorkersKilledMidSplitMapAndReduceLoseNothing(t *testing.T) {
 	var crashes []*crash
 	var lastKill time.Time
 	t.Logf("%s: start", time.Now().Format("15:04:05.000"))
-	for _, at := range []string{"split", "map", "reduce"} {
+	for _, at := range []string{"split", "map", "pages", "reduce"} {
 		e := newEnv(t)
 		e.addJob(mapreduce.AddJob(e.jobs, crashJob(e.queue, "", nil)))
 		cr := &crash{at: at, e: e, c: e.client()}
 		crashes = append(crashes, cr)
 
+		cr.run = mustStart(t, cr.c, "crashy", sumArgs{N: 40, PageSize: 4}, mapreduce.StartOptions{})
+		if at == "pages" {
+			if err := cr.c.SetPacking(ctx, cr.run, 4, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), workerEnv+"="+at, prefixEnv+"="+e.prefix, queueEnv+"="+e.queue,
 			testenv.RedisURLVar+"="+testenv.RedisURL(t))
@@ -142,7 +149,6 @@ func TestWorkersKilledMidSplitMapAndReduceLoseNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		cr.run = mustStart(t, cr.c, "crashy", sumArgs{N: 40, PageSize: 4}, mapreduce.StartOptions{})
 		testenv.WaitFor(t, 30*time.Second, "the worker to hang at "+at, func() bool {
 			return e.rdb.Get(ctx, e.prefix+":hung").Val() == at
 		})

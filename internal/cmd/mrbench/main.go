@@ -11,7 +11,9 @@
 //     started while the largest run is half done: its time, and the ratio;
 //
 //   - overhead: the framework against a bare asynq handler processing the
-//     same number of no-op tasks, in interleaved rounds: median and spread.
+//     same number of no-op tasks, in interleaved rounds: median and spread,
+//     for a run as it packs pages by default, and for one that takes a
+//     task a page (PagesPerTask 1).
 //
 //     go run ./internal/cmd/mrbench -redis redis://127.0.0.1:6379/0
 //
@@ -52,6 +54,7 @@ var (
 	concurrency = flag.Int("concurrency", 32, "asynq worker concurrency in every measurement")
 	only        = flag.String("only", "", "run only these sections, comma-separated: scale,fairness,overhead (fairness runs with scale)")
 	enqueueConc = flag.Int("enqueue-concurrency", 0, "mapreduce.Config.EnqueueConcurrency of every run (0: the default)")
+	perTask     = flag.Int("pages-per-task", 0, "JobOptions.PagesPerTask of the scale and fairness runs (0: the default, packing; 1: a task a page)")
 	cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole benchmark (worker and client: one process) to this file")
 )
 
@@ -89,45 +92,74 @@ func main() {
 		scale(ctx, rdb, base+":scale", q, ns, want("scale"), want("fairness"))
 	}
 	if want("overhead") {
-		var bare, mr []time.Duration
-		var bareUse, mrUse []benchutil.Use
-		var ratios []float64
-		for r := range *repeat {
-			qb, qm := fmt.Sprintf("%s-bare-%d", base, r), fmt.Sprintf("%s-mr-%d", base, r)
-			queues = append(queues, qb, qm)
-			u0 := benchutil.TakeUse(ctx, rdb)
-			var b, m time.Duration
-			// Labels tell the two apart in a -cpuprofile: pprof -tagfocus round=bare (or mapreduce).
-			pprof.Do(ctx, pprof.Labels("round", "bare"), func(ctx context.Context) { b = bareRound(ctx, rdb, qb) })
-			u1 := benchutil.TakeUse(ctx, rdb)
-			pprof.Do(ctx, pprof.Labels("round", "mapreduce"), func(ctx context.Context) {
-				m = mapreduceRound(ctx, rdb, fmt.Sprintf("%s:mr%d", base, r), qm, *tasks)
-			})
-			u2 := benchutil.TakeUse(ctx, rdb)
-			bare, mr, ratios = append(bare, b), append(mr, m), append(ratios, float64(m)/float64(b))
-			bareUse, mrUse = append(bareUse, u1.Sub(u0)), append(mrUse, u2.Sub(u1))
-		}
-		b, m := benchutil.Median(bare), benchutil.Median(mr)
-		fmt.Printf("## Framework overhead: %d no-op tasks, bare asynq handler vs one mapreduce run (%d interleaved rounds)\n\n", *tasks, *repeat)
-		fmt.Println("| | bare asynq | mapreduce run | ratio (target ≤ 1.25) |")
-		fmt.Println("|---|---|---|---|")
-		fmt.Printf("| wall time, median | %v | %v | **%.2f** (ratio of medians) |\n", b.Round(time.Millisecond), m.Round(time.Millisecond), float64(m)/float64(b))
-		fmt.Printf("| tasks/s, median | %.0f | %.0f | |\n", float64(*tasks)/b.Seconds(), float64(*tasks)/m.Seconds())
-		perTask := func(name, unit string, f func(benchutil.Use) float64) {
-			var bs, ms []float64
-			for i := range bareUse {
-				bs, ms = append(bs, f(bareUse[i])/float64(*tasks)), append(ms, f(mrUse[i])/float64(*tasks))
-			}
-			bm, mm := benchutil.Median(bs), benchutil.Median(ms)
-			fmt.Printf("| %s per task, median | %.1f%s | %.1f%s | %.2f |\n", name, bm, unit, mm, unit, mm/bm)
-		}
-		perTask("Redis CPU", " µs", func(u benchutil.Use) float64 { return micros(u.RedisCPU) })
-		perTask("worker CPU (this process: asynq client and server, handlers)", " µs", func(u benchutil.Use) float64 { return micros(u.OwnCPU) })
-		perTask("Redis round trips (client reads)", "", func(u benchutil.Use) float64 { return float64(u.Reads) })
-		perTask("Redis commands (scripts' calls included)", "", func(u benchutil.Use) float64 { return float64(u.Commands) })
-		fmt.Printf("| per round | %s | %s | %s (median **%.2f**, spread %.2f–%.2f) |\n\n", durs(bare), durs(mr),
-			floats(ratios), benchutil.Median(ratios), slices.Min(ratios), slices.Max(ratios))
+		overhead(ctx, rdb, base, &queues)
 	}
+}
+
+// overhead runs the overhead section: in each round, a bare asynq handler,
+// then a mapreduce run as it packs by default, then one that takes a task
+// a page (PagesPerTask 1), each over -tasks no-op tasks or pages.
+func overhead(ctx context.Context, rdb *redis.Client, base string, queues *[]string) {
+	sides := []struct {
+		name, label string
+		perTask     int
+	}{
+		{"bare asynq", "bare", 0},
+		{"mapreduce run (default: packs)", "mapreduce", 0},
+		{"mapreduce run, PagesPerTask 1", "mapreduce-1", 1},
+	}
+	times := make([][]time.Duration, len(sides))
+	uses := make([][]benchutil.Use, len(sides))
+	for r := range *repeat {
+		for i, side := range sides {
+			q := fmt.Sprintf("%s-%s-%d", base, side.label, r)
+			*queues = append(*queues, q)
+			u0 := benchutil.TakeUse(ctx, rdb)
+			var d time.Duration
+			// Labels tell the sides apart in a -cpuprofile: pprof -tagfocus round=bare (or mapreduce, mapreduce-1).
+			pprof.Do(ctx, pprof.Labels("round", side.label), func(ctx context.Context) {
+				if i == 0 {
+					d = bareRound(ctx, rdb, q)
+				} else {
+					d = mapreduceRound(ctx, rdb, fmt.Sprintf("%s:%s%d", base, side.label, r), q, *tasks, side.perTask)
+				}
+			})
+			times[i], uses[i] = append(times[i], d), append(uses[i], benchutil.TakeUse(ctx, rdb).Sub(u0))
+		}
+	}
+	fmt.Printf("## Framework overhead: %d no-op tasks, bare asynq handler vs a mapreduce run of as many pages (%d interleaved rounds)\n\n", *tasks, *repeat)
+	fmt.Printf("| | %s | %s | ratio (target ≤ 1.25) | %s | ratio |\n", sides[0].name, sides[1].name, sides[2].name)
+	fmt.Println("|---|---|---|---|---|---|")
+	b, m, m1 := benchutil.Median(times[0]), benchutil.Median(times[1]), benchutil.Median(times[2])
+	fmt.Printf("| wall time, median | %v | %v | **%.2f** (ratio of medians) | %v | %.2f |\n", b.Round(time.Millisecond),
+		m.Round(time.Millisecond), float64(m)/float64(b), m1.Round(time.Millisecond), float64(m1)/float64(b))
+	fmt.Printf("| pages (tasks) /s, median | %.0f | %.0f | | %.0f | |\n", float64(*tasks)/b.Seconds(), float64(*tasks)/m.Seconds(), float64(*tasks)/m1.Seconds())
+	perPage := func(name, unit string, f func(benchutil.Use) float64) {
+		med := make([]float64, len(sides))
+		for i := range sides {
+			var vs []float64
+			for _, u := range uses[i] {
+				vs = append(vs, f(u)/float64(*tasks))
+			}
+			med[i] = benchutil.Median(vs)
+		}
+		fmt.Printf("| %s per page, median | %.1f%s | %.1f%s | %.2f | %.1f%s | %.2f |\n", name, med[0], unit, med[1], unit, med[1]/med[0], med[2], unit, med[2]/med[0])
+	}
+	perPage("Redis CPU", " µs", func(u benchutil.Use) float64 { return micros(u.RedisCPU) })
+	perPage("worker CPU (this process: asynq client and server, handlers)", " µs", func(u benchutil.Use) float64 { return micros(u.OwnCPU) })
+	perPage("Redis round trips (client reads)", "", func(u benchutil.Use) float64 { return float64(u.Reads) })
+	perPage("Redis commands (scripts' calls included)", "", func(u benchutil.Use) float64 { return float64(u.Commands) })
+	ratios := func(side int) []float64 {
+		var rs []float64
+		for r := range times[0] {
+			rs = append(rs, float64(times[side][r])/float64(times[0][r]))
+		}
+		return rs
+	}
+	r, r1 := ratios(1), ratios(2)
+	fmt.Printf("| per round | %s | %s | %s (median **%.2f**, spread %.2f–%.2f) | %s | %s (median %.2f, spread %.2f–%.2f) |\n\n",
+		durs(times[0]), durs(times[1]), floats(r), benchutil.Median(r), slices.Min(r), slices.Max(r),
+		durs(times[2]), floats(r1), benchutil.Median(r1), slices.Min(r1), slices.Max(r1))
 }
 
 func newServer(rdb redis.UniversalClient, queue string) *asynq.Server {
@@ -141,14 +173,15 @@ func newServer(rdb redis.UniversalClient, queue string) *asynq.Server {
 
 // noop is the job of both sections: a split of n pages, a Map that does
 // nothing, a Reduce that counts.
-func noopJobs(queue string) *mapreduce.Jobs {
+func noopJobs(queue string, pagesPerTask int) *mapreduce.Jobs {
 	jobs := mapreduce.NewJobs()
-	must(mapreduce.AddJob(jobs, noopJob(queue)))
+	must(mapreduce.AddJob(jobs, noopJob(queue, pagesPerTask)))
 	return jobs
 }
 
-// noopJob is a job of n pages whose Map does nothing.
-func noopJob(queue string) mapreduce.Job[int, int, struct{}, int] {
+// noopJob is a job of n pages whose Map does nothing, with
+// JobOptions.PagesPerTask pagesPerTask.
+func noopJob(queue string, pagesPerTask int) mapreduce.Job[int, int, struct{}, int] {
 	return mapreduce.Job[int, int, struct{}, int]{
 		Name: "noop",
 		Split: func(ctx context.Context, n int, emit func(int) error) error {
@@ -161,12 +194,12 @@ func noopJob(queue string) mapreduce.Job[int, int, struct{}, int] {
 		},
 		Map: func(context.Context, int) (struct{}, error) { return struct{}{}, nil },
 		Options: mapreduce.JobOptions{Queue: queue, Retention: time.Minute, Window: *window, AllowOverlap: true,
-			Semantics: mapreduce.CompleteSemantics, MapRetries: -1},
+			Semantics: mapreduce.CompleteSemantics, MapRetries: -1, PagesPerTask: pagesPerTask},
 	}
 }
 
-func newClient(rdb *redis.Client, prefix, queue string) *mapreduce.Client {
-	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: noopJobs(queue), Prefix: prefix, EnqueueConcurrency: *enqueueConc,
+func newClient(rdb *redis.Client, prefix, queue string, pagesPerTask int) *mapreduce.Client {
+	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: noopJobs(queue, pagesPerTask), Prefix: prefix, EnqueueConcurrency: *enqueueConc,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	must(err)
 	return c
@@ -175,7 +208,7 @@ func newClient(rdb *redis.Client, prefix, queue string) *mapreduce.Client {
 // run starts a run of n pages and returns its final status, polling every
 // 5 ms so that the poll does not pad the time; during sees each status.
 func run(ctx context.Context, rdb *redis.Client, c *mapreduce.Client, queue string, n int, during func(*mapreduce.Status)) *mapreduce.Status {
-	id, err := noopJob(queue).Start(ctx, c, n, mapreduce.StartOptions{})
+	id, err := noopJob(queue, 0).Start(ctx, c, n, mapreduce.StartOptions{})
 	must(err)
 	for {
 		st, err := c.Status(ctx, id)
@@ -219,7 +252,7 @@ func (s *sample) take(ctx context.Context, rdb *redis.Client, queue string, idle
 // and prints their rates and memory. With fairness, it also times small
 // runs alone before the largest run, and started while it is half done.
 func scale(ctx context.Context, rdb *redis.Client, prefix, queue string, ns []int, showScale, fairness bool) {
-	c := newClient(rdb, prefix, queue)
+	c := newClient(rdb, prefix, queue, *perTask)
 	srv := newServer(rdb, queue)
 	mux := asynq.NewServeMux()
 	c.Register(mux)
@@ -277,7 +310,7 @@ func scale(ctx context.Context, rdb *redis.Client, prefix, queue string, ns []in
 					return
 				}
 			}
-			id, err := noopJob(queue).Start(ctx, c, *small, mapreduce.StartOptions{})
+			id, err := noopJob(queue, 0).Start(ctx, c, *small, mapreduce.StartOptions{})
 			must(err)
 			smallID = id
 		})
@@ -329,8 +362,8 @@ func runTime(st *mapreduce.Status) time.Duration { return st.Finished.Sub(st.Cre
 
 func rate(st *mapreduce.Status) float64 { return float64(st.Total) / runTime(st).Seconds() }
 
-func mapreduceRound(ctx context.Context, rdb *redis.Client, prefix, queue string, n int) time.Duration {
-	c := newClient(rdb, prefix, queue)
+func mapreduceRound(ctx context.Context, rdb *redis.Client, prefix, queue string, n, pagesPerTask int) time.Duration {
+	c := newClient(rdb, prefix, queue, pagesPerTask)
 	srv := newServer(rdb, queue)
 	mux := asynq.NewServeMux()
 	c.Register(mux)
