@@ -100,6 +100,12 @@ func IsFeedMove(args []any) bool {
 		len(args) >= 3+2+7 // numkeys, 2 keys, and a move's pages (ARGV[7])
 }
 
+// IsSplitDone reports whether args, a command's, run splitdone.lua: the
+// split recording its total.
+func IsSplitDone(args []any) bool {
+	return len(args) > 2 && args[0] == "evalsha" && args[1] == scriptSplitDone.Hash()
+}
+
 // SetEnqueueFault makes the enqueue of a map task fail with what fault
 // returns for its page (nil: enqueue it), as if the split's worker died
 // between feeding the page to the window and enqueuing it.

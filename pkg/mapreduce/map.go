@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -64,11 +65,23 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 	var (
 		outcomes []pageOutcome
 		failures []pageFailure
+		ends     = make(map[int]func(error), len(todo)) // each page's Observer step
+		unrun    []fedPage                              // pages the task's context ended before
 		mapUS    int64
 	)
-	for _, pg := range todo {
-		result, took, mapErr := c.mapOne(wctx, r, p.Run, pg, packed, o)
+	for n, pg := range todo {
+		if ctx.Err() != nil {
+			// asynq's deadline, or a shutdown: the pages not started are
+			// not failures of theirs; the task's retry runs them.
+			unrun = todo[n:]
+			break
+		}
+		result, took, end, mapErr := c.mapOne(wctx, r, p.Run, pg, packed, o)
+		ends[pg.i] = end
 		if cause := context.Cause(wctx); errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded) {
+			for _, end := range ends {
+				end(nil) // the Observer reads the run's end from the context
+			}
 			return nil // the run ended while its pages were processed
 		}
 		if mapErr != nil {
@@ -82,7 +95,16 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 	measured := len(outcomes)
 	rctx, cancel := afterWork(ctx)
 	defer cancel()
-	finals, mapErr := c.settleFailures(ctx, rctx, k, first, failures, o)
+	finals, retry, mapErr := c.settleFailures(ctx, rctx, k, first, failures, o)
+	if len(unrun) > 0 {
+		// Not final, whatever else failed (so the others' errors are
+		// text only): the task must run again.
+		notRun := fmt.Errorf("mapreduce: %s of %s not run: %w", pagesName(unrun[0].i, unrun[len(unrun)-1].i), p.Run, context.Cause(ctx))
+		if mapErr != nil {
+			notRun = fmt.Errorf("%w (and: %v)", notRun, mapErr)
+		}
+		mapErr = notRun
+	}
 	for _, f := range finals {
 		b, _ := json.Marshal(failure{Page: f.page.page, Error: f.err.Error()})
 		outcomes = append(outcomes, pageOutcome{i: f.page.i, outcome: b, failed: true})
@@ -94,8 +116,32 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 			return err
 		})
 	}
+	// Each page's step ends with what became of it.
+	for _, o := range outcomes {
+		switch {
+		case err != nil:
+			ends[o.i](err)
+		case o.failed:
+			ends[o.i](finalErrOf(finals, o.i))
+		default:
+			ends[o.i](nil)
+		}
+	}
+	for _, f := range retry {
+		if _, ok := errors.AsType[*errTransientRetry](mapErr); ok || errors.Is(mapErr, errStopping) {
+			ends[f.page.i](mapErr)
+		} else {
+			ends[f.page.i](f.err)
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("mapreduce: %s of %s: recording the outcome: %w", pagesName(first, last), p.Run, errors.Join(err, mapErr))
+		// Not final even if the pages' failures were: the task runs again,
+		// so that the pages that succeeded are recorded, not lost with it.
+		err = fmt.Errorf("mapreduce: %s of %s: recording the outcome: %w", pagesName(first, last), p.Run, err)
+		if mapErr != nil {
+			err = fmt.Errorf("%w (and: %v)", err, mapErr)
+		}
+		return err
 	}
 	if st == StateReducing {
 		if err := c.enqueueStep(rctx, p.Run, nonce, typeReduce, o); err != nil {
@@ -103,6 +149,16 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 		}
 	}
 	return mapErr // nil, a failure to retry, or the final failure: asynq archives the task
+}
+
+// finalErrOf returns the error of page i among finals.
+func finalErrOf(finals []pageFailure, i int) error {
+	for _, f := range finals {
+		if f.page.i == i {
+			return f.err
+		}
+	}
+	return nil
 }
 
 // pageOutcome is what record stores of page i: its encoded result, or its
@@ -122,67 +178,75 @@ type pageFailure struct {
 // mapOne runs Map for page pg of a run with its own context: the page's
 // index, and in a task of several pages (packed) its own logger attribute
 // and MapTimeout, which asynq's deadline sets for a task of one. It
-// returns Map's result, checked for size, how long Map took, and its
-// error.
-func (c *Client) mapOne(wctx context.Context, r jobRunner, run string, pg fedPage, packed bool, o JobOptions) (result []byte, took time.Duration, err error) {
+// returns Map's result, checked for size, how long Map took, the function
+// that ends the page's Observer step with what became of the page, and
+// Map's error.
+func (c *Client) mapOne(wctx context.Context, r jobRunner, run string, pg fedPage, packed bool, o JobOptions) (result []byte, took time.Duration, end func(error), err error) {
 	ctx := context.WithValue(wctx, pageIndexKey, pg.i)
+	cancel := context.CancelFunc(func() {})
 	if packed {
 		ctx = ContextWithLogger(ctx, withPage(Logger(ctx), pg.i))
-		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.MapTimeout)
-		defer cancel()
 	}
 	ctx, endStep := c.startStep(ctx, StepMap, run, pg.i)
 	start := time.Now()
 	result, err = r.mapPage(ctx, pg.page)
 	took = time.Since(start)
+	cancel()
 	if err == nil {
 		err = c.checkResultSize(ctx, len(result))
 	}
-	endStep(ctx, err)
-	return result, took, err
+	return result, took, func(err error) { endStep(ctx, err) }, err
 }
 
-// settleFailures decides what the pages that failed in this attempt do,
-// and returns the error the task gives asynq (nil if none failed) and
-// the failures to record as final. If every failure is transient and the
-// task has transient retries left, or the worker stops before the pages
-// got their permit, the task is retried without spending a retry
-// (transientRetry), and none is final. Otherwise a page whose retries are
-// spent, or whose error no retry can fix (lastAttempt), is final; the
-// others retry with the task, which is archived once none does.
-func (c *Client) settleFailures(ctx, rctx context.Context, k runKeys, first int, failures []pageFailure, o JobOptions) (finals []pageFailure, err error) {
-	if len(failures) == 0 {
-		return nil, nil
+// settleFailures decides what the pages that failed in this attempt do.
+// It returns those to record as failed for good (finals), those that run
+// again with the task (retry), and the error the task gives asynq: nil if
+// none failed, final if every failure is. A page whose error is not
+// transient is final on its last attempt, or if no retry can fix it
+// (lastAttempt). If the others all failed for a transient reason (or the
+// worker stops before they got their permit) and the task has transient
+// retries left, the task takes a transient retry, which spends none of
+// the job's retries (transientRetry); else they are final on their last
+// attempt too.
+func (c *Client) settleFailures(ctx, rctx context.Context, k runKeys, first int, failures []pageFailure, o JobOptions) (finals, retry []pageFailure, err error) {
+	transient := func(f pageFailure) bool {
+		return IsTransient(f.err) || errors.Is(f.err, semaphore.ErrDraining) || semaphore.Drained(ctx)
 	}
-	transient := true
+	var rest []pageFailure
 	for _, f := range failures {
-		if !IsTransient(f.err) && !errors.Is(f.err, semaphore.ErrDraining) {
-			transient = false
+		if !transient(f) && lastAttempt(ctx, f.err, o.MapRetries) {
+			f.err = final(f.err)
+			finals = append(finals, f)
+		} else {
+			rest = append(rest, f)
 		}
 	}
-	if transient || semaphore.Drained(ctx) {
-		if tr := c.transientRetry(rctx, k, strconv.Itoa(first), failures[0].err, o); tr != nil {
-			return nil, tr
+	if len(rest) > 0 && !slices.ContainsFunc(rest, func(f pageFailure) bool { return !transient(f) }) {
+		if tr := c.transientRetry(rctx, k, strconv.Itoa(first), rest[0].err, o); tr != nil {
+			return finals, rest, tr
 		}
 	}
-	var retry []error
-	for _, f := range failures {
+	var errs []error
+	for _, f := range rest {
 		if lastAttempt(ctx, f.err, o.MapRetries) {
 			f.err = final(f.err)
 			finals = append(finals, f)
 		} else {
-			retry = append(retry, f.err)
+			retry = append(retry, f)
+			errs = append(errs, f.err)
 		}
 	}
-	if len(retry) > 0 {
-		return finals, joinErrors(retry)
+	if len(errs) > 0 {
+		return finals, retry, joinErrors(errs)
 	}
-	errs := make([]error, len(finals))
-	for i, f := range finals {
-		errs[i] = f.err
+	for _, f := range finals {
+		errs = append(errs, f.err)
 	}
-	return finals, final(joinErrors(errs))
+	if len(errs) == 0 {
+		return nil, nil, nil
+	}
+	return finals, nil, final(joinErrors(errs))
 }
 
 // joinErrors is errors.Join, but one error stays itself.

@@ -263,7 +263,7 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	base, _, _ := strings.Cut(t.ID, copySep)
 	id := base + copySep + firstSeen
 	opts := []asynq.Option{asynq.TaskID(id), asynq.Queue(t.Queue), asynq.MaxRetry(t.MaxRetry), asynq.Timeout(timeout)}
-	if t.Type != typeMap {
+	if t.Type != typeMap && t.Type != typePages {
 		// Kept once completed, as the step tasks are (enqueueStepAs): a
 		// split's copy that fed becomes the run's split task (feed.lua),
 		// which the reconciler must find completed, not gone.

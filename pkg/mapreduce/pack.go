@@ -31,14 +31,35 @@ import (
 // from its first feed.
 
 // packing is how a run's pages go to tasks: from page from on, by groups
-// of k; before, and with k < 2, one page a task.
+// of k; before, and with k < 2, one page a task. A feed that starts in the
+// middle of a block (feedFrom) also sends the rest of that block one page
+// a task: [lone, loneEnd).
 type packing struct {
 	k    int
 	from int
+
+	lone, loneEnd int
 }
 
 // packed reports whether page i goes in a task of several pages.
-func (p packing) packed(i int) bool { return p.k > 1 && i >= p.from }
+func (p packing) packed(i int) bool {
+	return p.k > 1 && i >= p.from && (i < p.lone || i >= p.loneEnd)
+}
+
+// feedFrom returns the packing of a feed whose first page is start. A
+// feed after the decision starts at the end of a block, as the feed
+// before it ended, unless that one was the split's last and ended inside
+// a block: then the split ran again and its Split emitted more pages than
+// before (a table that grew, read from a cursor). The group of that block
+// has a task already, which would take the new pages' task ID: they go
+// one a task instead, up to the end of the block, and the reconciler
+// looks for them under their own IDs when the group's task is gone.
+func (p packing) feedFrom(start int) packing {
+	if p.packed(start) && p.group(start) != start {
+		p.lone, p.loneEnd = start, start-start%p.k+p.k
+	}
+	return p
+}
 
 // group returns the first index of page i's group (its task's ID).
 func (p packing) group(i int) int {

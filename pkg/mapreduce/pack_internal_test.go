@@ -79,3 +79,21 @@ func TestTasksCarryAbout2msOfPages(t *testing.T) {
 		}
 	}
 }
+
+func TestAFeedThatStartsInsideABlockSendsTheRestOfItOneATask(t *testing.T) {
+	p := packing{k: 4, from: 0}.feedFrom(10) // the feed before ended at 9, inside block 8–11
+	var got []int
+	for _, tk := range p.tasks(pagesAt(10, 11, 12, 13, 14, 15, 16)) {
+		got = append(got, tk.first, len(tk.pages))
+	}
+	// 10 and 11 alone, then whole groups: 12–15 and 16.
+	if want := []int{10, 1, 11, 1, 12, 4, 16, 1}; !slices.Equal(got, want) {
+		t.Errorf("tasks (first, pages) %v, want %v", got, want)
+	}
+	if q := (packing{k: 4, from: 0}).feedFrom(12); q.lone != q.loneEnd {
+		t.Errorf("a feed from a block's start: %+v, want no pages alone", q)
+	}
+	if q := (packing{k: 4, from: 6}).feedFrom(6); q.lone != q.loneEnd {
+		t.Errorf("the feed that starts packing: %+v, want no pages alone", q)
+	}
+}

@@ -7,11 +7,14 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 )
 
 // packedTasks returns how many tasks asynq has processed from the env's
@@ -333,6 +336,197 @@ func TestPagesPerTaskMustBeAPowerOfTwoUpTo64(t *testing.T) {
 	for _, n := range []int{0, 1, 2, 64} {
 		if err := mapreduce.AddJob(mapreduce.NewJobs(), sumJob("good", nil, mapreduce.JobOptions{PagesPerTask: n})); err != nil {
 			t.Errorf("PagesPerTask %d: %v", n, err)
+		}
+	}
+}
+
+// failSplitDone is a go-redis hook that fails, once, the split's record of
+// its total (splitdone.lua) without sending it, as a worker killed after
+// its split's last feed and before the total would leave it.
+type failSplitDone struct{ fired atomic.Bool }
+
+func (h *failSplitDone) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failSplitDone) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if mapreduce.IsSplitDone(cmd.Args()) && h.fired.CompareAndSwap(false, true) {
+			err := errors.New("injected: the worker died before recording the total")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *failSplitDone) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A split's last feed ends inside a block (pages 8–9 of 8–11), the split
+// stops before recording its total, and Split, run again, emits three
+// more pages (the table grew). The group task of 8–9 is still pending
+// then: pages 10 and 11 cannot go under its ID, and must not be lost.
+func TestASplitThatEmitsMorePagesAfterItsLastFeedLosesNone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	job := sumJob("grows", cnt, e.opts(mapreduce.JobOptions{}))
+	var attempts atomic.Int32
+	job.Split = func(ctx context.Context, a sumArgs, emit func(span) error) error {
+		n := a.N
+		if attempts.Add(1) > 1 {
+			n += 3
+		}
+		for lo := range n {
+			if err := emit(span{lo, lo + 1}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	gate := make(chan struct{})
+	inner := job.Map
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		if p.Lo == 8 {
+			<-gate // the group of 8–9 stays in asynq until the second split is done
+		}
+		return inner(ctx, p)
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	hook := &failSplitDone{}
+	c := e.hookedClient(hook)
+	ctx := context.Background()
+	id := mustStart(t, c, "grows", sumArgs{N: 10, PageSize: 1}, mapreduce.StartOptions{})
+	if err := c.SetPacking(ctx, id, 4, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.worker(c, 4)
+	testenv.WaitFor(t, 30*time.Second, "the second split to record the total", func() bool {
+		st, err := c.Status(ctx, id)
+		return err == nil && st.Total >= 0
+	})
+	close(gate)
+	st := wait(t, c, id, 30*time.Second)
+	if !hook.fired.Load() || attempts.Load() < 2 {
+		t.Fatalf("the split's total was never lost (%v, %d attempts), so this test proves nothing", hook.fired.Load(), attempts.Load())
+	}
+	if st.State != mapreduce.StateSucceeded || st.Done != 13 || st.Failed != 0 {
+		t.Fatalf("run ended %s with %d done, %d failed (%s); want 13 pages done", st.State, st.Done, st.Failed, st.Error)
+	}
+	if got := resultOf(t, c, st); got != 13*12/2 {
+		t.Errorf("result %d, want %d", got, 13*12/2)
+	}
+	wantEachMappedOnce(t, cnt, 13, nil)
+}
+
+// Each page of a task of several ends its Observer step with what became
+// of it: recorded (nil), failed for good (SkipRetry), or retried.
+func TestTheObserverSeesEachPageOfATaskOfSeveralEndAsItDid(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	job := sumJob("seen", newCounts(), e.opts(mapreduce.JobOptions{MapRetries: -1, Semantics: mapreduce.CompleteSemantics}))
+	inner := job.Map
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		if p.Lo == 2 {
+			return 0, errors.New("page 2 is bad")
+		}
+		return inner(ctx, p)
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	log := &stepLog{}
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, Observer: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := packedRun(t, e, c, "seen", 4, 4)
+	e.worker(c, 1)
+	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded || st.Done != 3 || st.Failed != 1 {
+		t.Fatalf("run ended %s with %d done, %d failed (%s); want page 2 failed", st.State, st.Done, st.Failed, st.Error)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	seen := map[int]error{}
+	for _, s := range log.steps {
+		if s.Kind == mapreduce.StepMap && s.Run == id {
+			seen[s.Page] = s.err
+		}
+	}
+	for i := range 4 {
+		err, ok := seen[i]
+		switch {
+		case !ok:
+			t.Errorf("page %d: no step ended", i)
+		case i == 2 && !errors.Is(err, asynq.SkipRetry):
+			t.Errorf("page 2 ended with %v, want its failure marked final (SkipRetry)", err)
+		case i != 2 && err != nil:
+			t.Errorf("page %d ended with %v, want nil: it was recorded", i, err)
+		}
+	}
+}
+
+// A transient failure beside a page that fails for good spends none of the
+// job's retries: the transient page runs again and succeeds.
+func TestATransientFailureBesideAFinalOneInATaskOfSeveralIsRetried(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	job := sumJob("mixed", cnt, e.opts(mapreduce.JobOptions{MapRetries: -1, Semantics: mapreduce.CompleteSemantics,
+		TransientBackoff: func(int) time.Duration { return 10 * time.Millisecond }}))
+	inner := job.Map
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		cnt.mu.Lock()
+		first := cnt.maps[p.Lo] == 0
+		cnt.mu.Unlock()
+		n, _ := inner(ctx, p)
+		switch {
+		case p.Lo == 3 && first:
+			return 0, mapreduce.Transient(errors.New("the database restarted"))
+		case p.Lo == 5:
+			return 0, errors.New("page 5 is bad")
+		}
+		return n, nil
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	id := packedRun(t, e, c, "mixed", 8, 8)
+	e.worker(c, 2)
+	st := wait(t, c, id, 30*time.Second)
+	if st.State != mapreduce.StateSucceeded || st.Done != 7 || st.Failed != 1 {
+		t.Fatalf("run ended %s with %d done, %d failed (%s); want 7 done and page 5 failed", st.State, st.Done, st.Failed, st.Error)
+	}
+	wantEachMappedOnce(t, cnt, 8, func(i int) bool { return i == 3 })
+}
+
+// A task of several pages whose deadline passes while a page overruns it
+// does not fail the pages it never started: they run on its retry.
+func TestPagesATaskNeverStartedBeforeItsDeadlineAreNotFailed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a 4 s task deadline")
+	}
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	job := sumJob("late", cnt, e.opts(mapreduce.JobOptions{MapRetries: -1, MapTimeout: time.Second, Semantics: mapreduce.CompleteSemantics}))
+	inner := job.Map
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		cnt.mu.Lock()
+		first := cnt.maps[p.Lo] == 0
+		cnt.mu.Unlock()
+		n, _ := inner(ctx, p)
+		if p.Lo == 0 && first {
+			time.Sleep(4500 * time.Millisecond) // ignores its context, past the task's 4 s
+		}
+		return n, ctx.Err()
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	id := packedRun(t, e, c, "late", 4, 4)
+	e.worker(c, 2)
+	st := wait(t, c, id, 30*time.Second)
+	if st.State != mapreduce.StateSucceeded || st.Done != 4 || st.Failed != 0 {
+		t.Fatalf("run ended %s with %d done, %d failed (%s); want all 4 pages done", st.State, st.Done, st.Failed, st.Error)
+	}
+	for i := 1; i < 4; i++ {
+		if n := cnt.maps[i]; n != 1 {
+			t.Errorf("page %d: Map ran %d times, want once, on the task's retry", i, n)
 		}
 	}
 }

@@ -247,6 +247,12 @@ func (c *Client) repairPages(ctx context.Context, st *Status, upto int, o JobOpt
 			id = pagesTaskID(st.ID, st.nonce, first)
 		}
 		info, err := c.insp.GetTaskInfo(o.Queue, id)
+		if isTaskGone(err) && st.pack.packed(i) {
+			// A block's pages fed after its group's task went one a task
+			// (packing.feedFrom): page i may have its own.
+			pages = []int{i}
+			info, err = c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, st.nonce, i))
+		}
 		var why string
 		descs := map[int][]byte{}
 		switch {

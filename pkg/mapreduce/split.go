@@ -88,7 +88,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	// fed-1 is not the last one (a worker of an earlier release fed
 	// since): Split then runs from the start, and its pages in [resume,
 	// fed) are enqueued again as it emits them.
-	f.fed, f.counted = resume, fed
+	f.fed, f.counted, f.redoFrom = resume, fed, resume
 	last := false // the stored feed is the last one
 	if feeding, ok := vals[6].(string); ok && fed > 0 {
 		pages, derr := decodeFeeding([]byte(feeding))

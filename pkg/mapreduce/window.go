@@ -78,12 +78,13 @@ type feeder struct {
 	token   string // this attempt's, stored with each of its feeds
 	started time.Time
 
-	bits    []byte    // the recorded pages when the attempt began
-	waited  bool      // this task has waited for room
-	fed     int       // pages below it are enqueued, recorded, or stored as feeding
-	redo    []fedPage // pages an earlier attempt fed, to enqueue again first
-	allow   int       // unrecorded pages past fed that the window has room for
-	counted int       // pages below it were fed by an earlier attempt: the window counts them
+	bits     []byte    // the recorded pages when the attempt began
+	waited   bool      // this task has waited for room
+	fed      int       // pages below it are enqueued, recorded, or stored as feeding
+	redo     []fedPage // pages an earlier attempt fed, to enqueue again first
+	redoFrom int       // where their feed began
+	allow    int       // unrecorded pages past fed that the window has room for
+	counted  int       // pages below it were fed by an earlier attempt: the window counts them
 
 	mu     sync.Mutex
 	ready  *sync.Cond // buf changed, Split returned, or ctx ended
@@ -139,7 +140,7 @@ func (f *feeder) wake() {
 // emitted is fed, or ctx ends, or feeding fails or hands on (its error).
 // Call wake when ctx ends.
 func (f *feeder) loop(ctx context.Context) error {
-	if err := f.c.enqueuePages(ctx, f.run, f.nonce, f.redo, f.o, f.pack); err != nil {
+	if err := f.c.enqueuePages(ctx, f.run, f.nonce, f.redo, f.o, f.pack.feedFrom(f.redoFrom)); err != nil {
 		return fmt.Errorf("enqueuing again the pages fed before the split started: %w", err)
 	}
 	held := 0 // pages buffered that wait for the rest of their group
@@ -181,6 +182,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 	var from any = "" // the fed mark this feed moves from: no check for counted pages
 	pack := ""        // the run's packing, if this feed decides it
 	next := -1        // the index of the page after the feed's, if buffered
+	pk := f.pack      // how this feed's pages go to tasks
 	if pages[0].i < f.counted {
 		n := 0
 		for n < len(pages) && pages[n].i < f.counted {
@@ -203,7 +205,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 		whole := pages
 		if n := min(len(pages), f.allow); n < len(pages) {
 			next, pages = pages[n].i, pages[:n]
-			if f.pack.cut(pages, next, false) == 0 {
+			if f.pack.feedFrom(max(f.fed, f.counted)).cut(pages, next, false) == 0 {
 				// The room left is less than the next group: wait for
 				// more (waitRoom makes room for a batch, which holds a
 				// group whole).
@@ -220,8 +222,9 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 				pack = strconv.Itoa(k)
 			}
 		}
+		pk = f.pack.feedFrom(max(f.fed, f.counted))
 	}
-	n := f.pack.cut(pages, next, final)
+	n := pk.cut(pages, next, final)
 	if n == 0 {
 		if pack != "" {
 			f.pack = packing{} // not recorded: decide again with the next feed
@@ -238,7 +241,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 		return 0, err
 	}
 	f.fed = last.i + 1
-	return len(pages), f.c.enqueuePages(ctx, f.run, f.nonce, pages, f.o, f.pack)
+	return len(pages), f.c.enqueuePages(ctx, f.run, f.nonce, pages, f.o, pk)
 }
 
 // waitRoom waits until the window has room for a batch of pages past fed

@@ -106,7 +106,7 @@ func TestASmallRunStartedBehindALargeOneWaitsForAtMostTheBacklogNotTheWindow(t *
 	// One page a task: the backlog is what the workers take in a few
 	// tens of milliseconds, which this test counts in the large run's
 	// pages, and packing makes a no-op page cost a fraction of what it
-	// would alone. TestPackedRunsShareAQueueFairly covers packed runs.
+	// would alone. mrbench's fairness section measures packed runs.
 	job := sumJob("shared", newCounts(), e.opts(mapreduce.JobOptions{Window: window, AllowOverlap: true, PagesPerTask: 1}))
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	c := e.client()
