@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -48,6 +46,22 @@ func wantEachMappedOnce(t *testing.T, cnt *counts, pages int, again func(i int) 
 	}
 }
 
+// wantExactRun waits for a run of pages pages of one number each
+// (sumArgs{PageSize: 1}) to succeed with every page done and the exact
+// sum, Map run once for each page but those in again (twice).
+func wantExactRun(t *testing.T, c *mapreduce.Client, id string, pages int, cnt *counts, again func(int) bool) *mapreduce.Status {
+	t.Helper()
+	st := wait(t, c, id, time.Minute)
+	if st.State != mapreduce.StateSucceeded || st.Done != pages || st.Failed != 0 {
+		t.Fatalf("run ended %s with %d done, %d failed (%s); want all %d pages done", st.State, st.Done, st.Failed, st.Error, pages)
+	}
+	if got, want := resultOf(t, c, st), pages*(pages-1)/2; got != want {
+		t.Errorf("result %d, want %d", got, want)
+	}
+	wantEachMappedOnce(t, cnt, pages, again)
+	return st
+}
+
 func TestCheapPagesGoSeveralToATaskAndEachIsRecordedOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -62,14 +76,7 @@ func TestCheapPagesGoSeveralToATaskAndEachIsRecordedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := wait(t, c, id, time.Minute)
-	if st.State != mapreduce.StateSucceeded || st.Done != pages {
-		t.Fatalf("run ended %s with %d pages done: %s", st.State, st.Done, st.Error)
-	}
-	if got, want := resultOf(t, c, st), pages*(pages-1)/2; got != want {
-		t.Errorf("result %d, want %d", got, want)
-	}
-	wantEachMappedOnce(t, cnt, pages, nil)
+	wantExactRun(t, c, id, pages, cnt, nil)
 	k, from, err := c.Packing(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -160,14 +167,7 @@ func TestAPageThatFailsInATaskOfSeveralRetriesAndItsNeighboursRunOnce(t *testing
 	c := e.client()
 	id := packedRun(t, e, c, "flaky", pages, 8)
 	e.worker(c, 4)
-	st := wait(t, c, id, 30*time.Second)
-	if st.State != mapreduce.StateSucceeded || st.Done != pages {
-		t.Fatalf("run ended %s with %d pages done: %s", st.State, st.Done, st.Error)
-	}
-	if got, want := resultOf(t, c, st), pages*(pages-1)/2; got != want {
-		t.Errorf("result %d, want %d", got, want)
-	}
-	wantEachMappedOnce(t, cnt, pages, failOnce)
+	wantExactRun(t, c, id, pages, cnt, failOnce)
 }
 
 func TestAPageThatFailsForGoodInATaskOfSeveralFailsAlone(t *testing.T) {
@@ -238,61 +238,6 @@ func TestATaskOfSeveralPagesDeliveredTwiceRecordsThemOnce(t *testing.T) {
 	}
 	if calls, _ := cnt.snapshot(); calls != 4 {
 		t.Errorf("Map ran %d times for a task of 4 pages delivered twice, want 4", calls)
-	}
-}
-
-func TestReconcilerFailsThePagesOfATaskOfSeveralThatWasArchivedOrLost(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	cnt := newCounts()
-	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", cnt, e.opts(mapreduce.JobOptions{Semantics: mapreduce.CompleteSemantics}))))
-	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, StuckAfter: 100 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	insp := asynq.NewInspectorFromRedisClient(e.rdb)
-	id := packedRun(t, e, c, "sum", 20, 4) // tasks of pages 0–3, 4–7, …, 16–19
-	for _, ti := range e.pendingTasks(mapreduce.TypePages) {
-		var err error
-		switch {
-		case strings.HasSuffix(ti.ID, ":pages:0"):
-			err = insp.ArchiveTask(e.queue, ti.ID) // its retries ran out while workers crashed
-		case strings.HasSuffix(ti.ID, ":pages:4"):
-			err = insp.DeleteTask(e.queue, ti.ID) // deleted by hand
-		case strings.HasSuffix(ti.ID, ":pages:8"):
-			// still pending when the reconciler looks: it records itself
-		default:
-			if err = c.ProcessTask(ctx, task(ti)); err == nil {
-				err = insp.DeleteTask(e.queue, ti.ID)
-			}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(150 * time.Millisecond)
-	rep, err := c.Reconcile(ctx)
-	if err != nil || rep.PagesFailed != 8 {
-		t.Fatalf("repairs %+v, %v; want the 8 pages of the archived and the lost task failed", rep, err)
-	}
-	e.worker(c, 2)
-	st := wait(t, c, id, 10*time.Second)
-	if st.State != mapreduce.StateSucceeded || st.Done != 12 || st.Failed != 8 {
-		t.Fatalf("state %s, done %d, failed %d (%s); want succeeded with 12 done, 8 failed", st.State, st.Done, st.Failed, st.Error)
-	}
-	cnt.mu.Lock()
-	defer cnt.mu.Unlock()
-	for _, pr := range cnt.reduced {
-		switch {
-		case pr.Index < 4 && (pr.Err == nil || !strings.Contains(pr.Err.Error(), "archived") || pr.Page.Lo != pr.Index):
-			t.Errorf("page %d: %v, page %+v; want the archived task's error and the page's descriptor", pr.Index, pr.Err, pr.Page)
-		case pr.Index >= 4 && pr.Index < 8 && (pr.Err == nil || !strings.Contains(pr.Err.Error(), "disappeared")):
-			t.Errorf("page %d: %v, want the lost task's error", pr.Index, pr.Err)
-		case pr.Index >= 8 && (pr.Err != nil || pr.Result != pr.Index):
-			t.Errorf("page %d: result %d, error %v; want %d", pr.Index, pr.Result, pr.Err, pr.Index)
-		}
 	}
 }
 
@@ -404,17 +349,10 @@ func TestASplitThatEmitsMorePagesAfterItsLastFeedLosesNone(t *testing.T) {
 		return err == nil && st.Total >= 0
 	})
 	close(gate)
-	st := wait(t, c, id, 30*time.Second)
+	wantExactRun(t, c, id, 13, cnt, nil)
 	if !hook.fired.Load() || attempts.Load() < 2 {
 		t.Fatalf("the split's total was never lost (%v, %d attempts), so this test proves nothing", hook.fired.Load(), attempts.Load())
 	}
-	if st.State != mapreduce.StateSucceeded || st.Done != 13 || st.Failed != 0 {
-		t.Fatalf("run ended %s with %d done, %d failed (%s); want 13 pages done", st.State, st.Done, st.Failed, st.Error)
-	}
-	if got := resultOf(t, c, st); got != 13*12/2 {
-		t.Errorf("result %d, want %d", got, 13*12/2)
-	}
-	wantEachMappedOnce(t, cnt, 13, nil)
 }
 
 // Each page of a task of several ends its Observer step with what became

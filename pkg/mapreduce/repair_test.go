@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,62 +89,77 @@ func TestAMapPastItsTimeoutIsRecordedAsFailed(t *testing.T) {
 // recorded as failed, and the run goes on to its reduce.
 func TestReconcilerRecordsPagesWhoseTasksWereArchivedOrLost(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	cnt := newCounts()
-	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", cnt, e.opts(mapreduce.JobOptions{Semantics: mapreduce.CompleteSemantics}))))
-	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, StuckAfter: 100 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	insp := asynq.NewInspectorFromRedisClient(e.rdb)
-	id := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
-	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
-		t.Fatal(err)
-	}
-	for _, ti := range e.pendingTasks(mapreduce.TypeMap) {
-		var err error
-		switch {
-		case strings.HasSuffix(ti.ID, ":map:0"):
-			err = insp.ArchiveTask(e.queue, ti.ID) // its retries ran out while workers crashed
-		case strings.HasSuffix(ti.ID, ":map:1"):
-			err = insp.DeleteTask(e.queue, ti.ID) // deleted by hand
-		default:
-			if err = c.ProcessTask(ctx, task(ti)); err == nil {
-				err = insp.DeleteTask(e.queue, ti.ID)
+	// Four tasks: the first archived, the second deleted, the third still
+	// pending when the reconciler looks (it records itself), the fourth
+	// done; each of one page, or of four (packing).
+	for _, perTask := range []int{1, 4} {
+		t.Run(fmt.Sprintf("%d pages a task", perTask), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			cnt := newCounts()
+			e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", cnt, e.opts(mapreduce.JobOptions{Semantics: mapreduce.CompleteSemantics}))))
+			c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, StuckAfter: 100 * time.Millisecond,
+				Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if rep, err := c.Reconcile(ctx); err != nil || rep.PagesFailed != 0 {
-		t.Fatalf("a run that is not stuck yet: %+v, %v; want no repairs", rep, err)
-	}
-	time.Sleep(150 * time.Millisecond)
-	rep, err := c.Reconcile(ctx)
-	if err != nil || rep.PagesFailed != 2 {
-		t.Fatalf("repairs %+v, %v; want 2 pages failed", rep, err)
-	}
-	e.worker(c, 2)
-	st := wait(t, c, id, 10*time.Second)
-	if st.State != mapreduce.StateSucceeded || st.Done != 2 || st.Failed != 2 {
-		t.Fatalf("state %s, done %d, failed %d (%s); want succeeded with 2 done, 2 failed", st.State, st.Done, st.Failed, st.Error)
-	}
-	cnt.mu.Lock()
-	defer cnt.mu.Unlock()
-	for _, pr := range cnt.reduced {
-		switch pr.Index {
-		case 0:
-			if pr.Err == nil || !strings.Contains(pr.Err.Error(), "archived") {
-				t.Errorf("page 0: %v, want the archived task's error", pr.Err)
+			ctx := context.Background()
+			insp := asynq.NewInspectorFromRedisClient(e.rdb)
+			pages, typ, kind := 4*perTask, mapreduce.TypeMap, ":map:"
+			var id string
+			if perTask == 1 {
+				id = mustStart(t, c, "sum", sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+				if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				id = packedRun(t, e, c, "sum", pages, perTask)
+				typ, kind = mapreduce.TypePages, ":pages:"
 			}
-		case 1:
-			if pr.Err == nil || !strings.Contains(pr.Err.Error(), "disappeared") {
-				t.Errorf("page 1: %v, want the lost task's error", pr.Err)
+			for _, ti := range e.pendingTasks(typ) {
+				var err error
+				switch {
+				case strings.HasSuffix(ti.ID, kind+"0"):
+					err = insp.ArchiveTask(e.queue, ti.ID) // its retries ran out while workers crashed
+				case strings.HasSuffix(ti.ID, kind+strconv.Itoa(perTask)):
+					err = insp.DeleteTask(e.queue, ti.ID) // deleted by hand
+				case strings.HasSuffix(ti.ID, kind+strconv.Itoa(2*perTask)):
+					// still pending when the reconciler looks
+				default:
+					if err = c.ProcessTask(ctx, task(ti)); err == nil {
+						err = insp.DeleteTask(e.queue, ti.ID)
+					}
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
 			}
-		}
+			if rep, err := c.Reconcile(ctx); err != nil || rep.PagesFailed != 0 {
+				t.Fatalf("a run that is not stuck yet: %+v, %v; want no repairs", rep, err)
+			}
+			time.Sleep(150 * time.Millisecond)
+			rep, err := c.Reconcile(ctx)
+			if err != nil || rep.PagesFailed != 2*perTask {
+				t.Fatalf("repairs %+v, %v; want the %d pages of the archived and the lost task failed", rep, err, 2*perTask)
+			}
+			e.worker(c, 2)
+			st := wait(t, c, id, 10*time.Second)
+			if st.State != mapreduce.StateSucceeded || st.Done != 2*perTask || st.Failed != 2*perTask {
+				t.Fatalf("state %s, done %d, failed %d (%s); want succeeded with %d done, %[5]d failed", st.State, st.Done, st.Failed, st.Error, 2*perTask)
+			}
+			cnt.mu.Lock()
+			defer cnt.mu.Unlock()
+			for _, pr := range cnt.reduced {
+				switch {
+				case pr.Index < perTask && (pr.Err == nil || !strings.Contains(pr.Err.Error(), "archived") || pr.Page.Lo != pr.Index):
+					t.Errorf("page %d: %v, page %+v; want the archived task's error and the page's descriptor", pr.Index, pr.Err, pr.Page)
+				case pr.Index >= perTask && pr.Index < 2*perTask && (pr.Err == nil || !strings.Contains(pr.Err.Error(), "disappeared")):
+					t.Errorf("page %d: %v, want the lost task's error", pr.Index, pr.Err)
+				case pr.Index >= 2*perTask && (pr.Err != nil || pr.Result != pr.Index):
+					t.Errorf("page %d: result %d, error %v; want %[1]d", pr.Index, pr.Result, pr.Err)
+				}
+			}
+		})
 	}
 }
 
