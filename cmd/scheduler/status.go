@@ -17,7 +17,10 @@ const statusUsage = `scheduler status RUN [--json]: show a run's state, progress
 --json also gives pages_per_second and remaining_seconds: the run's own
 rate since it started or was last retried, and the time left at it
 (absent once the run is stalled: unchanged for a minute or more, which
-"stalled" says, with "updated", when it last changed).
+"stalled" says, with "updated", when it last changed), and pages_per_task,
+packed_from and map_average_seconds: how many pages a map task carries
+from which page on, and the average Map time the run packs its pages by
+(the "tasks" line).
 
 Example:
   scheduler status orders-report:20261121T060000Z --json
@@ -48,6 +51,9 @@ func status(ctx context.Context, args []string) int {
 			st.Updated.Format(time.RFC3339), idle.Round(time.Second))
 	} else if !st.State.Ended() && !st.Updated.IsZero() {
 		fmt.Printf("changed  %s (%s ago)\n", st.Updated.Format(time.RFC3339), max(now.Sub(st.Updated), 0).Round(time.Second))
+	}
+	if line := tasksLine(st); line != "" {
+		fmt.Printf("tasks    %s\n", line)
 	}
 	fmt.Printf("created  %s\n", st.Created.Format(time.RFC3339))
 	if st.Retries > 0 {
@@ -89,11 +95,16 @@ type jsonStatus struct {
 	RetriedDone *int `json:"retried_done,omitempty"`
 	// PagesPerSecond and RemainingSeconds: Status.Rate and Remaining, on
 	// Redis's clock; absent when not known.
-	PagesPerSecond   *float64        `json:"pages_per_second,omitempty"`
-	RemainingSeconds *float64        `json:"remaining_seconds,omitempty"`
-	Error            string          `json:"error,omitempty"`
-	LastError        *jsonStepError  `json:"last_error,omitempty"`
-	Result           json.RawMessage `json:"result,omitempty"`
+	PagesPerSecond   *float64 `json:"pages_per_second,omitempty"`
+	RemainingSeconds *float64 `json:"remaining_seconds,omitempty"`
+	// PagesPerTask, PackedFrom and MapAverageSeconds: how the run packs its
+	// pages into tasks (Status.PagesPerTask), and what by.
+	PagesPerTask      int             `json:"pages_per_task"`
+	PackedFrom        int             `json:"packed_from,omitempty"`
+	MapAverageSeconds *float64        `json:"map_average_seconds,omitempty"`
+	Error             string          `json:"error,omitempty"`
+	LastError         *jsonStepError  `json:"last_error,omitempty"`
+	Result            json.RawMessage `json:"result,omitempty"`
 }
 
 // jsonStepError is Status.LastError.
@@ -105,7 +116,12 @@ type jsonStepError struct {
 
 func printJSON(st *mapreduce.Status, now time.Time) {
 	js := jsonStatus{ID: st.ID, Job: st.Job, State: string(st.State), Total: st.Total, Done: st.Done,
-		Failed: st.Failed, Created: st.Created, Error: st.Error, Retries: st.Retries}
+		Failed: st.Failed, Created: st.Created, Error: st.Error, Retries: st.Retries,
+		PagesPerTask: st.PagesPerTask, PackedFrom: st.PackedFrom}
+	if st.MapAverage > 0 {
+		secs := st.MapAverage.Seconds()
+		js.MapAverageSeconds = &secs
+	}
 	if !st.Updated.IsZero() {
 		js.Updated = &st.Updated
 	}
@@ -134,6 +150,22 @@ func printJSON(st *mapreduce.Status, now time.Time) {
 		js.Result = st.Result
 	}
 	writeJSON(js)
+}
+
+// tasksLine says how a run gives its pages to tasks, and why, or "" before
+// any page is recorded.
+func tasksLine(st *mapreduce.Status) string {
+	avg := st.MapAverage.String()
+	if st.MapAverage < time.Microsecond {
+		avg = "under 1µs"
+	}
+	switch {
+	case st.PagesPerTask > 1:
+		return fmt.Sprintf("%d pages a task from page %d (Map takes %s a page on average)", st.PagesPerTask, st.PackedFrom, avg)
+	case st.MapAverage > 0:
+		return fmt.Sprintf("a task a page (Map takes %s a page on average)", avg)
+	}
+	return ""
 }
 
 // writeJSON prints v as indented JSON on stdout: every command's --json.

@@ -84,6 +84,9 @@ func TestCheapPagesGoSeveralToATaskAndEachIsRecordedOnce(t *testing.T) {
 	if k < 2 || from < mapreduce.PackSample {
 		t.Fatalf("the run packs %d pages a task from page %d: want several, once %d pages were measured", k, from, mapreduce.PackSample)
 	}
+	if st, err := c.Status(ctx, id); err != nil || st.PagesPerTask != k || st.PackedFrom != from {
+		t.Errorf("Status says %d pages a task from page %d (%v), want %d from %d", st.PagesPerTask, st.PackedFrom, err, k, from)
+	}
 	// One task a page up to from, then groups of k, a split and a reduce.
 	if tasks, most := e.processedTasks(), from+(pages-from)/k+8+2; tasks > most {
 		t.Errorf("asynq processed %d tasks for %d pages packed by %d from page %d: want at most %d", tasks, pages, k, from, most)

@@ -48,6 +48,13 @@ type Status struct {
 	// a run (room made for pages past its last). Zero once the split has
 	// ended.
 	InFlight int
+	// PagesPerTask is how many pages a map task of the run carries from
+	// page PackedFrom on (docs/mapreduce.md, "Packing"); 1, with
+	// PackedFrom 0, while the run gives each page a task of its own.
+	PagesPerTask, PackedFrom int
+	// MapAverage is how long Map took on average over the pages recorded
+	// since the run started (zero before any): what the split packs by.
+	MapAverage time.Duration
 	// Created is when Start created the run, SplitDone when the split had
 	// enqueued every page, Updated when the run last changed, and Finished
 	// when it ended; zero until then. A Retry zeroes SplitDone and Finished
@@ -92,8 +99,13 @@ func parseStatus(id string, h map[string]string) *Status {
 		splitTask: h["split_task"],
 		resume:    atoi(h["resume"]),
 	}
+	st.PagesPerTask = 1
 	if k := atoi(h["pack"]); k > 1 {
 		st.pack = packing{k: k, from: atoi(h["pack_from"])}
+		st.PagesPerTask, st.PackedFrom = k, st.pack.from
+	}
+	if n := atoi(h["map_n"]); n > 0 {
+		st.MapAverage = time.Duration(atoi(h["map_us"])/n) * time.Microsecond
 	}
 	st.Expected = -1
 	if e, err := strconv.Atoi(h["expected"]); err == nil {
