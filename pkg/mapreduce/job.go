@@ -148,8 +148,9 @@ type JobOptions struct {
 	// Window is how many pages of a run may be enqueued or in flight at
 	// once: Split's emit blocks while the window is full, and enqueues
 	// more as pages are recorded. It bounds the Redis memory of a live
-	// run's tasks (about 600 bytes a page) whatever the run's size, and
-	// lets a run started behind a large one go first. Default 10,000. Keep
+	// run's tasks (about 600 bytes a task, of one page or of several)
+	// whatever the run's size, and lets a run started behind a large one
+	// go first. Default 10,000. Keep
 	// it above the number of pages the job's workers run at once
 	// (their total concurrency), or some workers will idle.
 	Window int

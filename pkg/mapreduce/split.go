@@ -13,8 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// handleSplit runs the job's Split and enqueues one map task per page
-// while the run's window has room (window.go). A split that starts again —
+// handleSplit runs the job's Split and enqueues a map task per page (or
+// per group of cheap pages: pack.go) while the run's window has room
+// (window.go). A split that starts again —
 // a retry, a copy of an orphaned split, or a split handed on by one that
 // ran long — first enqueues again the pages the last feed stored (their
 // task IDs make that a no-op while their tasks exist), then goes on after
