@@ -80,7 +80,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 		ends[pg.i] = end
 		if cause := context.Cause(wctx); errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded) {
 			for _, end := range ends {
-				end(nil) // the Observer reads the run's end from the context
+				end(cause) // none of them is recorded
 			}
 			return nil // the run ended while its pages were processed
 		}
@@ -128,9 +128,12 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 		}
 	}
 	for _, f := range retry {
-		if _, ok := errors.AsType[*errTransientRetry](mapErr); ok || errors.Is(mapErr, errStopping) {
-			ends[f.page.i](mapErr)
-		} else {
+		switch tr, ok := errors.AsType[*errTransientRetry](mapErr); {
+		case ok:
+			ends[f.page.i](&errTransientRetry{err: f.err, attempt: tr.attempt, delay: tr.delay})
+		case errors.Is(mapErr, errStopping):
+			ends[f.page.i](fmt.Errorf("%w: %w", errStopping, f.err))
+		default:
 			ends[f.page.i](f.err)
 		}
 	}
@@ -223,7 +226,17 @@ func (c *Client) settleFailures(ctx, rctx context.Context, k runKeys, first int,
 		}
 	}
 	if len(rest) > 0 && !slices.ContainsFunc(rest, func(f pageFailure) bool { return !transient(f) }) {
-		if tr := c.transientRetry(rctx, k, strconv.Itoa(first), rest[0].err, o); tr != nil {
+		// The task is handed back or retried for all of them: its error
+		// must not carry asynq.SkipRetry from one (a page that failed for
+		// good while another was refused its permit as the worker stops),
+		// or asynq would archive the task.
+		cause := rest[0].err
+		if i := slices.IndexFunc(rest, func(f pageFailure) bool { return !errors.Is(f.err, asynq.SkipRetry) }); i >= 0 {
+			cause = rest[i].err
+		} else {
+			cause = errors.New(cause.Error())
+		}
+		if tr := c.transientRetry(rctx, k, strconv.Itoa(first), cause, o); tr != nil {
 			return finals, rest, tr
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -454,6 +456,7 @@ func TestPagesATaskNeverStartedBeforeItsDeadlineAreNotFailed(t *testing.T) {
 		n, _ := inner(ctx, p)
 		if p.Lo == 0 && first {
 			time.Sleep(4500 * time.Millisecond) // ignores its context, past the task's 4 s
+			return n, nil
 		}
 		return n, ctx.Err()
 	}
@@ -468,6 +471,132 @@ func TestPagesATaskNeverStartedBeforeItsDeadlineAreNotFailed(t *testing.T) {
 	for i := 1; i < 4; i++ {
 		if n := cnt.maps[i]; n != 1 {
 			t.Errorf("page %d: Map ran %d times, want once, on the task's retry", i, n)
+		}
+	}
+}
+
+// A lone page (fed one a task after a split's last feed ended mid-block)
+// whose own task is still pending must not be failed by the reconciler
+// because its block's group task is archived.
+func TestAPageFedAloneAfterItsBlocksGroupIsNotFailedWhileItsOwnTaskWaits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	job := sumJob("grows", cnt, e.opts(mapreduce.JobOptions{MapRetries: -1, Semantics: mapreduce.CompleteSemantics}))
+	var attempts atomic.Int32
+	job.Split = func(ctx context.Context, a sumArgs, emit func(span) error) error {
+		n := a.N
+		if attempts.Add(1) > 1 {
+			n += 3
+		}
+		for lo := range n {
+			if err := emit(span{lo, lo + 1}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	inner := job.Map
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		if p.Lo == 8 {
+			return 0, errors.New("page 8 is bad")
+		}
+		return inner(ctx, p)
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	hook := &failSplitDone{}
+	rdb := redis.NewClient(e.rdb.Options())
+	rdb.AddHook(hook)
+	t.Cleanup(func() { rdb.Close() })
+	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, StuckAfter: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	id := mustStart(t, c, "grows", sumArgs{N: 10, PageSize: 1}, mapreduce.StartOptions{})
+	if err := c.SetPacking(ctx, id, 4, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err == nil {
+		t.Fatal("first split: want the injected failure")
+	}
+	if err := c.ProcessTask(ctx, task(e.taskOf(mapreduce.TypeSplit, id))); err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range []string{mapreduce.TypeMap, mapreduce.TypePages} {
+		for _, ti := range e.pendingTasks(typ) {
+			switch {
+			case strings.HasSuffix(ti.ID, ":pages:8"):
+				_ = c.ProcessTask(ctx, task(ti))                         // page 8 fails (by hand, not for good), 9 is recorded
+				if err := insp.ArchiveTask(e.queue, ti.ID); err != nil { // as asynq does with SkipRetry
+					t.Fatal(err)
+				}
+			case strings.HasSuffix(ti.ID, ":map:10"):
+				// still pending (waiting for a worker, or a retry)
+			default:
+				if err := c.ProcessTask(ctx, task(ti)); err != nil {
+					t.Fatal(err)
+				}
+				if err := insp.DeleteTask(e.queue, ti.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	time.Sleep(150 * time.Millisecond)
+	rep, err := c.Reconcile(ctx)
+	if err != nil || rep.PagesFailed != 1 {
+		t.Errorf("the reconciler failed %d pages (%v); want 1, page 8, whose group task was archived: page 10's own task is pending", rep.PagesFailed, err)
+	}
+	if st, err := c.Status(ctx, id); err != nil || st.Done+st.Failed != 12 {
+		t.Errorf("%d pages done and %d failed (%v), want every page but 10 recorded", st.Done, st.Failed, err)
+	}
+}
+
+// A run cancelled while a task of several pages runs: the pages that ran
+// before are not recorded, so their steps must not end nil (success).
+func TestAPackedTaskCutShortByCancelEndsEachStepWithErrRunCancelled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	job := sumJob("cx", newCounts(), e.opts(mapreduce.JobOptions{}))
+	inner := job.Map
+	started := make(chan struct{})
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		if p.Lo == 1 {
+			close(started)
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}
+		return inner(ctx, p)
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	log := &stepLog{}
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, Observer: log, CancelPoll: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := packedRun(t, e, c, "cx", 4, 4)
+	ti := e.pendingTasks(mapreduce.TypePages)[0]
+	done := make(chan error, 1)
+	go func() { done <- c.ProcessTask(ctx, task(ti)) }()
+	<-started
+	if err := c.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, s := range log.steps {
+		if s.Kind == mapreduce.StepMap && s.Run == id {
+			if !errors.Is(s.err, mapreduce.ErrRunCancelled) {
+				t.Errorf("page %d ended with %v; want ErrRunCancelled (not recorded)", s.Page, s.err)
+			}
 		}
 	}
 }

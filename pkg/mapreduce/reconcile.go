@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -230,28 +231,47 @@ func (c *Client) repairPages(ctx context.Context, st *Status, upto int, o JobOpt
 	}
 	checks := 0
 	reducing := false
+	handled := map[int]bool{} // pages of a task looked at already
 	for i := 0; i < upto && checks < maxPageChecks; i++ {
-		if bitSet(bits, i) {
+		if bitSet(bits, i) || handled[i] {
 			continue
 		}
 		checks++
-		// The unrecorded pages of i's task (one, or its pack's group).
-		first, pages := st.pack.group(i), []int{i}
-		for j := i + 1; st.pack.packed(i) && j < upto && st.pack.group(j) == first; j++ {
-			if !bitSet(bits, j) {
-				pages = append(pages, j)
+		// The unrecorded pages of i's task: i alone, or those its pack's
+		// group task carries (the rest of a block fed after the group's
+		// task went one a task: packing.feedFrom).
+		pages := []int{i}
+		var (
+			info *asynq.TaskInfo
+			err  error
+		)
+		if !st.pack.packed(i) {
+			info, err = c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, st.nonce, i))
+		} else {
+			info, err = c.insp.GetTaskInfo(o.Queue, pagesTaskID(st.ID, st.nonce, st.pack.group(i)))
+			if err != nil && !isTaskGone(err) {
+				return err
+			}
+			var carried []fedPage
+			if err == nil {
+				var p mapPayload
+				if json.Unmarshal(info.Payload, &p) == nil {
+					carried = p.parts()
+				}
+			}
+			if !slices.ContainsFunc(carried, func(pg fedPage) bool { return pg.i == i }) {
+				info, err = c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, st.nonce, i))
+			} else {
+				pages = pages[:0]
+				for _, pg := range carried {
+					if pg.i >= i && pg.i < upto && !bitSet(bits, pg.i) {
+						pages = append(pages, pg.i)
+					}
+				}
 			}
 		}
-		id := mapTaskID(st.ID, st.nonce, first)
-		if st.pack.packed(i) {
-			id = pagesTaskID(st.ID, st.nonce, first)
-		}
-		info, err := c.insp.GetTaskInfo(o.Queue, id)
-		if isTaskGone(err) && st.pack.packed(i) {
-			// A block's pages fed after its group's task went one a task
-			// (packing.feedFrom): page i may have its own.
-			pages = []int{i}
-			info, err = c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, st.nonce, i))
+		for _, j := range pages {
+			handled[j] = true
 		}
 		var why string
 		descs := map[int][]byte{}
@@ -270,7 +290,6 @@ func (c *Client) repairPages(ctx context.Context, st *Status, upto int, o JobOpt
 			}
 			why = "mapreduce: archived by asynq after its retries ran out: " + info.LastErr
 		default:
-			i = pages[len(pages)-1]
 			continue // pending, active, retrying: it will record itself
 		}
 		outcomes := make([]pageOutcome, len(pages))
@@ -284,7 +303,6 @@ func (c *Client) repairPages(ctx context.Context, st *Status, upto int, o JobOpt
 		}
 		rep.PagesFailed += len(pages)
 		reducing = reducing || state == StateReducing
-		i = pages[len(pages)-1]
 	}
 	if reducing { // a page recorded here was the last one
 		return c.enqueueStep(ctx, st.ID, st.nonce, typeReduce, o)
