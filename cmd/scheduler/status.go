@@ -52,7 +52,7 @@ func status(ctx context.Context, args []string) int {
 	} else if !st.State.Ended() && !st.Updated.IsZero() {
 		fmt.Printf("changed  %s (%s ago)\n", st.Updated.Format(time.RFC3339), max(now.Sub(st.Updated), 0).Round(time.Second))
 	}
-	if line := tasksLine(st); line != "" {
+	if line := st.TasksText(); line != "" {
 		fmt.Printf("tasks    %s\n", line)
 	}
 	fmt.Printf("created  %s\n", st.Created.Format(time.RFC3339))
@@ -150,22 +150,6 @@ func printJSON(st *mapreduce.Status, now time.Time) {
 		js.Result = st.Result
 	}
 	writeJSON(js)
-}
-
-// tasksLine says how a run gives its pages to tasks, and why, or "" before
-// any page is recorded.
-func tasksLine(st *mapreduce.Status) string {
-	avg := st.MapAverage.String()
-	if st.MapAverage < time.Microsecond {
-		avg = "under 1µs"
-	}
-	switch {
-	case st.PagesPerTask > 1:
-		return fmt.Sprintf("%d pages a task from page %d (Map takes %s a page on average)", st.PagesPerTask, st.PackedFrom, avg)
-	case st.MapAverage > 0:
-		return fmt.Sprintf("a task a page (Map takes %s a page on average)", avg)
-	}
-	return ""
 }
 
 // writeJSON prints v as indented JSON on stdout: every command's --json.

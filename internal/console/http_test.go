@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -590,5 +591,25 @@ func TestARunThatStoppedMovingShowsStalledInsteadOfAnETA(t *testing.T) {
 	}
 	if _, body := f.get("/runs"); !strings.Contains(body, `title="nothing recorded for 2m0s">stalled</span>`) {
 		t.Errorf("the runs page: want the run marked stalled:\n%s", body)
+	}
+}
+
+// A run's page says how its pages went to tasks: cheap pages are packed
+// several to a task once the run has measured them.
+func TestARunsPageSaysHowItsPagesGoToTasks(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	job := workJob("cheap", nil, nil)
+	job.Options.Window = 256 // the split waits for room, by when it has measured pages
+	f.host(2, nil, job)
+	id := f.start("cheap", workArgs{N: 2000})
+	testenv.WaitFor(t, 30*time.Second, "the run to succeed", func() bool { return f.status(id).State == mapreduce.StateSucceeded })
+	st := f.status(id)
+	if st.PagesPerTask < 2 {
+		t.Fatalf("a run of 2000 no-op pages gave each page a task (%+v): this test needs a packed run", st)
+	}
+	want := fmt.Sprintf(`<dd id="tasks">%d pages a task from page %d (Map takes`, st.PagesPerTask, st.PackedFrom)
+	if _, body := f.get(runPath(id)); !strings.Contains(body, want) {
+		t.Errorf("the run's page: want %q:\n%s", want, body)
 	}
 }

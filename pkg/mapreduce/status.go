@@ -1,6 +1,7 @@
 package mapreduce
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -237,6 +238,24 @@ func (st *Status) PagesText() string {
 		return "~" + strconv.Itoa(n)
 	}
 	return strconv.Itoa(n)
+}
+
+// TasksText says, as people read it, how the run gives its pages to map
+// tasks and what by: "64 pages a task from page 512 (Map takes under 1µs
+// a page on average)", "a task a page (Map takes 3ms …)", or "" before
+// any page is recorded.
+func (st *Status) TasksText() string {
+	avg := st.MapAverage.String()
+	if st.MapAverage < time.Microsecond {
+		avg = "under 1µs"
+	}
+	switch {
+	case st.PagesPerTask > 1:
+		return fmt.Sprintf("%d pages a task from page %d (Map takes %s a page on average)", st.PagesPerTask, st.PackedFrom, avg)
+	case st.MapAverage > 0:
+		return fmt.Sprintf("a task a page (Map takes %s a page on average)", avg)
+	}
+	return ""
 }
 
 func atoi(s string) int {
