@@ -615,3 +615,21 @@ func TestStatusSaysHowARunGivesItsPagesToTasks(t *testing.T) {
 		}
 	}
 }
+
+// A run that packs by more pages than its window now holds (a deploy that
+// shrank Window mid-run) still feeds, a group at a time.
+func TestARunThatPacksByMoreThanItsWindowHoldsStillFeeds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	job := sumJob("shrunk", cnt, e.opts(mapreduce.JobOptions{Window: 16}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	ctx := context.Background()
+	id := mustStart(t, c, "shrunk", sumArgs{N: 300, PageSize: 1}, mapreduce.StartOptions{})
+	if err := c.SetPacking(ctx, id, 64, 0); err != nil { // as a worker with a larger window decided
+		t.Fatal(err)
+	}
+	e.worker(c, 4)
+	wantExactRun(t, c, id, 300, cnt, nil)
+}

@@ -195,7 +195,8 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 		final = final || n < len(pages) || pages[n-1].i == f.counted-1
 		pages = pages[:n]
 	} else {
-		if f.allow == 0 {
+		fresh := f.allow == 0 // room just made: at least a batch
+		if fresh {
 			if err := f.waitRoom(ctx); err != nil {
 				return 0, err
 			}
@@ -205,12 +206,26 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 		whole := pages
 		if n := min(len(pages), f.allow); n < len(pages) {
 			next, pages = pages[n].i, pages[:n]
-			if f.pack.feedFrom(max(f.fed, f.counted)).cut(pages, next, false) == 0 {
-				// The room left is less than the next group: wait for
-				// more (waitRoom makes room for a batch, which holds a
-				// group whole).
-				f.allow = 0
-				return f.feed(ctx, whole, final)
+			if pk := f.pack.feedFrom(max(f.fed, f.counted)); pk.cut(pages, next, false) == 0 {
+				if !fresh {
+					// The room left is less than the next group: wait for
+					// more (waitRoom makes room for a batch, which holds a
+					// group whole).
+					f.allow = 0
+					return f.feed(ctx, whole, final)
+				}
+				// A batch that cannot hold a group: the run packs by more
+				// than its window allows now (a deploy that shrank Window
+				// mid-run). Feed the group whole, past the window by less
+				// than a group, rather than wait for room that never comes.
+				g, n := pk.group(whole[0].i), 0
+				for n < len(whole) && pk.group(whole[n].i) == g {
+					n++
+				}
+				pages, next = whole[:n], -1
+				if n < len(whole) {
+					next = whole[n].i
+				}
 			}
 		}
 		from = max(f.fed, f.counted)
@@ -233,7 +248,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 	}
 	pages = pages[:n]
 	if from != "" {
-		f.allow -= n
+		f.allow = max(f.allow-n, 0) // a group fed whole may pass it (above)
 	}
 	last := pages[len(pages)-1]
 	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), from, f.step, f.token, pack}
