@@ -1,7 +1,9 @@
 package mapreduce
 
 import (
+	"context"
 	"math/bits"
+	"slices"
 	"time"
 )
 
@@ -147,4 +149,34 @@ func packFor(mapUS, n int64, limit int) int {
 	}
 	want := int(budget / avg)
 	return min(1<<(bits.Len(uint(want))-1), limit) // a power of two, so that blocks nest
+}
+
+// packCheckEvery is how long a split goes by what packable said.
+const packCheckEvery = 30 * time.Second
+
+// packable reports whether every live worker that announces job in the
+// catalogue announces this process's code of it (its shape), so that a
+// task of several pages cannot reach a worker of a release before packing,
+// which would archive it, nor one whose job's options differ; and if not,
+// which workers differ. A worker that announces nothing is not known here.
+// An unreadable catalogue reports false: the split asks again later.
+func (c *Client) packable(ctx context.Context, job string) (bool, []string) {
+	r, ok := c.jobs.lookup(job)
+	if !ok {
+		return false, nil
+	}
+	info := r.info()
+	info.Queue = c.options(r).Queue
+	own := info.shape()
+	workers, err := c.Workers(ctx)
+	if err != nil {
+		return false, nil
+	}
+	var other []string
+	for _, w := range workers {
+		if slices.Contains(w.Jobs, job) && w.Shapes[job] != own {
+			other = append(other, w.ID)
+		}
+	}
+	return len(other) == 0, other
 }

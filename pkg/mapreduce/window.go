@@ -95,6 +95,8 @@ type feeder struct {
 	packLimit int     // the most pages a task may carry: PagesPerTask, within the window's batch
 	mapUS     int64   // µs Map took over mapN recorded pages, as of the last read
 	mapN      int64
+	packOK    bool      // packable, as of packAsked
+	packAsked time.Time // when the split last asked
 
 	rateDone int       // pages recorded when the rate was last measured
 	rateAt   time.Time // when
@@ -232,7 +234,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 		if f.pack.k == 0 {
 			// Undecided: pack from this feed on, once the pages are measured.
 			limit := min(f.packLimit, 1<<max(bits.Len(uint(f.allow))-1, 0))
-			if k := packFor(f.mapUS, f.mapN, limit); k > 1 {
+			if k := packFor(f.mapUS, f.mapN, limit); k > 1 && f.mayPack(ctx) {
 				f.pack = packing{k: k, from: max(f.fed, f.counted)}
 				pack = strconv.Itoa(k)
 			}
@@ -257,6 +259,23 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 	}
 	f.fed = last.i + 1
 	return len(pages), f.c.enqueuePages(ctx, f.run, f.nonce, pages, f.o, pk)
+}
+
+// mayPack reports whether the run may pack its pages now (packable),
+// asking the catalogue at most every packCheckEvery, and logs once per
+// split attempt why not.
+func (f *feeder) mayPack(ctx context.Context) bool {
+	if !f.packAsked.IsZero() && time.Since(f.packAsked) < packCheckEvery {
+		return f.packOK
+	}
+	job, _ := jobOf(f.run)
+	ok, other := f.c.packable(ctx, job)
+	if !ok && len(other) > 0 && (f.packAsked.IsZero() || f.packOK) {
+		Logger(ctx).Info("mapreduce: the run's pages are cheap, but it gives each its own task while workers announce other code of the job "+
+			"(a release before packing would archive a task of several pages); it packs once they are gone", "workers", other)
+	}
+	f.packOK, f.packAsked = ok, time.Now()
+	return ok
 }
 
 // waitRoom waits until the window has room for a batch of pages past fed
