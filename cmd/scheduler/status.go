@@ -18,9 +18,9 @@ const statusUsage = `scheduler status RUN [--json]: show a run's state, progress
 rate since it started or was last retried, and the time left at it
 (absent once the run is stalled: unchanged for a minute or more, which
 "stalled" says, with "updated", when it last changed), and pages_per_task,
-packed_from and map_average_seconds: how many pages a map task carries
-from which page on, and the average Map time the run packs its pages by
-(the "tasks" line).
+packed_from (absent when 0) and map_average_seconds (absent before any
+page is measured, or under 1µs): the most pages a map task carries from
+which page on, and Map's average time so far (the "tasks" line).
 
 Example:
   scheduler status orders-report:20261121T060000Z --json

@@ -1,8 +1,8 @@
 // Package mapreduce runs MapReduce-style batch jobs on asynq: a split task
 // streams a run's pages, map tasks process them on any worker of the fleet
-// (a task per page, or, for pages whose Map takes well under a
-// millisecond, up to 64: JobOptions.PagesPerTask), and when the last page
-// is recorded one reduce step combines the results.
+// (a task per page, or, for pages whose Map averages under a millisecond,
+// several: up to 64, JobOptions.PagesPerTask), and when the last page is
+// recorded one reduce step combines the results.
 //
 // A job is a value: a name and three functions over plain Go values. What
 // the functions need at run time (a database pool, semaphores) comes from

@@ -148,23 +148,26 @@ type JobOptions struct {
 	// Window is how many pages of a run may be enqueued or in flight at
 	// once: Split's emit blocks while the window is full, and enqueues
 	// more as pages are recorded. It bounds the Redis memory of a live
-	// run's tasks (about 600 bytes a task, of one page or of several)
+	// run's tasks (about 600 bytes a task, plus its pages' descriptors)
 	// whatever the run's size, and lets a run started behind a large one
 	// go first. Default 10,000. Keep
-	// it above the number of pages the job's workers run at once
-	// (their total concurrency), or some workers will idle.
+	// it above the job's total worker concurrency times the pages a task
+	// carries (up to PagesPerTask, for a run that packs), or some workers
+	// will idle.
 	Window int
 	// PagesPerTask is the most pages one map task may carry. A run's
 	// split measures how long Map takes; once a sample of pages is
 	// recorded, it packs the pages it enqueues from then on into tasks
 	// of about 2 ms of Map each, so that pages that take microseconds (an
 	// in-memory step, a cache lookup) do not pay asynq's per-task cost
-	// each, about 100–300 µs of CPU. Pages that take 1 ms or more, such as
-	// a database query, keep a task each. Each page of a packed task still
-	// gets its own Map call, context (PageIndex), MapTimeout, result and
-	// failure; the pages of a task run one after another, a failed page
-	// retries with its task, and the pages that succeeded are not run
-	// again. Default 64, the most; a power of two; 1 turns packing off.
+	// each, about 100–300 µs of CPU. Pages whose Map averages 1 ms or more
+	// over that sample (typically a database query) keep a task each; a
+	// run that packs keeps packing to its end. A task carries at most a
+	// quarter of Window too. Each page of a packed task still gets its own
+	// Map call, context (PageIndex), MapTimeout, result and failure; the
+	// pages of a task run one after another, a failed page retries with
+	// its task, sharing its retries, and the pages that succeeded are not
+	// run again. Default 64, the most; a power of two; 1 turns packing off.
 	// Workers of a release before packing cannot run packed tasks: see
 	// the upgrade notes in docs/operations.md.
 	PagesPerTask int

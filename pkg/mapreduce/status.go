@@ -49,12 +49,13 @@ type Status struct {
 	// a run (room made for pages past its last). Zero once the split has
 	// ended.
 	InFlight int
-	// PagesPerTask is how many pages a map task of the run carries from
+	// PagesPerTask is the most pages a map task of the run carries from
 	// page PackedFrom on (docs/mapreduce.md, "Packing"); 1, with
 	// PackedFrom 0, while the run gives each page a task of its own.
 	PagesPerTask, PackedFrom int
-	// MapAverage is how long Map took on average over the pages recorded
-	// since the run started (zero before any): what the split packs by.
+	// MapAverage is how long Map took on average over the pages whose
+	// Map succeeded, earlier attempts included, in whole microseconds
+	// (zero before any, or under 1µs): what the split packs by.
 	MapAverage time.Duration
 	// Created is when Start created the run, SplitDone when the split had
 	// enqueued every page, Updated when the run last changed, and Finished
