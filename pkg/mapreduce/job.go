@@ -150,10 +150,9 @@ type JobOptions struct {
 	// more as pages are recorded. It bounds the Redis memory of a live
 	// run's tasks (about 600 bytes a task, plus its pages' descriptors)
 	// whatever the run's size, and lets a run started behind a large one
-	// go first. Default 10,000. Keep
-	// it above the job's total worker concurrency times the pages a task
-	// carries (up to PagesPerTask, for a run that packs), or some workers
-	// will idle.
+	// go first. Default 10,000. Keep it above the job's total worker
+	// concurrency times the pages a task carries (up to PagesPerTask, for
+	// a run that packs), or some workers will idle.
 	Window int
 	// PagesPerTask is the most pages one map task may carry. A run's
 	// split measures how long Map takes; once a sample of pages is
@@ -168,8 +167,9 @@ type JobOptions struct {
 	// pages of a task run one after another, a failed page retries with
 	// its task, sharing its retries, and the pages that succeeded are not
 	// run again. Default 64, the most; a power of two; 1 turns packing off.
-	// Workers of a release before packing cannot run packed tasks: see
-	// the upgrade notes in docs/operations.md.
+	// Workers of a release before packing cannot run packed tasks: a run
+	// does not start packing while the catalogue lists such a worker of
+	// the job (docs/operations.md, "Upgrading").
 	PagesPerTask int
 }
 
