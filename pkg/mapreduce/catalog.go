@@ -97,6 +97,11 @@ type WorkerInfo struct {
 	// announcement (argument type, queue, options): Client.Jobs compares
 	// them to tell workers that run other code under a job's name.
 	Shapes map[string]string `json:"shapes,omitempty"`
+	// Tasks lists the batchmr task types the worker handles, set by
+	// Announce: a run packs its pages only while every live worker of its
+	// job handles tasks of several pages. Empty from a worker of a release
+	// before packing.
+	Tasks []string `json:"tasks,omitempty"`
 	// Seen is the worker's last heartbeat.
 	Seen time.Time `json:"seen"`
 }
@@ -207,6 +212,7 @@ func (c *Client) Announce(ctx context.Context, w WorkerInfo) error {
 	// it once (its schema takes reflection), stamp it at each heartbeat.
 	infos := make([]JobInfo, 0, len(names))
 	w.Shapes = make(map[string]string, len(names))
+	w.Tasks = []string{typeSplit, typeMap, typePages, typeReduce}
 	for _, name := range names {
 		r, _ := c.jobs.lookup(name)
 		info := r.info()

@@ -155,26 +155,19 @@ func packFor(mapUS, n int64, limit int) int {
 const packCheckEvery = 30 * time.Second
 
 // packable reports whether every live worker that announces job in the
-// catalogue announces this process's code of it (its shape), so that a
-// task of several pages cannot reach a worker of a release before packing,
-// which would archive it, nor one whose job's options differ; and if not,
-// which workers differ. A worker that announces nothing is not known here.
-// An unreadable catalogue reports false: the split asks again later.
+// catalogue handles tasks of several pages (WorkerInfo.Tasks), so that
+// such a task cannot reach a worker of a release before packing, which
+// would archive it; and if not, which workers do not. A worker that
+// announces nothing is not known here. An unreadable catalogue reports
+// false: the split asks again later.
 func (c *Client) packable(ctx context.Context, job string) (bool, []string) {
-	r, ok := c.jobs.lookup(job)
-	if !ok {
-		return false, nil
-	}
-	info := r.info()
-	info.Queue = c.options(r).Queue
-	own := info.shape()
 	workers, err := c.Workers(ctx)
 	if err != nil {
 		return false, nil
 	}
 	var other []string
 	for _, w := range workers {
-		if slices.Contains(w.Jobs, job) && w.Shapes[job] != own {
+		if slices.Contains(w.Jobs, job) && !slices.Contains(w.Tasks, typePages) {
 			other = append(other, w.ID)
 		}
 	}

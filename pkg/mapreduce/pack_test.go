@@ -636,8 +636,9 @@ func TestARunThatPacksByMoreThanItsWindowHoldsStillFeeds(t *testing.T) {
 }
 
 // While a live worker announces the job as a release before packing does
-// (without its shape), a run does not pack: that worker would archive a
-// task of several pages. Once it is gone, runs pack again.
+// (without the task types it handles), a run does not pack: that worker
+// would archive a task of several pages. Once it is gone, runs pack again,
+// beside a worker of this release that runs other options of the job.
 func TestARunDoesNotPackWhileAWorkerOfAnEarlierReleaseRunsItsJob(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -657,8 +658,13 @@ func TestARunDoesNotPackWhileAWorkerOfAnEarlierReleaseRunsItsJob(t *testing.T) {
 	}
 	for _, withOld := range []bool{true, false} {
 		if !withOld {
-			e.rdb.ZRem(ctx, workers, "old:1:beef")
-			e.rdb.Del(ctx, oldKey)
+			// Gone; in its place a worker of this release whose job has
+			// other options (a deploy under way): it runs packed tasks.
+			other, _ := json.Marshal(mapreduce.WorkerInfo{ID: "old:1:beef", Host: "new", PID: 2, Jobs: []string{"rollout"},
+				Shapes: map[string]string{"rollout": "other options"}, Tasks: []string{mapreduce.TypeSplit, mapreduce.TypeMap, mapreduce.TypePages, mapreduce.TypeReduce}})
+			if err := e.rdb.Set(ctx, oldKey, other, time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
 		}
 		id := mustStart(t, c, "rollout", sumArgs{N: 3000, PageSize: 1}, mapreduce.StartOptions{})
 		if st := wait(t, c, id, time.Minute); st.State != mapreduce.StateSucceeded || st.Done != 3000 {

@@ -271,8 +271,8 @@ func (f *feeder) mayPack(ctx context.Context) bool {
 	job, _ := jobOf(f.run)
 	ok, other := f.c.packable(ctx, job)
 	if !ok && len(other) > 0 && (f.packAsked.IsZero() || f.packOK) {
-		Logger(ctx).Info("mapreduce: the run's pages are cheap, but it gives each its own task while workers announce other code of the job "+
-			"(a release before packing would archive a task of several pages); it packs once they are gone", "workers", other)
+		Logger(ctx).Info("mapreduce: the run's pages are cheap, but it gives each its own task while workers of a release before packing run the job "+
+			"(they would archive a task of several pages); it packs once they are gone", "workers", other)
 	}
 	f.packOK, f.packAsked = ok, time.Now()
 	return ok
