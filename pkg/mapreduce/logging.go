@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -45,7 +44,7 @@ func (c *Client) stepLogger(ctx context.Context, t *asynq.Task) *slog.Logger {
 			attrs = append(attrs, slog.Int(attrPage, p.Index))
 		case typePages: // each page's Map logs its own page (handleMap)
 			parts := p.parts()
-			attrs = append(attrs, slog.String(attrPages, strconv.Itoa(parts[0].i)+"–"+strconv.Itoa(parts[len(parts)-1].i)))
+			attrs = append(attrs, slog.String(attrPages, pageRange(parts[0].i, parts[len(parts)-1].i)))
 		}
 		if n, ok := asynq.GetRetryCount(ctx); ok {
 			attrs = append(attrs, slog.Int(attrAttempt, n+1))

@@ -51,12 +51,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 	case st != StateSplitting && st != StateMapping:
 		return nil // ended, or expired
 	}
-	todo := pages[:0:0]
-	for _, pg := range pages {
-		if !recorded.has(pg.i) {
-			todo = append(todo, pg)
-		}
-	}
+	todo := recorded.unrecorded(pages)
 	if len(todo) == 0 {
 		return nil // a duplicate delivery
 	}
@@ -107,7 +102,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 	}
 	for _, f := range finals {
 		b, _ := json.Marshal(failure{Page: f.page.page, Error: f.err.Error()})
-		outcomes = append(outcomes, pageOutcome{i: f.page.i, outcome: b, failed: true})
+		outcomes = append(outcomes, pageOutcome{i: f.page.i, outcome: b, failed: true, err: f.err})
 	}
 	var st State
 	if len(outcomes) > 0 {
@@ -121,10 +116,8 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 		switch {
 		case err != nil:
 			ends[o.i](err)
-		case o.failed:
-			ends[o.i](finalErrOf(finals, o.i))
 		default:
-			ends[o.i](nil)
+			ends[o.i](o.err) // nil, or the page's final failure
 		}
 	}
 	for _, f := range retry {
@@ -154,22 +147,14 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 	return mapErr // nil, a failure to retry, or the final failure: asynq archives the task
 }
 
-// finalErrOf returns the error of page i among finals.
-func finalErrOf(finals []pageFailure, i int) error {
-	for _, f := range finals {
-		if f.page.i == i {
-			return f.err
-		}
-	}
-	return nil
-}
-
 // pageOutcome is what record stores of page i: its encoded result, or its
-// encoded failure if failed.
+// encoded failure if failed, whose error err is (for the page's Observer
+// step).
 type pageOutcome struct {
 	i       int
 	outcome []byte
 	failed  bool
+	err     error
 }
 
 // pageFailure is a page whose Map failed in this attempt, with its error.
@@ -270,14 +255,17 @@ func joinErrors(errs []error) error {
 	return errors.Join(errs...)
 }
 
-// pagesName names the pages of a task in an error: "page 3", or "pages
-// 0–63".
+// pagesName names the pages of a task in an error or a run's last error:
+// "page 3", or "pages 0–63".
 func pagesName(first, last int) string {
 	if first == last {
 		return "page " + strconv.Itoa(first)
 	}
-	return "pages " + strconv.Itoa(first) + "–" + strconv.Itoa(last)
+	return "pages " + pageRange(first, last)
 }
+
+// pageRange is the value of a task's attrPages: "0–63".
+func pageRange(first, last int) string { return strconv.Itoa(first) + "–" + strconv.Itoa(last) }
 
 // record runs record.lua for pages of a run. mapUS is how long Map took
 // over the measured pages that succeeded, for the run's packing (pack.go).
@@ -314,6 +302,17 @@ type recordedBits struct {
 }
 
 func (r recordedBits) has(i int) bool { return bitSet(r.b, i-r.from/8*8) }
+
+// unrecorded returns those of pages that are not recorded.
+func (r recordedBits) unrecorded(pages []fedPage) []fedPage {
+	var out []fedPage
+	for _, pg := range pages {
+		if !r.has(pg.i) {
+			out = append(out, pg)
+		}
+	}
+	return out
+}
 
 // pageState reads, in one round trip, the state and nonce of a run and
 // which of its pages first to last are recorded, waiting out a Redis

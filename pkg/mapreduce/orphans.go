@@ -241,11 +241,7 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	timeout := o.MapTimeout
 	switch t.Type {
 	case typeMap, typePages:
-		unrecorded := false
-		for _, pg := range pages {
-			unrecorded = unrecorded || !recorded.has(pg.i)
-		}
-		if (st != StateSplitting && st != StateMapping) || !unrecorded {
+		if (st != StateSplitting && st != StateMapping) || len(recorded.unrecorded(pages)) == 0 {
 			return false, nil
 		}
 		timeout = time.Duration(len(pages)) * o.MapTimeout
@@ -282,7 +278,7 @@ func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions
 	case typeMap:
 		attrs = append(attrs, attrPage, p.Index)
 	case typePages:
-		attrs = append(attrs, attrPages, strconv.Itoa(pages[0].i)+"–"+strconv.Itoa(pages[len(pages)-1].i))
+		attrs = append(attrs, attrPages, pageRange(pages[0].i, pages[len(pages)-1].i))
 	}
 	c.log.Warn("mapreduce: a task asynq shows as active has no live worker (killed, cut off from Redis, or with a skewed clock): enqueued a copy", attrs...)
 	return true, nil

@@ -147,9 +147,11 @@ func packFor(mapUS, n int64, limit int) int {
 	if 2*avg >= budget {
 		return 1 // a millisecond or more: a task's cost is a small part of it
 	}
-	want := int(budget / avg)
-	return min(1<<(bits.Len(uint(want))-1), limit) // a power of two, so that blocks nest
+	return min(floorPow2(int(budget/avg)), limit) // a power of two, so that blocks nest
 }
+
+// floorPow2 is the largest power of two at most n, or 1 for n < 1.
+func floorPow2(n int) int { return 1 << max(bits.Len(uint(max(n, 0)))-1, 0) }
 
 // packCheckEvery is how long a split goes by what packable said.
 const packCheckEvery = 30 * time.Second

@@ -311,17 +311,11 @@ func (h *failSplitDone) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 	return next
 }
 
-// A split's last feed ends inside a block (pages 8–9 of 8–11), the split
-// stops before recording its total, and Split, run again, emits three
-// more pages (the table grew). The group task of 8–9 is still pending
-// then: pages 10 and 11 cannot go under its ID, and must not be lost.
-func TestASplitThatEmitsMorePagesAfterItsLastFeedLosesNone(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	cnt := newCounts()
-	job := sumJob("grows", cnt, e.opts(mapreduce.JobOptions{}))
-	var attempts atomic.Int32
-	job.Split = func(ctx context.Context, a sumArgs, emit func(span) error) error {
+// growingSplit emits a.N pages of one number each on its first attempt
+// and three more on every attempt after, as a keyset split over a table
+// that grew does; attempts counts them.
+func growingSplit(attempts *atomic.Int32) func(context.Context, sumArgs, func(span) error) error {
+	return func(ctx context.Context, a sumArgs, emit func(span) error) error {
 		n := a.N
 		if attempts.Add(1) > 1 {
 			n += 3
@@ -333,6 +327,19 @@ func TestASplitThatEmitsMorePagesAfterItsLastFeedLosesNone(t *testing.T) {
 		}
 		return nil
 	}
+}
+
+// A split's last feed ends inside a block (pages 8–9 of 8–11), the split
+// stops before recording its total, and Split, run again, emits three
+// more pages (the table grew). The group task of 8–9 is still pending
+// then: pages 10 and 11 cannot go under its ID, and must not be lost.
+func TestASplitThatEmitsMorePagesAfterItsLastFeedLosesNone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cnt := newCounts()
+	job := sumJob("grows", cnt, e.opts(mapreduce.JobOptions{}))
+	var attempts atomic.Int32
+	job.Split = growingSplit(&attempts)
 	gate := make(chan struct{})
 	inner := job.Map
 	job.Map = func(ctx context.Context, p span) (int, error) {
@@ -485,18 +492,7 @@ func TestAPageFedAloneAfterItsBlocksGroupIsNotFailedWhileItsOwnTaskWaits(t *test
 	cnt := newCounts()
 	job := sumJob("grows", cnt, e.opts(mapreduce.JobOptions{MapRetries: -1, Semantics: mapreduce.CompleteSemantics}))
 	var attempts atomic.Int32
-	job.Split = func(ctx context.Context, a sumArgs, emit func(span) error) error {
-		n := a.N
-		if attempts.Add(1) > 1 {
-			n += 3
-		}
-		for lo := range n {
-			if err := emit(span{lo, lo + 1}); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
+	job.Split = growingSplit(&attempts)
 	inner := job.Map
 	job.Map = func(ctx context.Context, p span) (int, error) {
 		if p.Lo == 8 {

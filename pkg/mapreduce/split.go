@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/bits"
 	"strings"
 	"sync"
 	"time"
@@ -67,7 +66,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 		f.pack = packing{k: pack, from: atoi(str(vals[8]))}
 	}
 	batch, _ := windowSizes(o.Window)
-	f.packLimit = min(o.PagesPerTask, 1<<(bits.Len(uint(batch))-1))
+	f.packLimit = min(o.PagesPerTask, floorPow2(batch))
 	f.token = newNonce()
 	if id, ok := asynq.GetTaskID(ctx); ok {
 		if step, ok := strings.CutPrefix(id, taskID(run, nonce, "")); ok {

@@ -120,11 +120,9 @@ func (c *Client) noteError(ctx context.Context, t *asynq.Task, err error) {
 		return
 	}
 	step := stepName(t)
-	switch parts := p.parts(); {
-	case t.Type() == typeMap:
-		step = "page " + strconv.Itoa(p.Index)
-	case t.Type() == typePages && len(parts) > 0:
-		step = "pages " + strconv.Itoa(parts[0].i) + "–" + strconv.Itoa(parts[len(parts)-1].i)
+	if t.Type() == typeMap || t.Type() == typePages {
+		parts := p.parts()
+		step = pagesName(parts[0].i, parts[len(parts)-1].i)
 	}
 	msg := shorten.To(err.Error(), lastErrorMax)
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -368,10 +366,7 @@ func (c *Client) enqueueMap(ctx context.Context, run, nonce string, t mapTask, o
 		return err
 	})
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		if t.packed {
-			return fmt.Errorf("enqueue pages %d–%d of run %s: %w", t.pages[0].i, t.pages[len(t.pages)-1].i, run, err)
-		}
-		return fmt.Errorf("enqueue page %d of run %s: %w", t.first, run, err)
+		return fmt.Errorf("enqueue %s of run %s: %w", pagesName(t.pages[0].i, t.pages[len(t.pages)-1].i), run, err)
 	}
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/bits"
 	"strconv"
 	"sync"
 	"time"
@@ -205,10 +204,11 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 		} else if f.pastHalf() {
 			return 0, f.handOff(ctx)
 		}
+		start := max(f.fed, f.counted) // the fed mark this feed moves from
 		whole := pages
 		if n := min(len(pages), f.allow); n < len(pages) {
 			next, pages = pages[n].i, pages[:n]
-			if pk := f.pack.feedFrom(max(f.fed, f.counted)); pk.cut(pages, next, false) == 0 {
+			if pk := f.pack.feedFrom(start); pk.cut(pages, next, false) == 0 {
 				if !fresh {
 					// The room left is less than the next group: wait for
 					// more (waitRoom makes room for a batch, which holds a
@@ -230,16 +230,15 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 				}
 			}
 		}
-		from = max(f.fed, f.counted)
+		from = start
 		if f.pack.k == 0 {
 			// Undecided: pack from this feed on, once the pages are measured.
-			limit := min(f.packLimit, 1<<max(bits.Len(uint(f.allow))-1, 0))
-			if k := packFor(f.mapUS, f.mapN, limit); k > 1 && f.mayPack(ctx) {
-				f.pack = packing{k: k, from: max(f.fed, f.counted)}
+			if k := packFor(f.mapUS, f.mapN, min(f.packLimit, floorPow2(f.allow))); k > 1 && f.mayPack(ctx) {
+				f.pack = packing{k: k, from: start}
 				pack = strconv.Itoa(k)
 			}
 		}
-		pk = f.pack.feedFrom(max(f.fed, f.counted))
+		pk = f.pack.feedFrom(start)
 	}
 	n := pk.cut(pages, next, final)
 	if n == 0 {
