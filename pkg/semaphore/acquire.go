@@ -34,6 +34,11 @@ type waiter struct {
 	// the token's first acquire call would call it unknown and re-queue a
 	// waiter that is about to be queued or granted.
 	known bool
+	// pending: in Semaphore.pending, waiting for a call to carry its first
+	// request (enqueue.go); carried: closed once the call that carries it
+	// has returned, nil when none does.
+	pending bool
+	carried chan struct{}
 }
 
 // wakeup is the answer a waiter receives.
@@ -41,6 +46,9 @@ type wakeup struct {
 	permit  *Permit
 	err     error
 	requeue bool // Redis dropped our place (heartbeat lost): ask again
+	// send: the call that carried our first request failed; ask on our
+	// own, as a retry if it may have run.
+	send, retry bool
 }
 
 func (s *Semaphore) newToken(n int) string {
@@ -73,49 +81,23 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 	if err := s.enlist(w); err != nil {
 		return nil, err
 	}
+	// A first request made behind another waiter of this process may be
+	// carried by a later call (enqueue.go): the waiter then waits at once.
+	carried := wait && s.deferWaiter(w)
+	retry := false
 	for {
 		token := s.tokenOf(w)
-		status, value, limit, sent, err := s.callAcquire(ctx, token, wait)
-		if err != nil {
-			s.giveUp(w)
-			return nil, err
+		if carried {
+			carried = false
+		} else if done, p, err := s.ask(ctx, w, token, wait, retry); done {
+			return p, err
 		}
-		switch status {
-		case acquireGranted:
-			s.deliver(token, value, sent)
-		case acquireQueued:
-			s.mu.Lock()
-			if s.waiters[token] == w {
-				w.heartbeat, w.known = sent, true
-			}
-			s.startBackgroundLocked()
-			s.mu.Unlock()
-		case acquireFull: // the script recorded nothing: nothing to give back
-			s.forgetWaiter(w)
-			return nil, ErrNoPermit
-		case acquireTooHeavy:
-			s.forgetWaiter(w)
-			return nil, fmt.Errorf("%w: asked for %d, the limit is %d", ErrExceedsLimit, n, limit)
-		case acquireUnknown:
-			// A retry, and Redis does not know the token: the first call
-			// never ran, or its place or permit lapsed while its reply was
-			// lost. A wake-up for that place may wait in our list; under a
-			// new token it can never be taken for a grant of the place we
-			// ask for now.
-			if err := s.enlist(w); err != nil {
-				s.giveUp(w)
-				return nil, err
-			}
-			// Should the first call still land, its place goes too.
-			s.spawn(func() { s.releaseDetached(token) })
-			continue
-		default:
-			s.giveUp(w)
-			return nil, fmt.Errorf("unexpected reply %d from the acquire script", status)
-		}
+		retry = false
 		select {
 		case m := <-w.ch:
 			switch {
+			case m.send:
+				retry = m.retry
 			case m.requeue:
 				old := token
 				if err := s.enlist(w); err != nil {
@@ -144,6 +126,54 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 			s.giveUp(w)
 			return nil, notice.refuse()
 		}
+	}
+}
+
+// ask makes w's acquire call under token and handles its reply. done says
+// the Acquire call ends with p or err; otherwise w waits for its answer.
+func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retry bool) (done bool, p *Permit, err error) {
+	for {
+		status, value, limit, sent, err := s.callAcquire(ctx, token, wait, retry)
+		if err != nil {
+			s.giveUp(w)
+			return true, nil, err
+		}
+		switch status {
+		case acquireGranted:
+			s.deliver(token, value, sent)
+		case acquireQueued:
+			s.mu.Lock()
+			if s.waiters[token] == w {
+				w.heartbeat, w.known = sent, true
+			}
+			s.startBackgroundLocked()
+			s.mu.Unlock()
+		case acquireFull: // the script recorded nothing: nothing to give back
+			s.forgetWaiter(w)
+			return true, nil, ErrNoPermit
+		case acquireTooHeavy:
+			s.forgetWaiter(w)
+			return true, nil, fmt.Errorf("%w: asked for %d, the limit is %d", ErrExceedsLimit, w.weight, limit)
+		case acquireUnknown:
+			// A retry, and Redis does not know the token: the first call
+			// never ran, or its place or permit lapsed while its reply was
+			// lost. A wake-up for that place may wait in our list; under a
+			// new token it can never be taken for a grant of the place we
+			// ask for now.
+			if err := s.enlist(w); err != nil {
+				s.giveUp(w)
+				return true, nil, err
+			}
+			// Should the first call still land, its place goes too.
+			old := token
+			s.spawn(func() { s.releaseDetached(old) })
+			token, retry = s.tokenOf(w), false
+			continue
+		default:
+			s.giveUp(w)
+			return true, nil, fmt.Errorf("unexpected reply %d from the acquire script", status)
+		}
+		return false, nil, nil
 	}
 }
 
@@ -227,7 +257,10 @@ func (s *Semaphore) tokenOf(w *waiter) string {
 // willing to wait. Retrying is safe: the script is idempotent per token,
 // and a retry that finds the token unknown to Redis gets acquireUnknown
 // rather than a new place under the old token.
-func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (status, value int64, limit int64, sent time.Time, err error) {
+//
+// retry says that an earlier call for token may have run (one that carried
+// it, enqueue.go): the first attempt is then a retry too.
+func (s *Semaphore) callAcquire(ctx context.Context, token string, wait, retry bool) (status, value int64, limit int64, sent time.Time, err error) {
 	waitFlag := "0"
 	if wait {
 		waitFlag = "1"
@@ -238,12 +271,12 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (s
 		// A retry tells the script that an earlier call may have run: if
 		// Redis no longer knows the token, the script must not give it a
 		// second place (see acquire.lua).
-		retry := "0"
-		if attempt > 1 {
-			retry = "1"
+		retryFlag := "0"
+		if retry || attempt > 1 {
+			retryFlag = "1"
 		}
 		var res any
-		res, err = s.evalUntil(ctx, token, scriptAcquire, token, s.opts.Lease.Milliseconds(), s.opts.Lease.Milliseconds(), waitFlag, retry)
+		res, err = s.evalUntil(ctx, token, scriptAcquire, token, s.opts.Lease.Milliseconds(), s.opts.Lease.Milliseconds(), waitFlag, retryFlag)
 		if err == nil {
 			vals, ok := res.([]any)
 			if !ok || len(vals) != 3 {
@@ -288,9 +321,15 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait bool) (s
 // forgetWaiter takes w out of the process and drops any permit delivered to
 // it in the meantime, giving back in Redis only a permit granted under a
 // token it no longer uses. It returns w's current token.
-func (s *Semaphore) forgetWaiter(w *waiter) string {
+//
+// sent reports whether w's current token may have reached Redis; carried,
+// if not nil, is closed once the call carrying it has returned.
+func (s *Semaphore) forgetWaiter(w *waiter) (token string, sent bool, carried <-chan struct{}) {
 	s.mu.Lock()
-	token := w.token
+	token = w.token
+	sent = !w.pending
+	carried = w.carried
+	s.dropPendingLocked(w)
 	if s.waiters[token] == w {
 		delete(s.waiters, token)
 	}
@@ -310,17 +349,23 @@ func (s *Semaphore) forgetWaiter(w *waiter) string {
 			drained = true
 		}
 	}
-	return token
+	return token, sent, carried
 }
 
 // giveUp takes a waiter that will not return a permit out of the process
 // and out of Redis: its place in the queue, and any permit granted to it in
 // the meantime, however that grant arrived.
 func (s *Semaphore) giveUp(w *waiter) {
-	token := s.forgetWaiter(w)
+	token, sent, carried := s.forgetWaiter(w)
+	if !sent {
+		return // still pending: Redis never heard of it
+	}
 	done := make(chan struct{})
 	s.spawn(func() {
 		defer close(done)
+		if carried != nil {
+			<-carried // the place it may take is given back after it is taken
+		}
 		s.releaseDetached(token)
 	})
 	// Wait briefly so that Acquire usually returns with Redis already

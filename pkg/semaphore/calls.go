@@ -190,11 +190,16 @@ func (s *Semaphore) evalUntil(ctx context.Context, token string, sc *script, arg
 // spawn runs fn in a goroutine that Close waits for.
 func (s *Semaphore) spawn(fn func()) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.spawnLocked(fn)
+}
+
+// spawnLocked is spawn with s.mu held.
+func (s *Semaphore) spawnLocked(fn func()) {
 	tracked := !s.detachedDone
 	if tracked {
 		s.detached.Add(1)
 	}
-	s.mu.Unlock()
 	go func() {
 		if tracked {
 			defer s.detached.Done()

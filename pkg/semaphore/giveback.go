@@ -20,21 +20,63 @@ import (
 // purged: it has cancelled their work and releases each once that work
 // has stopped, so their capacity must not go to a waiter before (see
 // purge_holders in scripts/lib.lua).
-func (s *Semaphore) releaseToken(ctx context.Context, token string) (int64, error) {
-	res, err := s.evalAs(ctx, s.process, scriptRelease, token, s.opts.Lease.Milliseconds())
+//
+// With carry, it also carries this process's pending waiters (enqueue.go).
+func (s *Semaphore) releaseToken(ctx context.Context, token string, carry bool) (int64, error) {
+	ws, tokens := s.beginRelease(carry)
+	defer s.endRelease(ws)
+	return s.callRelease(ctx, token, ws, tokens)
+}
+
+// callRelease runs release.lua for token ("" releases nothing), carrying
+// the waiters ws, whose tokens are tokens.
+func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter, tokens []string) (int64, error) {
+	lease := s.opts.Lease.Milliseconds()
+	args := []any{token, lease, lease}
+	sc := scriptRelease
+	if len(ws) > 0 {
+		sc = scriptCarry
+		for _, t := range tokens {
+			args = append(args, t)
+		}
+	}
+	sent := time.Now()
+	res, err := s.evalAs(ctx, s.process, sc, args...)
+	if err != nil && len(ws) > 0 && isOOM(err) {
+		// Redis is over its maxmemory and refused the call before it ran:
+		// the waiters ask on their own (and hear why), and the permit goes
+		// back alone, as releases may over maxmemory.
+		s.settleCarried(ws, nil, 0, sent, err, false)
+		ws = nil
+		res, err = s.evalAs(ctx, s.process, scriptRelease, token, lease, lease)
+	}
 	if err != nil {
+		s.settleCarried(ws, nil, 0, sent, err, true)
 		return 0, err
 	}
 	vals, _ := res.([]any)
-	if len(vals) == 0 || len(vals)%2 != 1 {
-		return 0, fmt.Errorf("unexpected reply %v from the release script", res)
+	var n int64
+	if len(vals) >= 3 {
+		n, _ = vals[2].(int64)
 	}
-	for i := 1; i+1 < len(vals); i += 2 {
-		tok, _ := vals[i].(string)
-		fence, _ := vals[i+1].(int64)
+	if len(vals) < 3 || n != int64(len(ws)) || (int64(len(vals))-3-n)%2 != 0 {
+		err := fmt.Errorf("unexpected reply %v from the release script", res)
+		s.settleCarried(ws, nil, 0, sent, err, true)
+		return 0, err
+	}
+	limit, _ := vals[1].(int64)
+	tickets := make([]int64, n)
+	for i := range tickets {
+		tickets[i], _ = vals[3+i].(int64)
+	}
+	s.settleCarried(ws, tickets, limit, sent, nil, false)
+	grants := vals[3+n:]
+	for i := 0; i+1 < len(grants); i += 2 {
+		tok, _ := grants[i].(string)
+		fence, _ := grants[i+1].(int64)
 		s.deliver(tok, fence, time.Time{})
 	}
-	if len(vals) > 1 {
+	if len(grants) > 0 {
 		// Let the new holder run now, on this thread, rather than after our
 		// caller's next Redis call or once an idle thread wakes up.
 		runtime.Gosched()
@@ -86,7 +128,7 @@ func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, first ch
 	last := s.stopped() // Close's own give-backs make one attempt
 	for attempt := 1; ; attempt++ {
 		actx, cancel := bounded(ctx, releaseTimeout)
-		was, err := s.releaseToken(actx, token)
+		was, err := s.releaseToken(actx, token, attempt == 1)
 		cancel()
 		retry := err != nil && mayPass(err) && !last
 		if first != nil {

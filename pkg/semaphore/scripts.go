@@ -37,12 +37,16 @@ var (
 	// waiter becomes a holder, deadlines move), so they run when Redis is
 	// over its maxmemory: holders keep their permits and hand them on.
 	// Taking a new place in the queue does not.
-	scriptRelease  = newScript("release", luaRelease, "allow-oom")
+	scriptRelease = newScript("release", luaRelease, "allow-oom")
+	// A release that carries new waiters (enqueue.go) takes new places in
+	// the queue: over maxmemory Redis refuses it, and the permit is then
+	// given back by scriptRelease alone.
+	scriptCarry    = newScript("carry", luaRelease)
 	scriptRefresh  = newScript("refresh", luaRefresh, "allow-oom")
 	scriptSetLimit = newScript("setlimit", luaSetLimit)
 	scriptStats    = newScript("stats", luaStats, "allow-oom")
 
-	allScripts = []*script{scriptAcquire, scriptRelease, scriptRefresh, scriptSetLimit, scriptStats}
+	allScripts = []*script{scriptAcquire, scriptRelease, scriptCarry, scriptRefresh, scriptSetLimit, scriptStats}
 
 	// defaultLibrary is versioned by a hash of its own code, so that
 	// processes running different versions of batchmr against one Redis each

@@ -58,6 +58,8 @@ type Semaphore struct {
 	mu         sync.Mutex
 	waiters    map[string]*waiter
 	holders    map[string]*Permit
+	pending    []*waiter // waiters whose first request waits for a carrier: enqueue.go
+	releasing  int       // release calls in flight
 	closed     bool
 	background bool // the dispatcher and the watchdog run
 	stop       chan struct{}
@@ -285,6 +287,10 @@ func (s *Semaphore) Close() error {
 	close(s.stop)
 	waiters, holders := s.waiters, s.holders
 	s.waiters, s.holders = map[string]*waiter{}, map[string]*Permit{}
+	for _, w := range s.pending {
+		w.pending = false
+	}
+	s.pending = nil
 	dispatching := s.background
 	s.mu.Unlock()
 

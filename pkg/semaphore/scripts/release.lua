@@ -3,11 +3,18 @@
 --   ARGV[5] token
 --   ARGV[6] (ms) how long the caller's own holders whose lease ran out are
 --           kept for it to release (see purge_holders); absent: not kept
--- Returns {was, token, fence, token, fence, ...}: was is 1 if the token held
--- a permit, 2 if it was queued, 0 if Redis knew nothing of it (already
--- released, or its lease or heartbeat ran out: kept for the caller or
--- not); then the grants made to the caller's own waiters (ARGV[4]), which it
--- must hand over itself.
+--   ARGV[7] heartbeat timeout (ms) of the waiters in ARGV[8..]
+--   ARGV[8..] new waiters of the calling process to queue, in order: their
+--           acquire calls, carried by this one (see enqueue.go). Each is a
+--           fresh token, never sent before, and asks to wait.
+-- Returns {was, limit, n, ticket_1 .. ticket_n, token, fence, token, fence, ...}:
+-- was is 1 if the token held a permit, 2 if it was queued, 0 if Redis knew
+-- nothing of it (already released, or its lease or heartbeat ran out: kept
+-- for the caller or not; "" releases nothing); n is the number of carried
+-- waiters, and ticket_i the place ARGV[7+i] took, or -1 if its weight
+-- exceeds the limit (never grantable); then the grants made to the
+-- caller's own waiters (ARGV[4]), carried ones among them, which it must
+-- hand over itself.
 local tok = ARGV[5]
 local limit = get_limit()
 -- Purge before looking: a token whose lease ran out was lost, not released.
@@ -16,6 +23,33 @@ local keep_ms = tonumber(ARGV[6])
 local owner = nil
 if SELF ~= '' and keep_ms and keep_ms > 0 then owner = SELF end
 local held = purge_holders(owner, keep_ms)
+-- The carried waiters join the queue's tail first, each as acquire.lua
+-- would queue it, so that the capacity this call frees reaches them too
+-- if nobody is ahead of them.
+local tickets = {}
+local n = math.max(#ARGV - 7, 0)
+if n > 0 then
+  local hb = int(now + tonumber(ARGV[7]))
+  local first = redis.call('INCRBY', K_TICKET, n) - n
+  local q, a, i = {}, {}, {}
+  for k = 1, n do
+    local t = ARGV[7 + k]
+    if weight_of(t) > limit then
+      tickets[k] = -1
+    else
+      first = first + 1
+      tickets[k] = first
+      q[#q + 1] = int(first); q[#q + 1] = t
+      a[#a + 1] = hb; a[#a + 1] = t
+      i[#i + 1] = t; i[#i + 1] = now_s
+    end
+  end
+  if #q > 0 then
+    redis.call('ZADD', K_QUEUE, unpack(q))
+    redis.call('ZADD', K_ALIVE, unpack(a))
+    redis.call('HSET', K_INFO, unpack(i))
+  end
+end
 local was = 0
 if redis.call('ZREM', K_HOLDERS, tok) == 1 then
   was = 1
@@ -28,7 +62,10 @@ elseif redis.call('ZSCORE', K_QUEUE, tok) then
   drop_waiter(tok)
 end
 grant(limit, held)
-local out = {was}
+local out = {was, limit, n}
+for k = 1, n do
+  out[#out + 1] = tickets[k]
+end
 for _, v in ipairs(LOCAL_GRANTS) do
   out[#out + 1] = v
 end
