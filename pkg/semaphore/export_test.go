@@ -13,6 +13,7 @@ type ScriptID struct{ Hash, Function string }
 var (
 	AcquireScript = ScriptID{scriptAcquire.eval.Hash(), defaultLibrary.functions[scriptAcquire]}
 	ReleaseScript = ScriptID{scriptRelease.eval.Hash(), defaultLibrary.functions[scriptRelease]}
+	CarryScript   = ScriptID{scriptCarry.eval.Hash(), defaultLibrary.functions[scriptCarry]}
 	RefreshScript = ScriptID{scriptRefresh.eval.Hash(), defaultLibrary.functions[scriptRefresh]}
 	StatsScript   = ScriptID{scriptStats.eval.Hash(), defaultLibrary.functions[scriptStats]}
 )
@@ -36,3 +37,11 @@ func (s *Semaphore) UseOwnLibrary(version string) string {
 
 // ReleaseTimeout bounds the handle's own Redis calls.
 const ReleaseTimeout = releaseTimeout
+
+// Pending is the number of waiters waiting for a call to carry their first
+// request (enqueue.go).
+func (s *Semaphore) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending)
+}
