@@ -47,6 +47,9 @@ func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter,
 		// the waiters ask on their own (and hear why), and the permit goes
 		// back alone, as releases may over maxmemory.
 		s.settleCarried(ws, nil, 0, sent, err, false)
+		if token == "" {
+			return 0, nil // it carried, and released nothing
+		}
 		ws = nil
 		res, err = s.evalAs(ctx, s.process, scriptRelease, token, lease, lease)
 	}

@@ -56,6 +56,10 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 		if err := call(semaphore.AcquireScript.Function, "p:1:1", 1000, 1000, "1"); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
 			t.Errorf("FCALL acquire under maxmemory = %v, want Redis to refuse it with OOM", err)
 		}
+		// A release that carries a new waiter takes a new place too.
+		if err := call(semaphore.CarryScript.Function, "p:1:1", 1000, 1000, "p:2:1"); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+			t.Errorf("FCALL carry under maxmemory = %v, want Redis to refuse it with OOM", err)
+		}
 		for _, fn := range []struct {
 			name string
 			args []any
@@ -135,4 +139,42 @@ func TestOutOfMemoryHoldersAndWaitersKeepTheirPlaces(t *testing.T) {
 	}
 	q := receiveGrant(t, got, 10*time.Second, "the waiter, after the release")
 	_ = q.Release(ctx)
+}
+
+// Over maxmemory, the call that would carry a new waiter is refused: the
+// waiter hears Redis's OOM error at once, as from an acquire call of its
+// own, and the releases around it go through and hand over as usual.
+func TestOutOfMemoryACarriedWaiterFailsClearlyAndTheReleaseGoesThrough(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
+	c := newCarrySceneOn(t, rdb, "oomcarry", 1)
+	p := mustAcquire(t, c.a)
+	got1 := acquireQueued(t, c.a, c.obs, 1)
+	released := c.releaseHeld(t, p)
+	got2 := c.acquirePending(t, context.Background(), 1)
+	free := outOfMemory(t, rdb)
+	defer free()
+	start := time.Now()
+	c.open()
+	if err := <-released; err != nil {
+		t.Fatalf("Release under maxmemory = %v, want nil", err)
+	}
+	q := receiveGrant(t, got1, 10*time.Second, "the waiter queued before memory ran out")
+	select {
+	case r := <-got2:
+		if r.err == nil || !strings.Contains(r.err.Error(), "OOM") || !strings.Contains(r.err.Error(), "raise maxmemory") {
+			t.Fatalf("the carried Acquire under maxmemory = %v, %v; want Redis's OOM error, with what to do", r.p, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the carried Acquire under maxmemory did not fail")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the carried Acquire took %v to fail under maxmemory, want at once", d)
+	}
+	if err := q.Release(context.Background()); err != nil {
+		t.Fatalf("Release under maxmemory = %v, want nil", err)
+	}
+	if st := stats(t, c.obs); st.Held != 0 || len(st.Waiters) != 0 {
+		t.Fatalf("held %d, waiters %v; want nothing left", st.Held, st.Waiters)
+	}
 }
