@@ -37,8 +37,8 @@ type carryScene struct {
 	carriers []string   // the token each carrying call released ("" for none)
 	carried  int        // carrying calls that returned without error
 
-	blockRelease atomic.Value // string: a release of this token waits for gate
-	blockCarry   atomic.Bool  // carrying calls wait for gate
+	blockRelease atomic.Value  // string: a release of this token waits for gate
+	blockCarry   atomic.Bool   // carrying calls wait for gate
 	gate         chan struct{} // guarded by mu: see wait and open
 	held         chan string   // receives the token of a call held at the gate
 	failCarry    func(cmd redis.Cmder) bool
