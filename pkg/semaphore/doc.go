@@ -27,6 +27,11 @@
 // waiter as the new holder and wakes its process, so nobody polls and nobody
 // races for a freed permit. Once it has waited or held, a process keeps one
 // blocking Redis connection per semaphore, however many goroutines wait.
+// Under saturation a process's new waiters ride in its releases (a waiter
+// that arrives while a release of its process is on its way, behind another
+// of its waiters, is queued by the next release, or by one call for all
+// such waiters once the release returns), so that most grants cost Redis
+// one call, not two.
 //
 // A Redis outage costs seconds, not leases: calls that fail because Redis
 // is unreachable, restarting or failing over are retried with backoff, a
