@@ -99,7 +99,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 			case m.send:
 				retry = m.retry
 			case m.requeue:
-				old := token
+				old := s.tokenOf(w) // ask may have re-enlisted w since token was read
 				if err := s.enlist(w); err != nil {
 					s.giveUp(w)
 					return nil, err

@@ -94,7 +94,14 @@ func isNoPermission(err error) bool {
 }
 
 func isOOM(err error) bool {
-	return isServerError(err) && strings.HasPrefix(err.Error(), "OOM")
+	if !isServerError(err) {
+		return false
+	}
+	// Redis 7 passes a script's OOM refusal on as it is; Redis 6 wraps it:
+	// "ERR Error running script (call to f_…): @user_script:N: -OOM command
+	// not allowed when used memory > 'maxmemory'".
+	msg := err.Error()
+	return strings.HasPrefix(msg, "OOM") || strings.Contains(msg, "OOM command not allowed")
 }
 
 func isUnknownCommand(err error) bool {

@@ -32,10 +32,12 @@ type carryScene struct {
 	a, obs *semaphore.Semaphore
 
 	mu       sync.Mutex
-	acquires int        // acquire.lua calls
-	carries  [][]string // the waiters each carrying call carried
-	carriers []string   // the token each carrying call released ("" for none)
-	carried  int        // carrying calls that returned without error
+	acquires int             // acquire.lua calls
+	carries  [][]string      // the waiters each carrying call carried
+	carriers []string        // the token each carrying call released ("" for none)
+	carried  int             // carrying calls that returned without error
+	sent     map[string]bool // tokens Redis heard of: acquire calls, carried waiters
+	released []string        // tokens of release calls (not "")
 
 	blockRelease atomic.Value  // string: a release of this token waits for gate
 	blockCarry   atomic.Bool   // carrying calls wait for gate
@@ -48,13 +50,14 @@ type carryScene struct {
 func newCarryScene(t *testing.T, limit int) *carryScene {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
-	return newCarrySceneOn(t, rdb, prefix, limit)
+	return newCarrySceneOn(t, rdb, prefix, semaphore.Options{Limit: limit})
 }
 
-// newCarrySceneOn is newCarryScene on a Redis of the test's choosing.
-func newCarrySceneOn(t *testing.T, rdb *redis.Client, prefix string, limit int) *carryScene {
+// newCarrySceneOn is newCarryScene on a Redis and with options of the
+// test's choosing.
+func newCarrySceneOn(t *testing.T, rdb *redis.Client, prefix string, opts semaphore.Options) *carryScene {
 	t.Helper()
-	c := &carryScene{gate: make(chan struct{}), held: make(chan string, 8)}
+	c := &carryScene{gate: make(chan struct{}), held: make(chan string, 8), sent: map[string]bool{}}
 	c.blockRelease.Store("")
 	h := &faultHook{
 		refuse: func(cmd redis.Cmder) bool {
@@ -65,6 +68,7 @@ func newCarrySceneOn(t *testing.T, rdb *redis.Client, prefix string, limit int) 
 			case isScript(cmd, semaphore.AcquireScript):
 				c.mu.Lock()
 				c.acquires++
+				c.sent[arg(cmd, argToken)] = true
 				c.mu.Unlock()
 			case isCarry(cmd):
 				args := cmd.Args()
@@ -75,11 +79,19 @@ func newCarrySceneOn(t *testing.T, rdb *redis.Client, prefix string, limit int) 
 				c.mu.Lock()
 				c.carries = append(c.carries, toks)
 				c.carriers = append(c.carriers, arg(cmd, argToken))
+				for _, tok := range toks {
+					c.sent[tok] = true
+				}
 				c.mu.Unlock()
 				if c.blockCarry.Load() {
 					c.wait("")
 				}
 			case isScript(cmd, semaphore.ReleaseScript):
+				if tok := arg(cmd, argToken); tok != "" {
+					c.mu.Lock()
+					c.released = append(c.released, tok)
+					c.mu.Unlock()
+				}
 				if tok := c.blockRelease.Load().(string); tok != "" && arg(cmd, argToken) == tok {
 					c.wait(tok)
 				}
@@ -99,8 +111,8 @@ func newCarrySceneOn(t *testing.T, rdb *redis.Client, prefix string, limit int) 
 	hooked := redis.NewClient(rdb.Options())
 	hooked.AddHook(h)
 	t.Cleanup(func() { _ = hooked.Close() })
-	c.a = newSem(t, hooked, prefix, semaphore.Options{Limit: limit})
-	c.obs = newSem(t, rdb, prefix, semaphore.Options{Limit: limit})
+	c.a = newSem(t, hooked, prefix, opts)
+	c.obs = newSem(t, rdb, prefix, semaphore.Options{Limit: opts.Limit})
 	return c
 }
 
@@ -501,6 +513,7 @@ func TestUnderSaturationMostWaitersAreCarried(t *testing.T) {
 				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 				}
 				grants.Add(1)
+				time.Sleep(50 * time.Microsecond) // held, and counted, a while
 				holding.Add(-1)
 				if err := p.Release(context.Background()); err != nil {
 					t.Error(err)
@@ -519,5 +532,109 @@ func TestUnderSaturationMostWaitersAreCarried(t *testing.T) {
 	}
 	if carriedTokens.Load() == 0 || acquireCalls.Load() >= grants.Load() {
 		t.Fatalf("%d acquire calls and %d carried waiters for %d grants: want waiters carried, fewer acquire calls than grants", acquireCalls.Load(), carriedTokens.Load(), grants.Load())
+	}
+}
+
+// A carried waiter is refreshed like any other: it keeps its place for
+// many leases, and is granted in turn.
+func TestACarriedWaiterKeepsItsPlaceForManyLeases(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	const lease = 300 * time.Millisecond
+	c := newCarrySceneOn(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
+	ctx := context.Background()
+	p := mustAcquire(t, c.a)
+	got1 := acquireQueued(t, c.a, c.obs, 1)
+	released := c.releaseHeld(t, p)
+	got2 := c.acquirePending(t, ctx, 1)
+	c.open()
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	q1 := receiveGrant(t, got1, 5*time.Second, "the queued waiter")
+	testenv.WaitFor(t, 5*time.Second, "the carried waiter queued", func() bool { return len(stats(t, c.obs).Waiters) == 1 })
+	queued := waiterIDs(t, c.obs)
+	time.Sleep(5 * lease)
+	if ids := waiterIDs(t, c.obs); !slices.Equal(ids, queued) {
+		t.Fatalf("after %v: waiters %v, want %v still queued (its heartbeat refreshed)", 5*lease, ids, queued)
+	}
+	if err := q1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q2 := expectGrant(t, got2, "the carried waiter, after many leases")
+	if err := q2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A release that hangs does not hold back the waiters behind it for
+// longer than a moment: they are sent anyway.
+func TestPendingWaitersAreSentWhileAReleaseHangs(t *testing.T) {
+	t.Parallel()
+	c := newCarryScene(t, 1)
+	p := mustAcquire(t, c.a)
+	got1 := acquireQueued(t, c.a, c.obs, 1)
+	released := c.releaseHeld(t, p) // hangs until the test opens the gate
+	got2 := c.acquirePending(t, context.Background(), 1)
+	start := time.Now()
+	testenv.WaitFor(t, 5*time.Second, "the pending waiter queued while the release hangs", func() bool { return len(stats(t, c.obs).Waiters) == 2 })
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("the pending waiter was sent after %v, want within moments", d)
+	}
+	if _, carries, carriers := c.snapshot(); len(carries) != 1 || carriers[0] != "" {
+		t.Fatalf("carrying calls %v releasing %v, want one of its own", carries, carriers)
+	}
+	c.open()
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	q1 := receiveGrant(t, got1, 5*time.Second, "the first waiter")
+	if err := q1.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	q2 := expectGrant(t, got2, "the waiter sent while the release hung")
+	_ = q2.Release(context.Background())
+}
+
+// Close fails a pending waiter and sends nothing for it: Redis never heard
+// of it.
+func TestCloseFailsAPendingWaiterWithoutACall(t *testing.T) {
+	t.Parallel()
+	c := newCarryScene(t, 1)
+	p := mustAcquire(t, c.a)
+	got1 := acquireQueued(t, c.a, c.obs, 1)
+	released := c.releaseHeld(t, p)
+	got2 := c.acquirePending(t, context.Background(), 1)
+	closed := make(chan error, 1)
+	go func() { closed <- c.a.Close() }()
+	for _, got := range []<-chan acquired{got2} {
+		select {
+		case r := <-got:
+			if !errors.Is(r.err, semaphore.ErrClosed) {
+				t.Fatalf("a pending Acquire at Close returned %v, %v; want ErrClosed", r.p, r.err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a pending Acquire did not return at Close")
+		}
+	}
+	c.open()
+	if err := <-released; err != nil && !errors.Is(err, semaphore.ErrClosed) {
+		t.Fatal(err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	if q := <-got1; q != nil {
+		_ = q.Release(context.Background())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, tok := range c.released {
+		if !c.sent[tok] {
+			t.Errorf("released %s, which no call ever sent to Redis", tok)
+		}
+	}
+	if st := stats(t, c.obs); st.Held != 0 || len(st.Waiters) != 0 {
+		t.Errorf("after Close: held %d, waiters %v", st.Held, st.Waiters)
 	}
 }

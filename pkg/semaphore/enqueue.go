@@ -22,14 +22,19 @@ import (
 //
 // FIFO (S2) is unchanged: places are tickets, taken when a request
 // reaches Redis, in the order requests arrive there; a carried request
-// arrives at most one release round trip after Acquire was called, as it
-// would over a slower network. Waiters of one process keep their order:
+// arrives about one release round trip after Acquire was called (at most
+// maxPending), as it would over a slower network. Waiters of one process keep their order:
 // they are carried oldest first. A new waiter is never held back when no
 // other waiter of its process waits, so the delay never keeps a free
 // permit from a process whose request could take it.
 
 // maxCarried bounds the waiters one call carries.
 const maxCarried = 64
+
+// maxPending bounds how long a waiter waits for a carrier: a release call
+// that hangs (a connection that went silent, until the redis client's
+// ReadTimeout) must not hold back the waiters behind it.
+const maxPending = 50 * time.Millisecond
 
 // deferWaiter puts w, a new waiter about to make its first call, in the
 // pending list if a release of this process is in flight and another of
@@ -42,7 +47,38 @@ func (s *Semaphore) deferWaiter(w *waiter) bool {
 	}
 	w.pending = true
 	s.pending = append(s.pending, w)
+	if s.pendingTimer == nil {
+		s.pendingTimer = time.AfterFunc(maxPending, s.pendingTooLong)
+	}
 	return true
+}
+
+// pendingTooLong is maxPending's timer: the waiters still pending go now,
+// in one call.
+func (s *Semaphore) pendingTooLong() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pendingTimer = nil
+	s.carryPendingLocked()
+}
+
+// carryPendingLocked sends the pending waiters in a call of their own: a
+// release of no permit that carries them. It counts as in flight, so that
+// those who arrive meanwhile wait for it in turn.
+func (s *Semaphore) carryPendingLocked() {
+	if len(s.pending) == 0 || s.closed {
+		return
+	}
+	ws, tokens := s.beginReleaseLocked(true)
+	if len(s.pending) > 0 && s.pendingTimer == nil { // more than one call carries
+		s.pendingTimer = time.AfterFunc(maxPending, s.pendingTooLong)
+	}
+	s.spawnLocked(func() {
+		defer s.endRelease(ws)
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		_, _ = s.callRelease(ctx, "", ws, tokens)
+	})
 }
 
 // beginRelease counts a release call in flight and, with carry, takes up
@@ -63,6 +99,9 @@ func (s *Semaphore) beginReleaseLocked(carry bool) ([]*waiter, []string) {
 	ws := make([]*waiter, n)
 	copy(ws, s.pending)
 	s.pending = append(s.pending[:0], s.pending[n:]...)
+	if len(s.pending) == 0 {
+		s.stopPendingTimerLocked()
+	}
 	tokens := make([]string, n)
 	for i, w := range ws {
 		w.pending = false
@@ -84,16 +123,8 @@ func (s *Semaphore) endRelease(ws []*waiter) {
 		w.carried = nil
 	}
 	s.releasing--
-	if s.releasing == 0 && len(s.pending) > 0 && !s.closed {
-		// A release of no permit carries them: it counts as in flight, so
-		// that those who arrive meanwhile wait for it in turn.
-		ws, tokens := s.beginReleaseLocked(true)
-		s.spawnLocked(func() {
-			defer s.endRelease(ws)
-			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-			defer cancel()
-			_, _ = s.callRelease(ctx, "", ws, tokens)
-		})
+	if s.releasing == 0 {
+		s.carryPendingLocked()
 	}
 }
 
@@ -106,8 +137,18 @@ func (s *Semaphore) dropPendingLocked(w *waiter) {
 	for i, v := range s.pending {
 		if v == w {
 			s.pending = append(s.pending[:i], s.pending[i+1:]...)
-			return
+			break
 		}
+	}
+	if len(s.pending) == 0 {
+		s.stopPendingTimerLocked()
+	}
+}
+
+func (s *Semaphore) stopPendingTimerLocked() {
+	if s.pendingTimer != nil {
+		s.pendingTimer.Stop()
+		s.pendingTimer = nil
 	}
 }
 

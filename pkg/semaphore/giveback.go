@@ -62,7 +62,7 @@ func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter,
 	if len(vals) >= 3 {
 		n, _ = vals[2].(int64)
 	}
-	if len(vals) < 3 || n != int64(len(ws)) || (int64(len(vals))-3-n)%2 != 0 {
+	if len(vals) < 3 || n != int64(len(ws)) || int64(len(vals)) < 3+n || (int64(len(vals))-3-n)%2 != 0 {
 		err := fmt.Errorf("unexpected reply %v from the release script", res)
 		s.settleCarried(ws, nil, 0, sent, err, true)
 		return 0, err

@@ -147,7 +147,7 @@ func TestOutOfMemoryHoldersAndWaitersKeepTheirPlaces(t *testing.T) {
 func TestOutOfMemoryACarriedWaiterFailsClearlyAndTheReleaseGoesThrough(t *testing.T) {
 	t.Parallel()
 	rdb, _ := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
-	c := newCarrySceneOn(t, rdb, "oomcarry", 1)
+	c := newCarrySceneOn(t, rdb, "oomcarry", semaphore.Options{Limit: 1})
 	p := mustAcquire(t, c.a)
 	got1 := acquireQueued(t, c.a, c.obs, 1)
 	released := c.releaseHeld(t, p)

@@ -39,8 +39,10 @@ var (
 	// Taking a new place in the queue does not.
 	scriptRelease = newScript("release", luaRelease, "allow-oom")
 	// A release that carries new waiters (enqueue.go) takes new places in
-	// the queue: over maxmemory Redis refuses it, and the permit is then
-	// given back by scriptRelease alone.
+	// the queue, so it is not flagged allow-oom: over maxmemory Redis
+	// refuses it as a function, and by EVALSHA at its first write that may
+	// grow memory (unless its purge wrote first, as for acquire), and the
+	// permit is then given back by scriptRelease alone.
 	scriptCarry    = newScript("carry", luaRelease)
 	scriptRefresh  = newScript("refresh", luaRefresh, "allow-oom")
 	scriptSetLimit = newScript("setlimit", luaSetLimit)

@@ -55,18 +55,19 @@ type Semaphore struct {
 	scriptMode     atomic.Int32 // how scripts run: see run
 	functionsAfter atomic.Int64 // unix ns before which scripts run with EVALSHA
 
-	mu         sync.Mutex
-	waiters    map[string]*waiter
-	holders    map[string]*Permit
-	pending    []*waiter // waiters whose first request waits for a carrier: enqueue.go
-	releasing  int       // release calls in flight
-	closed     bool
-	background bool // the dispatcher and the watchdog run
-	stop       chan struct{}
-	draining   chan struct{} // closed by Drain
-	drainOnce  sync.Once
-	kick       chan struct{}  // asks the watchdog to refresh now
-	wg         sync.WaitGroup // dispatcher and watchdog
+	mu           sync.Mutex
+	waiters      map[string]*waiter
+	holders      map[string]*Permit
+	pending      []*waiter   // waiters whose first request waits for a carrier: enqueue.go
+	pendingTimer *time.Timer // sends them after maxPending
+	releasing    int         // release calls in flight
+	closed       bool
+	background   bool // the dispatcher and the watchdog run
+	stop         chan struct{}
+	draining     chan struct{} // closed by Drain
+	drainOnce    sync.Once
+	kick         chan struct{}  // asks the watchdog to refresh now
+	wg           sync.WaitGroup // dispatcher and watchdog
 
 	// Short-lived goroutines (abandoned calls, background releases) are
 	// tracked so that Close can wait for them; after Close has begun
@@ -287,10 +288,14 @@ func (s *Semaphore) Close() error {
 	close(s.stop)
 	waiters, holders := s.waiters, s.holders
 	s.waiters, s.holders = map[string]*waiter{}, map[string]*Permit{}
+	// Pending waiters never reached Redis: nothing to give back. They stay
+	// marked pending, so that their own give-up sends nothing either.
+	unsent := make(map[*waiter]bool, len(s.pending))
 	for _, w := range s.pending {
-		w.pending = false
+		unsent[w] = true
 	}
 	s.pending = nil
+	s.stopPendingTimerLocked()
 	dispatching := s.background
 	s.mu.Unlock()
 
@@ -298,7 +303,9 @@ func (s *Semaphore) Close() error {
 	var results []<-chan giveBackResult
 	for tok, w := range waiters {
 		w.ch <- wakeup{err: ErrClosed}
-		results = append(results, s.giveBack(ctx, tok))
+		if !unsent[w] {
+			results = append(results, s.giveBack(ctx, tok))
+		}
 	}
 	for tok, p := range holders {
 		// A Release under way owns the permit's release: only give back
