@@ -30,7 +30,7 @@
 // Under saturation a process's new waiters ride in its releases (a waiter
 // that arrives while a release of its process is on its way, behind another
 // of its waiters, is queued by the next release, or by one call for all
-// such waiters once the release returns), so that most grants cost Redis
+// such waiters once the release returns), so that many grants cost Redis
 // one call, not two.
 //
 // A Redis outage costs seconds, not leases: calls that fail because Redis
