@@ -89,8 +89,8 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 		token := s.tokenOf(w)
 		if carried {
 			carried = false
-		} else if done, p, err := s.ask(ctx, w, token, wait, retry); done {
-			return p, err
+		} else if done, err := s.ask(ctx, w, token, wait, retry); done {
+			return nil, err
 		}
 		retry = false
 		select {
@@ -130,13 +130,14 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 }
 
 // ask makes w's acquire call under token and handles its reply. done says
-// the Acquire call ends with p or err; otherwise w waits for its answer.
-func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retry bool) (done bool, p *Permit, err error) {
+// the Acquire call ends with err; otherwise w waits for its answer (a
+// grant, too, reaches it on w.ch).
+func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retry bool) (done bool, err error) {
 	for {
 		status, value, limit, sent, err := s.callAcquire(ctx, token, wait, retry)
 		if err != nil {
 			s.giveUp(w)
-			return true, nil, err
+			return true, err
 		}
 		switch status {
 		case acquireGranted:
@@ -150,10 +151,10 @@ func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retr
 			s.mu.Unlock()
 		case acquireFull: // the script recorded nothing: nothing to give back
 			s.forgetWaiter(w)
-			return true, nil, ErrNoPermit
+			return true, ErrNoPermit
 		case acquireTooHeavy:
 			s.forgetWaiter(w)
-			return true, nil, fmt.Errorf("%w: asked for %d, the limit is %d", ErrExceedsLimit, w.weight, limit)
+			return true, fmt.Errorf("%w: asked for %d, the limit is %d", ErrExceedsLimit, w.weight, limit)
 		case acquireUnknown:
 			// A retry, and Redis does not know the token: the first call
 			// never ran, or its place or permit lapsed while its reply was
@@ -162,7 +163,7 @@ func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retr
 			// ask for now.
 			if err := s.enlist(w); err != nil {
 				s.giveUp(w)
-				return true, nil, err
+				return true, err
 			}
 			// Should the first call still land, its place goes too.
 			old := token
@@ -171,9 +172,9 @@ func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retr
 			continue
 		default:
 			s.giveUp(w)
-			return true, nil, fmt.Errorf("unexpected reply %d from the acquire script", status)
+			return true, fmt.Errorf("unexpected reply %d from the acquire script", status)
 		}
-		return false, nil, nil
+		return false, nil
 	}
 }
 

@@ -23,8 +23,8 @@ import (
 // FIFO (S2) is unchanged: places are tickets, taken when a request
 // reaches Redis, in the order requests arrive there; a carried request
 // arrives about one release round trip after Acquire was called (at most
-// maxPending), as it would over a slower network. Waiters of one process keep their order:
-// they are carried oldest first. A new waiter is never held back when no
+// maxPending), as it would over a slower network. Waiters of one process
+// keep their order: they are carried oldest first. A new waiter is never held back when no
 // other waiter of its process waits, so the delay never keeps a free
 // permit from a process whose request could take it.
 
@@ -47,10 +47,16 @@ func (s *Semaphore) deferWaiter(w *waiter) bool {
 	}
 	w.pending = true
 	s.pending = append(s.pending, w)
+	s.armPendingTimerLocked()
+	return true
+}
+
+// armPendingTimerLocked starts maxPending's timer for the pending waiters,
+// unless it runs already.
+func (s *Semaphore) armPendingTimerLocked() {
 	if s.pendingTimer == nil {
 		s.pendingTimer = time.AfterFunc(maxPending, s.pendingTooLong)
 	}
-	return true
 }
 
 // pendingTooLong is maxPending's timer: the waiters still pending go now,
@@ -70,8 +76,8 @@ func (s *Semaphore) carryPendingLocked() {
 		return
 	}
 	ws, tokens := s.beginReleaseLocked(true)
-	if len(s.pending) > 0 && s.pendingTimer == nil { // more than one call carries
-		s.pendingTimer = time.AfterFunc(maxPending, s.pendingTooLong)
+	if len(s.pending) > 0 { // more than one call's worth: the rest wait anew
+		s.armPendingTimerLocked()
 	}
 	s.spawnLocked(func() {
 		defer s.endRelease(ws)
