@@ -155,6 +155,34 @@ func (c *carryScene) releaseHeld(t *testing.T, p *semaphore.Permit) (done <-chan
 	return ch
 }
 
+// oneQueuedBehindARelease is the common scene: c.a held the only permit,
+// a waiter of c.a queued behind it (got1 receives its grant), and the
+// release of that permit is now held at the gate, in flight; released
+// receives Release's error once the gate opens.
+func (c *carryScene) oneQueuedBehindARelease(t *testing.T) (got1 <-chan *semaphore.Permit, released <-chan error) {
+	t.Helper()
+	p := mustAcquire(t, c.a)
+	got1 = acquireQueued(t, c.a, c.obs, 1)
+	return got1, c.releaseHeld(t, p)
+}
+
+// letThrough opens the gate to a held release and waits for it to succeed.
+func (c *carryScene) letThrough(t *testing.T, released <-chan error) {
+	t.Helper()
+	c.open()
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectEmpty fails the test unless nobody holds or waits on s.
+func expectEmpty(t *testing.T, s *semaphore.Semaphore, when string) {
+	t.Helper()
+	if st := stats(t, s); st.Held != 0 || len(st.Waiters) != 0 {
+		t.Fatalf("%s: held %d, waiters %v; want none", when, st.Held, st.Waiters)
+	}
+}
+
 // acquirePending starts an Acquire on c.a that must wait for a carrier,
 // and returns once it does. got receives its permit or its error.
 func (c *carryScene) acquirePending(t *testing.T, ctx context.Context, n int) (got <-chan acquired) {
@@ -212,17 +240,12 @@ func TestWaitersArrivingDuringAReleaseGoInOneCallInOrder(t *testing.T) {
 	t.Parallel()
 	c := newCarryScene(t, 1)
 	ctx := context.Background()
-	p := mustAcquire(t, c.a)
-	got1 := acquireQueued(t, c.a, c.obs, 1)
-	released := c.releaseHeld(t, p) // grants the queued waiter once let through
+	got1, released := c.oneQueuedBehindARelease(t)
 	acquiresBefore, _, _ := c.snapshot()
 
 	got2 := c.acquirePending(t, ctx, 1)
 	got3 := c.acquirePending(t, ctx, 1)
-	c.open()
-	if err := <-released; err != nil {
-		t.Fatal(err)
-	}
+	c.letThrough(t, released)
 	q1 := receiveGrant(t, got1, 5*time.Second, "the waiter queued before the release")
 	testenv.WaitFor(t, 5*time.Second, "both late waiters queued", func() bool { return len(stats(t, c.obs).Waiters) == 2 })
 
@@ -278,19 +301,14 @@ func TestTheNextReleaseCarriesAPendingWaiter(t *testing.T) {
 		t.Fatalf("carrying calls %v releasing %v, queue %v: want the release of %s to carry the one waiter queued", carries, carriers, queued, p2.ID())
 	}
 
-	c.open()
-	if err := <-released1; err != nil {
-		t.Fatal(err)
-	}
+	c.letThrough(t, released1)
 	q2 := expectGrant(t, got2, "the carried waiter, by the held release")
 	for _, q := range []*semaphore.Permit{q1, q2} {
 		if err := q.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if st := stats(t, c.obs); st.Held != 0 || len(st.Waiters) != 0 {
-		t.Fatalf("after every release: held %d, waiters %v", st.Held, st.Waiters)
-	}
+	expectEmpty(t, c.obs, "after every release")
 }
 
 // A pending waiter that gives up leaves nothing to carry and nothing in
@@ -298,9 +316,7 @@ func TestTheNextReleaseCarriesAPendingWaiter(t *testing.T) {
 func TestAPendingWaiterThatGivesUpLeavesNoTrace(t *testing.T) {
 	t.Parallel()
 	c := newCarryScene(t, 1)
-	p := mustAcquire(t, c.a)
-	got1 := acquireQueued(t, c.a, c.obs, 1)
-	released := c.releaseHeld(t, p)
+	got1, released := c.oneQueuedBehindARelease(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	got2 := c.acquirePending(t, ctx, 1)
 	cancel()
@@ -315,10 +331,7 @@ func TestAPendingWaiterThatGivesUpLeavesNoTrace(t *testing.T) {
 	if n := c.a.Pending(); n != 0 {
 		t.Fatalf("%d waiters still pending after the only one gave up", n)
 	}
-	c.open()
-	if err := <-released; err != nil {
-		t.Fatal(err)
-	}
+	c.letThrough(t, released)
 	q1 := receiveGrant(t, got1, 5*time.Second, "the queued waiter")
 	if _, carries, _ := c.snapshot(); len(carries) != 0 {
 		t.Fatalf("carrying calls %v after the only pending waiter gave up", carries)
@@ -334,19 +347,14 @@ func TestAPendingWaiterThatGivesUpLeavesNoTrace(t *testing.T) {
 func TestAWaiterThatGivesUpWhileCarriedLosesItsPlace(t *testing.T) {
 	t.Parallel()
 	c := newCarryScene(t, 1)
-	p := mustAcquire(t, c.a)
-	got1 := acquireQueued(t, c.a, c.obs, 1)
-	released := c.releaseHeld(t, p)
+	got1, released := c.oneQueuedBehindARelease(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	got2 := c.acquirePending(t, ctx, 1)
 
 	// Let the release through; the call that then carries the waiter is
 	// held in turn.
 	c.blockCarry.Store(true)
-	c.open()
-	if err := <-released; err != nil {
-		t.Fatal(err)
-	}
+	c.letThrough(t, released)
 	select {
 	case <-c.held:
 	case <-time.After(5 * time.Second):
@@ -396,16 +404,11 @@ func TestWaitersOfAFailedCarrierAskOnTheirOwn(t *testing.T) {
 			c := newCarryScene(t, 1)
 			tc.fail(c)
 			ctx := context.Background()
-			p := mustAcquire(t, c.a)
-			got1 := acquireQueued(t, c.a, c.obs, 1)
-			released := c.releaseHeld(t, p)
+			got1, released := c.oneQueuedBehindARelease(t)
 			acquiresBefore, _, _ := c.snapshot()
 			got2 := c.acquirePending(t, ctx, 1)
 			got3 := c.acquirePending(t, ctx, 1)
-			c.open()
-			if err := <-released; err != nil {
-				t.Fatal(err)
-			}
+			c.letThrough(t, released)
 			q := receiveGrant(t, got1, 5*time.Second, "the queued waiter")
 			// The waiters ask on their own (as a retry: the carrier may have
 			// queued them), and each has one place.
@@ -436,9 +439,7 @@ func TestWaitersOfAFailedCarrierAskOnTheirOwn(t *testing.T) {
 			if err := q.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if st := stats(t, c.obs); st.Held != 0 || len(st.Waiters) != 0 {
-				t.Fatalf("after every release: held %d, waiters %v", st.Held, st.Waiters)
-			}
+			expectEmpty(t, c.obs, "after every release")
 		})
 	}
 }
@@ -448,14 +449,9 @@ func TestWaitersOfAFailedCarrierAskOnTheirOwn(t *testing.T) {
 func TestACarriedRequestOverTheLimitFails(t *testing.T) {
 	t.Parallel()
 	c := newCarryScene(t, 1)
-	p := mustAcquire(t, c.a)
-	got1 := acquireQueued(t, c.a, c.obs, 1)
-	released := c.releaseHeld(t, p)
+	got1, released := c.oneQueuedBehindARelease(t)
 	got2 := c.acquirePending(t, context.Background(), 2)
-	c.open()
-	if err := <-released; err != nil {
-		t.Fatal(err)
-	}
+	c.letThrough(t, released)
 	select {
 	case r := <-got2:
 		if !errors.Is(r.err, semaphore.ErrExceedsLimit) {
@@ -543,14 +539,9 @@ func TestACarriedWaiterKeepsItsPlaceForManyLeases(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	c := newCarrySceneOn(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
 	ctx := context.Background()
-	p := mustAcquire(t, c.a)
-	got1 := acquireQueued(t, c.a, c.obs, 1)
-	released := c.releaseHeld(t, p)
+	got1, released := c.oneQueuedBehindARelease(t)
 	got2 := c.acquirePending(t, ctx, 1)
-	c.open()
-	if err := <-released; err != nil {
-		t.Fatal(err)
-	}
+	c.letThrough(t, released)
 	q1 := receiveGrant(t, got1, 5*time.Second, "the queued waiter")
 	testenv.WaitFor(t, 5*time.Second, "the carried waiter queued", func() bool { return len(stats(t, c.obs).Waiters) == 1 })
 	queued := waiterIDs(t, c.obs)
@@ -572,9 +563,7 @@ func TestACarriedWaiterKeepsItsPlaceForManyLeases(t *testing.T) {
 func TestPendingWaitersAreSentWhileAReleaseHangs(t *testing.T) {
 	t.Parallel()
 	c := newCarryScene(t, 1)
-	p := mustAcquire(t, c.a)
-	got1 := acquireQueued(t, c.a, c.obs, 1)
-	released := c.releaseHeld(t, p) // hangs until the test opens the gate
+	got1, released := c.oneQueuedBehindARelease(t)
 	got2 := c.acquirePending(t, context.Background(), 1)
 	start := time.Now()
 	testenv.WaitFor(t, 5*time.Second, "the pending waiter queued while the release hangs", func() bool { return len(stats(t, c.obs).Waiters) == 2 })
@@ -584,10 +573,7 @@ func TestPendingWaitersAreSentWhileAReleaseHangs(t *testing.T) {
 	if _, carries, carriers := c.snapshot(); len(carries) != 1 || carriers[0] != "" {
 		t.Fatalf("carrying calls %v releasing %v, want one of its own", carries, carriers)
 	}
-	c.open()
-	if err := <-released; err != nil {
-		t.Fatal(err)
-	}
+	c.letThrough(t, released)
 	q1 := receiveGrant(t, got1, 5*time.Second, "the first waiter")
 	if err := q1.Release(context.Background()); err != nil {
 		t.Fatal(err)
@@ -601,9 +587,7 @@ func TestPendingWaitersAreSentWhileAReleaseHangs(t *testing.T) {
 func TestCloseFailsAPendingWaiterWithoutACall(t *testing.T) {
 	t.Parallel()
 	c := newCarryScene(t, 1)
-	p := mustAcquire(t, c.a)
-	got1 := acquireQueued(t, c.a, c.obs, 1)
-	released := c.releaseHeld(t, p)
+	got1, released := c.oneQueuedBehindARelease(t)
 	got2 := c.acquirePending(t, context.Background(), 1)
 	closed := make(chan error, 1)
 	go func() { closed <- c.a.Close() }()
@@ -634,7 +618,5 @@ func TestCloseFailsAPendingWaiterWithoutACall(t *testing.T) {
 			t.Errorf("released %s, which no call ever sent to Redis", tok)
 		}
 	}
-	if st := stats(t, c.obs); st.Held != 0 || len(st.Waiters) != 0 {
-		t.Errorf("after Close: held %d, waiters %v", st.Held, st.Waiters)
-	}
+	expectEmpty(t, c.obs, "after Close")
 }

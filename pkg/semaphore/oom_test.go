@@ -148,9 +148,7 @@ func TestOutOfMemoryACarriedWaiterFailsClearlyAndTheReleaseGoesThrough(t *testin
 	t.Parallel()
 	rdb, _ := testenv.PrivateRedis(t, "--maxmemory-policy", "noeviction")
 	c := newCarrySceneOn(t, rdb, "oomcarry", semaphore.Options{Limit: 1})
-	p := mustAcquire(t, c.a)
-	got1 := acquireQueued(t, c.a, c.obs, 1)
-	released := c.releaseHeld(t, p)
+	got1, released := c.oneQueuedBehindARelease(t)
 	got2 := c.acquirePending(t, context.Background(), 1)
 	free := outOfMemory(t, rdb)
 	defer free()
@@ -174,7 +172,5 @@ func TestOutOfMemoryACarriedWaiterFailsClearlyAndTheReleaseGoesThrough(t *testin
 	if err := q.Release(context.Background()); err != nil {
 		t.Fatalf("Release under maxmemory = %v, want nil", err)
 	}
-	if st := stats(t, c.obs); st.Held != 0 || len(st.Waiters) != 0 {
-		t.Fatalf("held %d, waiters %v; want nothing left", st.Held, st.Waiters)
-	}
+	expectEmpty(t, c.obs, "after the last release under maxmemory")
 }
