@@ -314,6 +314,18 @@ func (h *failSplitDone) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 // growingSplit emits a.N pages of one number each on its first attempt
 // and three more on every attempt after, as a keyset split over a table
 // that grew does; attempts counts them.
+// failPage makes job's Map fail page lo every time, with "page <lo> is
+// bad", and map the others as before.
+func failPage(job *mapreduce.Job[sumArgs, span, int, int], lo int) {
+	inner := job.Map
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		if p.Lo == lo {
+			return 0, fmt.Errorf("page %d is bad", lo)
+		}
+		return inner(ctx, p)
+	}
+}
+
 func growingSplit(attempts *atomic.Int32) func(context.Context, sumArgs, func(span) error) error {
 	return func(ctx context.Context, a sumArgs, emit func(span) error) error {
 		n := a.N
@@ -374,13 +386,7 @@ func TestTheObserverSeesEachPageOfATaskOfSeveralEndAsItDid(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	job := sumJob("seen", newCounts(), e.opts(mapreduce.JobOptions{MapRetries: -1, Semantics: mapreduce.CompleteSemantics}))
-	inner := job.Map
-	job.Map = func(ctx context.Context, p span) (int, error) {
-		if p.Lo == 2 {
-			return 0, errors.New("page 2 is bad")
-		}
-		return inner(ctx, p)
-	}
+	failPage(&job, 2)
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	log := &stepLog{}
 	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix, Observer: log})
@@ -493,13 +499,7 @@ func TestAPageFedAloneAfterItsBlocksGroupIsNotFailedWhileItsOwnTaskWaits(t *test
 	job := sumJob("grows", cnt, e.opts(mapreduce.JobOptions{MapRetries: -1, Semantics: mapreduce.CompleteSemantics}))
 	var attempts atomic.Int32
 	job.Split = growingSplit(&attempts)
-	inner := job.Map
-	job.Map = func(ctx context.Context, p span) (int, error) {
-		if p.Lo == 8 {
-			return 0, errors.New("page 8 is bad")
-		}
-		return inner(ctx, p)
-	}
+	failPage(&job, 8)
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	hook := &failSplitDone{}
 	rdb := redis.NewClient(e.rdb.Options())
