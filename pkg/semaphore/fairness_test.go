@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,6 +109,74 @@ func TestHeavyWaiterAtTheHeadIsNotOvertakenByLightOnes(t *testing.T) {
 	if strings.Join(events, ",") != "heavy,light" {
 		t.Errorf("grant order %v, want heavy then light", events)
 	}
+}
+
+// A release that frees less than the head needs leaves the head as it was:
+// same ticket, still ahead of everyone behind it, and nobody granted.
+func TestHeadThatDoesNotFitKeepsItsTicketThroughReleases(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 3})
+	ctx := context.Background()
+	a, b := mustAcquire(t, s), mustAcquire(t, s)
+	heavyGot := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := s.AcquireN(ctx, 3)
+		if err != nil {
+			t.Error(err)
+		}
+		heavyGot <- p
+	}()
+	testenv.WaitFor(t, 5*time.Second, "heavy queued", func() bool { return len(stats(t, s).Waiters) == 1 })
+	lightGot := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := s.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		lightGot <- p
+	}()
+	testenv.WaitFor(t, 5*time.Second, "light queued", func() bool { return len(stats(t, s).Waiters) == 2 })
+	places := func(ws []semaphore.Waiter) []string {
+		var out []string
+		for _, w := range ws {
+			out = append(out, fmt.Sprintf("%s@%d", w.ID, w.Ticket))
+		}
+		return out
+	}
+	before := places(stats(t, s).Waiters)
+
+	// Frees one of the three the head needs: the head is looked at and
+	// stays where it was.
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := stats(t, s)
+	if got := places(after.Waiters); !slices.Equal(got, before) || after.Held != 1 {
+		t.Fatalf("after a release that freed too little: held %d, waiters %v; want held 1 and the queue unchanged, %v", after.Held, got, before)
+	}
+	select {
+	case <-heavyGot:
+		t.Fatal("the heavy waiter was granted with one of three permits free")
+	case <-lightGot:
+		t.Fatal("the light waiter overtook the heavy head")
+	default:
+	}
+
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	heavy := receiveGrant(t, heavyGot, 5*time.Second, "the heavy head, once all three are free")
+	select {
+	case <-lightGot:
+		t.Fatal("the light waiter was granted while the heavy one holds all three")
+	default:
+	}
+	if err := heavy.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	light := receiveGrant(t, lightGot, 5*time.Second, "the light waiter, after the heavy one")
+	_ = light.Release(ctx)
 }
 
 func TestReleaseHandsThePermitOverWithoutPolling(t *testing.T) {

@@ -16,6 +16,9 @@
 --                        under a new token
 local tok = ARGV[5]
 local lease, heartbeat = tonumber(ARGV[6]), tonumber(ARGV[7])
+-- A first call's token is fresh, never sent before: only a retry can find
+-- its token already holding or queued.
+local retry = ARGV[9] == '1'
 
 local limit = get_limit()
 -- The calling process is alive: its own lapsed holders are kept for it to
@@ -29,7 +32,7 @@ local w = weight_of(tok)
 -- wake-up for that place may still sit in the process's wake list; a new
 -- place under the same token would make it look like this place's grant.
 -- The caller asks again under a new token instead. (One token, one place.)
-if ARGV[9] == '1' and not redis.call('HGET', K_INFO, tok) then
+if retry and not redis.call('HGET', K_INFO, tok) then
   return {3, 0, limit}
 end
 
@@ -45,10 +48,9 @@ if queue_empty and held + w <= limit then
   return {1, fence_of(tok), limit}
 end
 
--- A retry of a call that ran: already holding, or already queued. Every
--- holder and waiter has an info entry, so one HGET rules out the common
--- case, a new token.
-if redis.call('HGET', K_INFO, tok) then
+-- A retry of a call that ran: already holding, or already queued. (A
+-- retry's token has an info entry, or it returned above.)
+if retry then
   if redis.call('ZSCORE', K_HOLDERS, tok) then
     redis.call('ZADD', K_HOLDERS, int(now + lease), tok)
     return {1, fence_of(tok), limit}
