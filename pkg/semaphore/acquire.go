@@ -255,12 +255,14 @@ func (s *Semaphore) tokenOf(w *waiter) string {
 
 // callAcquire runs acquire.lua for token, retrying transient Redis errors
 // with backoff while ctx lives, the Semaphore is open and the caller is
-// willing to wait. Retrying is safe: the script is idempotent per token,
-// and a retry that finds the token unknown to Redis gets acquireUnknown
-// rather than a new place under the old token.
+// willing to wait. Retrying is safe: every attempt after the first says it
+// retries, which makes the script idempotent per token, and a retry that
+// finds the token unknown to Redis gets acquireUnknown rather than a new
+// place under the old token.
 //
 // retry says that an earlier call for token may have run (one that carried
-// it, enqueue.go): the first attempt is then a retry too.
+// it, enqueue.go): the first attempt is then a retry too. Without it the
+// token must be unknown to Redis: the script then skips looking for it.
 func (s *Semaphore) callAcquire(ctx context.Context, token string, wait, retry bool) (status, value int64, limit int64, sent time.Time, err error) {
 	waitFlag := "0"
 	if wait {

@@ -43,9 +43,11 @@ func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter,
 	sent := time.Now()
 	res, err := s.evalAs(ctx, s.process, sc, args...)
 	if err != nil && len(ws) > 0 && isOOM(err) {
-		// Redis is over its maxmemory and refused the call before it ran:
-		// the waiters ask on their own (and hear why), and the permit goes
-		// back alone, as releases may over maxmemory.
+		// Redis is over its maxmemory and refused the call before it
+		// recorded any of them (a function outright; by EVALSHA at its
+		// first write that may grow memory, which comes before theirs):
+		// the waiters ask on their own, as first calls (and hear why), and
+		// the permit goes back alone, as releases may over maxmemory.
 		s.settleCarried(ws, nil, 0, sent, err, false)
 		if token == "" {
 			return 0, nil // it carried, and released nothing

@@ -47,9 +47,15 @@ func mustAcquire(t *testing.T, s *semaphore.Semaphore) *semaphore.Permit {
 // permit, or nil if Acquire failed (the failure is reported).
 func acquireQueued(t *testing.T, s, observer *semaphore.Semaphore, queued int) <-chan *semaphore.Permit {
 	t.Helper()
+	return acquireNQueued(t, s, observer, 1, queued)
+}
+
+// acquireNQueued is acquireQueued for an AcquireN of weight n.
+func acquireNQueued(t *testing.T, s, observer *semaphore.Semaphore, n, queued int) <-chan *semaphore.Permit {
+	t.Helper()
 	got := make(chan *semaphore.Permit, 1)
 	go func() {
-		p, err := s.Acquire(context.Background())
+		p, err := s.AcquireN(context.Background(), n)
 		if err != nil && !errors.Is(err, semaphore.ErrClosed) {
 			// ErrClosed: the test ended (or failed) first and its cleanup
 			// closed s; reporting then would be too late.

@@ -1,12 +1,14 @@
 -- acquire takes a permit for a token at once, or queues the token.
--- Idempotent: a retried call with the same token returns the same outcome,
--- with its deadline re-armed (the caller dates its lease or heartbeat from
--- the retry, not from the call whose reply it lost).
+-- Idempotent when the caller says it retries (ARGV[9]): a retried call with
+-- the same token returns the same outcome, with its deadline re-armed (the
+-- caller dates its lease or heartbeat from the retry, not from the call
+-- whose reply it lost).
 --   ARGV[5] token
 --   ARGV[6] lease (ms)
 --   ARGV[7] heartbeat timeout (ms) of a queued waiter
 --   ARGV[8] "1" to queue when the permit is not free, "0" to return instead
---   ARGV[9] "1" if an earlier call with this token may have run (a retry)
+--   ARGV[9] "1" if an earlier call with this token may have run (a retry);
+--           "0" promises that Redis has no record of the token
 -- Returns {status, value, limit}:
 --   { 1, fence,  limit}  granted
 --   { 0, ticket, limit}  queued; the grant arrives on the process's wake list
@@ -16,8 +18,9 @@
 --                        under a new token
 local tok = ARGV[5]
 local lease, heartbeat = tonumber(ARGV[6]), tonumber(ARGV[7])
--- A first call's token is fresh, never sent before: only a retry can find
--- its token already holding or queued.
+-- A first call's token is unknown to Redis (fresh, or carried by a release
+-- that Redis refused before it ran: enqueue.go): only a retry can find its
+-- token already holding or queued.
 local retry = ARGV[9] == '1'
 
 local limit = get_limit()
