@@ -75,10 +75,18 @@ func (e *env) clientOn(rdb *redis.Client) *mapreduce.Client {
 // with short intervals so that tests run fast; it stops when the test ends.
 func (e *env) worker(c *mapreduce.Client, concurrency int) *asynq.Server {
 	e.t.Helper()
+	return e.workerPolling(c, concurrency, 10*time.Millisecond)
+}
+
+// workerPolling is worker with poll for asynq's TaskCheckInterval: how
+// long a handler slot that found the queue empty sleeps before it looks
+// again (asynq's default and the worker command's is a second).
+func (e *env) workerPolling(c *mapreduce.Client, concurrency int, poll time.Duration) *asynq.Server {
+	e.t.Helper()
 	srv := asynq.NewServerFromRedisClient(e.rdb, asynq.Config{
 		Concurrency:              concurrency,
 		Queues:                   map[string]int{e.queue: 1},
-		TaskCheckInterval:        10 * time.Millisecond,
+		TaskCheckInterval:        poll,
 		DelayedTaskCheckInterval: 50 * time.Millisecond,
 		RetryDelayFunc:           c.RetryDelay,
 		IsFailure:                c.IsFailure,

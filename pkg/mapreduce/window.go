@@ -299,8 +299,13 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 		}
 		free := f.o.Window - (fed - done)
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
-			// A pending task of a packing run holds up to k pages.
-			free = min(free, f.backlog(done, least)-pending*max(f.pack.k, 1))
+			// A pending task of a packing run holds up to k pages, and
+			// the floor is least tasks, not pages: least pages would be
+			// a few tasks, fewer than the workers' slots, and the slots
+			// that find the queue empty sleep for their poll interval
+			// (a second by default) before they look again.
+			k := max(f.pack.k, 1)
+			free = min(free, f.backlog(done, least*k)-pending*k)
 		}
 		if free >= batch || (free > 0 && fed == 0) {
 			f.allow = free

@@ -98,6 +98,67 @@ func TestARunKeepsAtMostItsWindowOfTasksInRedis(t *testing.T) {
 	t.Logf("%d pages, window %d: asynq held at most %d tasks (%d samples)", pages, window, peak, samples)
 }
 
+// A packing run's split keeps enough tasks pending for the workers'
+// slots. Its backlog counted pages, so a run that packed 64 pages a task
+// kept 4 tasks pending (256 pages) for however many slots: the others
+// found the queue empty and slept for their poll interval, a second with
+// asynq's and the worker command's defaults. A fleet of three workers ran
+// 200 000 no-op pages at ~1 000 pages/s packed against ~5 000 unpacked
+// (the fault suite's counts job). The backlog's floor is now in tasks.
+func TestAPackingRunKeepsATaskPendingForEveryIdleSlot(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	// A window of 64 tasks of 64 pages: room for every slot's task and as
+	// many again pending.
+	const window, concurrency = 4096, 16
+	job := sumJob("packs", newCounts(), e.opts(mapreduce.JobOptions{Window: window}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.workerPolling(c, concurrency, time.Second) // the defaults'
+	pages := window + 64*200
+	id, err := job.Start(context.Background(), c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Once the run packs and its one-page tasks of before are gone, and
+	// while its split still feeds: the most tasks asynq held pending,
+	// sampled until that is one for every slot, for at most 2 s.
+	most, samples := 0, 0
+	var packedAt time.Time
+	ctx := context.Background()
+	for most < concurrency {
+		st, err := c.Status(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State.Ended() || !st.SplitDone.IsZero() || (!packedAt.IsZero() && time.Since(packedAt) > 2*time.Second) {
+			break
+		}
+		if st.PagesPerTask > 1 && st.Done >= st.PackedFrom {
+			if packedAt.IsZero() {
+				packedAt = time.Now()
+			}
+			n, err := e.rdb.LLen(ctx, mapreduce.PendingKey(e.queue)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			most, samples = max(most, int(n)), samples+1
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	switch {
+	case samples == 0:
+		t.Fatalf("no sample while the run packed and fed: %d pages are too few for this machine", pages)
+	case most < concurrency:
+		t.Fatalf("a packing run kept at most %d tasks pending (%d samples over 2 s) for %d handler slots: the slots that found none slept a poll interval", most, samples, concurrency)
+	}
+	t.Logf("a packing run kept %d tasks pending for %d slots (after %d samples)", most, concurrency, samples)
+	// Every page once is the other tests' to check; this run only ends.
+	if err := c.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestASmallRunStartedBehindALargeOneWaitsForAtMostTheBacklogNotTheWindow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
