@@ -72,10 +72,37 @@ var (
 	databaseFault = serverFault{"Postgres", dbResume, reqDBResume, dbResume + outageCost, reqDBCost}
 )
 
+// aRun is a run a scenario starts: its job, its arguments (JSON) and
+// the exact result it must end with.
+type aRun interface {
+	job() string
+	pages(f *fleet) int
+	want(f *fleet) result
+	String() string // for the log: "400 pages of 20 ms"
+}
+
 // runArgs are the arguments of a run of "sums".
 type runArgs struct {
 	PageSize int `json:"page_size"`
 	SleepMS  int `json:"sleep_ms"`
+}
+
+func (a runArgs) job() string { return job }
+
+// pages is how many pages a run with a splits the table into.
+func (a runArgs) pages(f *fleet) int {
+	return int((f.rows + int64(a.PageSize) - 1) / int64(a.PageSize))
+}
+
+// want is the table's total, by SQL, over a's pages.
+func (a runArgs) want(f *fleet) result {
+	w := f.want
+	w.Pages = a.pages(f)
+	return w
+}
+
+func (a runArgs) String() string {
+	return fmt.Sprintf("a run of sums (pages of %d rows, %d ms each; exact: SELECT count(*), sum(amount) FROM amounts)", a.PageSize, a.SleepMS)
 }
 
 // result is a run's result, and the table's total.
@@ -261,21 +288,19 @@ func (f *fleet) dumpLogsOnFailure() {
 	}
 }
 
-// start starts a run of the job and returns its ID.
-func (f *fleet) start(a runArgs) string {
+// start starts run a and returns its ID.
+func (f *fleet) start(a aRun) string {
 	f.t.Helper()
 	b, _ := json.Marshal(a)
-	id, err := f.mr.StartJSON(context.Background(), job, b, mapreduce.StartOptions{})
+	id, err := f.mr.StartJSON(context.Background(), a.job(), b, mapreduce.StartOptions{})
 	if err != nil {
 		f.t.Fatalf("starting a run: %v", err)
 	}
 	return id
 }
 
-// pagesOf is how many pages a run with a splits the table into.
-func (f *fleet) pagesOf(a runArgs) int {
-	return int((f.rows + int64(a.PageSize) - 1) / int64(a.PageSize))
-}
+// pagesOf is how many pages run a has.
+func (f *fleet) pagesOf(a aRun) int { return a.pages(f) }
 
 // waitDone waits until the run has recorded done pages, so that a fault
 // lands mid-run; it fails the test if the run ends first or takes more
@@ -304,7 +329,7 @@ func (f *fleet) waitDone(id string, done int) {
 // that it succeeded with the exact total. It returns the run's status, or
 // nil (having failed the test, saying which requirement broke) if the run
 // did not end by deadline.
-func (f *fleet) finish(id string, a runArgs, deadline time.Time, req string) *mapreduce.Status {
+func (f *fleet) finish(id string, a aRun, deadline time.Time, req string) *mapreduce.Status {
 	f.t.Helper()
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
@@ -317,9 +342,9 @@ func (f *fleet) finish(id string, a runArgs, deadline time.Time, req string) *ma
 	return st
 }
 
-// checkExact fails the test unless the run succeeded with the table's
-// total over all its pages.
-func (f *fleet) checkExact(st *mapreduce.Status, a runArgs) {
+// checkExact fails the test unless the run succeeded with a's exact
+// result (for sums, the table's total over all its pages).
+func (f *fleet) checkExact(st *mapreduce.Status, a aRun) {
 	f.t.Helper()
 	if st.State != mapreduce.StateSucceeded {
 		f.t.Errorf("a run survives the fault and ends exact: run %s ended %s", st.ID, describe(st))
@@ -330,11 +355,8 @@ func (f *fleet) checkExact(st *mapreduce.Status, a runArgs) {
 		f.t.Errorf("run %s: result %q: %v", st.ID, st.Result, err)
 		return
 	}
-	want := f.want
-	want.Pages = f.pagesOf(a)
-	if got != want {
-		f.t.Errorf("a run survives the fault and ends exact: run %s: result %+v, want %+v (SELECT count(*), sum(amount) FROM amounts, over %d pages)",
-			st.ID, got, want, want.Pages)
+	if want := a.want(f); got != want {
+		f.t.Errorf("a run survives the fault and ends exact: run %s (%v): result %+v, want %+v", st.ID, a, got, want)
 	}
 }
 
@@ -388,11 +410,11 @@ func (f *fleet) checkPermitsFree(from time.Time) {
 
 // baselines are the undisturbed run times measured in this test process,
 // by run arguments: what each fault's cost is measured against.
-var baselines sync.Map // runArgs → time.Duration
+var baselines sync.Map // aRun → time.Duration
 
 // baseline returns how long an undisturbed run of a takes on this
 // machine, measuring it on f the first time this process asks.
-func (f *fleet) baseline(a runArgs) time.Duration {
+func (f *fleet) baseline(a aRun) time.Duration {
 	f.t.Helper()
 	if d, ok := baselines.Load(a); ok {
 		return d.(time.Duration)
@@ -403,7 +425,7 @@ func (f *fleet) baseline(a runArgs) time.Duration {
 		f.t.FailNow()
 	}
 	d := runTime(st)
-	f.t.Logf("baseline: an undisturbed run of %d pages of %d ms took %v", f.pagesOf(a), a.SleepMS, d.Round(time.Millisecond))
+	f.t.Logf("baseline: %v, undisturbed, took %v", a, d.Round(time.Millisecond))
 	baselines.Store(a, d)
 	return d
 }

@@ -1,5 +1,6 @@
 // Command sumworker is the fault suite's worker binary: worker.Main with
-// one job, "sums", built from public packages only, as a user's worker is.
+// two jobs, "sums" and "counts" (counts.go), built from public packages
+// only, as a user's worker is.
 //
 // The job totals the table amounts(id bigint primary key, amount bigint)
 // page by page: Split cuts it into keyset pages (pgsource.Split), Map
@@ -99,4 +100,4 @@ var Job = mapreduce.Job[Args, Page, Total, Result]{
 	},
 }
 
-func main() { worker.Main(Job) }
+func main() { worker.Main(Job, Counts) }
