@@ -56,6 +56,7 @@ var (
 	enqueueConc = flag.Int("enqueue-concurrency", 0, "mapreduce.Config.EnqueueConcurrency of every run (0: the default)")
 	perTask     = flag.Int("pages-per-task", 0, "JobOptions.PagesPerTask of the scale and fairness runs (0: the default, packing; 1: a task a page)")
 	cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole benchmark (worker and client: one process) to this file")
+	poll        = flag.Duration("poll-interval", 10*time.Millisecond, "asynq's TaskCheckInterval: how long a handler slot that found its queue empty sleeps (the worker command's --poll-interval, 1s by default)")
 )
 
 func main() {
@@ -166,7 +167,7 @@ func newServer(rdb redis.UniversalClient, queue string) *asynq.Server {
 	return asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:       *concurrency,
 		Queues:            map[string]int{queue: 1},
-		TaskCheckInterval: 10 * time.Millisecond,
+		TaskCheckInterval: *poll,
 		LogLevel:          asynq.ErrorLevel,
 	})
 }
