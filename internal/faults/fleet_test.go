@@ -515,7 +515,8 @@ func (f *fleet) follow(id string) {
 				return
 			}
 			line := fmt.Sprintf("done=%d failed=%d state=%s", st.Done, st.Failed, st.State)
-			if qi, err := insp.GetQueueInfo(queue); err == nil {
+			// The run's job's queue: sums's, or another job's.
+			if qi, err := insp.GetQueueInfo(prefix + ":" + st.Job); err == nil {
 				line += fmt.Sprintf(" asynq: active=%d pending=%d retry=%d scheduled=%d", qi.Active, qi.Pending, qi.Retry, qi.Scheduled)
 			}
 			if line != last {

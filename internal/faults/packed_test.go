@@ -87,7 +87,12 @@ func (f *fleet) checkProgressResumed(id string, back time.Time, bound time.Durat
 		switch {
 		case err != nil:
 		case st.State.Ended():
-			f.t.Logf("the run ended %v after the fault did", time.Since(back).Round(time.Millisecond))
+			// It recorded its last page by then.
+			d := st.Finished.Sub(back)
+			f.t.Logf("the run ended %v after the fault did (bound %v for its first page)", d.Round(time.Millisecond), bound)
+			if d > bound {
+				f.t.Errorf("%s: the run's first page after the fault is not known; it ended %v after the fault did", req, d.Round(time.Millisecond))
+			}
 			return
 		case first < 0:
 			first = st.Done

@@ -301,9 +301,10 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
 			// A pending task of a packing run holds up to k pages, and
 			// the floor is least tasks, not pages: least pages would be
-			// a few tasks, fewer than the workers' slots, and the slots
-			// that find the queue empty sleep for their poll interval
-			// (a second by default) before they look again.
+			// a few tasks, which a worker's slots take at once, and a
+			// worker that finds the queue empty sleeps for its poll
+			// interval (a second by default) before any of its idle
+			// slots looks again.
 			k := max(f.pack.k, 1)
 			free = min(free, f.backlog(done, least*k)-pending*k)
 		}

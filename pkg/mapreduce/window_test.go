@@ -98,14 +98,16 @@ func TestARunKeepsAtMostItsWindowOfTasksInRedis(t *testing.T) {
 	t.Logf("%d pages, window %d: asynq held at most %d tasks (%d samples)", pages, window, peak, samples)
 }
 
-// A packing run's split keeps enough tasks pending for the workers'
-// slots. Its backlog counted pages, so a run that packed 64 pages a task
-// kept 4 tasks pending (256 pages) for however many slots: the others
-// found the queue empty and slept for their poll interval, a second with
-// asynq's and the worker command's defaults. A fleet of three workers ran
-// 200 000 no-op pages at ~1 000 pages/s packed against ~5 000 unpacked
-// (the fault suite's counts job). The backlog's floor is now in tasks.
-func TestAPackingRunKeepsATaskPendingForEveryIdleSlot(t *testing.T) {
+// A packing run's split keeps its queue from running dry. Its backlog
+// counted pages, so a run that packed 64 pages a task kept 4 tasks
+// pending (256 pages) for however many slots: they took them at once, and
+// a worker that finds its queue empty sleeps for its poll interval (a
+// second with asynq's and the worker command's defaults) before its idle
+// slots look again. A fleet of three workers ran 200 000 no-op pages at
+// ~1 000 pages/s packed against ~5 000 unpacked (the fault suite's counts
+// job). The backlog's floor is now in tasks; this checks it keeps at
+// least as many pending as the worker has slots.
+func TestAPackingRunKeepsAsManyTasksPendingAsItsWorkerHasSlots(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	// A window of 64 tasks of 64 pages: room for every slot's task and as
@@ -146,11 +148,14 @@ func TestAPackingRunKeepsATaskPendingForEveryIdleSlot(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+	sampled := time.Since(packedAt)
 	switch {
 	case samples == 0:
 		t.Fatalf("no sample while the run packed and fed: %d pages are too few for this machine", pages)
+	case most < concurrency && sampled < 2*time.Second:
+		t.Fatalf("the run's split ended after %d samples, with at most %d tasks pending for %d handler slots: %d pages are too few for this machine to tell", samples, most, concurrency, pages)
 	case most < concurrency:
-		t.Fatalf("a packing run kept at most %d tasks pending (%d samples over 2 s) for %d handler slots: the slots that found none slept a poll interval", most, samples, concurrency)
+		t.Fatalf("a packing run kept at most %d tasks pending (%d samples over 2 s) for %d handler slots: its worker found the queue empty and slept a poll interval", most, samples, concurrency)
 	}
 	t.Logf("a packing run kept %d tasks pending for %d slots (after %d samples)", most, concurrency, samples)
 	// Every page once is the other tests' to check; this run only ends.
