@@ -75,7 +75,7 @@ func (f *fleet) waitPermitsFull(a runArgs) {
 	for {
 		active, _, _ := f.sampler.latest()
 		q, err := insp.GetQueueInfo(queue)
-		if err == nil && active == permits && q.Active == f.pagesOf(a) && q.Pending == 0 {
+		if err == nil && active == permits && q.Active == a.pages(f) && q.Pending == 0 {
 			return
 		}
 		if time.Now().After(deadline) {

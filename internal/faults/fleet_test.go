@@ -299,9 +299,6 @@ func (f *fleet) start(a aRun) string {
 	return id
 }
 
-// pagesOf is how many pages run a has.
-func (f *fleet) pagesOf(a aRun) int { return a.pages(f) }
-
 // waitDone waits until the run has recorded done pages, so that a fault
 // lands mid-run; it fails the test if the run ends first or takes more
 // than a minute.
@@ -471,7 +468,7 @@ func (f *fleet) through(sf serverFault, fault func()) {
 	a := defaultRun()
 	base := f.baseline(a)
 	id := f.start(a)
-	f.waitDone(id, f.pagesOf(a)/4)
+	f.waitDone(id, a.pages(f)/4)
 	began := time.Now()
 	fault()
 	back := time.Now()

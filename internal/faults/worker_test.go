@@ -31,7 +31,7 @@ func TestAPermitHolderPausedPastItsLeaseLosesItsPermitsAndNeverOverrunsThemWhenI
 		a := runArgs{PageSize: int(f.rows/300) + 1, SleepMS: 100}
 		base := f.baseline(a)
 		id := f.start(a)
-		f.waitDone(id, f.pagesOf(a)/10)
+		f.waitDone(id, a.pages(f)/10)
 		w, holder := f.pauseAPermitHolder()
 		paused := time.Now()
 
@@ -89,7 +89,7 @@ func TestARunFinishesAfterAWorkerWhoseClockRanTwoHoursFastIsKilled(t *testing.T)
 		f := newFleet(t, fleetConfig{})
 		a := defaultRun()
 		id := f.start(a)
-		f.waitDone(id, f.pagesOf(a)/4)
+		f.waitDone(id, a.pages(f)/4)
 		w := f.workers[0]
 		if err := w.cmd.Process.Kill(); err != nil {
 			t.Fatal(err)

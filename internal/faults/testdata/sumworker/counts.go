@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"iter"
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
@@ -46,16 +45,5 @@ var Counts = mapreduce.Job[CountArgs, CountPage, Total, Result]{
 	Map: func(_ context.Context, p CountPage) (Total, error) {
 		return Total{Rows: 1, Sum: Value(p.I)}, nil
 	},
-	Reduce: func(_ context.Context, _ CountArgs, pages iter.Seq2[mapreduce.PageResult[CountPage, Total], error]) (Result, error) {
-		var r Result
-		for p, err := range pages {
-			if err != nil {
-				return Result{}, err
-			}
-			r.Rows += p.Result.Rows
-			r.Sum += p.Result.Sum
-			r.Pages++
-		}
-		return r, nil
-	},
+	Reduce: addUp[CountArgs, CountPage],
 }

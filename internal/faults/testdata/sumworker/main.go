@@ -86,18 +86,22 @@ var Job = mapreduce.Job[Args, Page, Total, Result]{
 		}
 		return rows[0], nil
 	},
-	Reduce: func(ctx context.Context, _ Args, pages iter.Seq2[mapreduce.PageResult[Page, Total], error]) (Result, error) {
-		var r Result
-		for p, err := range pages {
-			if err != nil {
-				return Result{}, err
-			}
-			r.Rows += p.Result.Rows
-			r.Sum += p.Result.Sum
-			r.Pages++
+	Reduce: addUp[Args, Page],
+}
+
+// addUp is the Reduce of both jobs: the count and sum of their pages'
+// totals, and how many pages there were.
+func addUp[A, P any](_ context.Context, _ A, pages iter.Seq2[mapreduce.PageResult[P, Total], error]) (Result, error) {
+	var r Result
+	for p, err := range pages {
+		if err != nil {
+			return Result{}, err
 		}
-		return r, nil
-	},
+		r.Rows += p.Result.Rows
+		r.Sum += p.Result.Sum
+		r.Pages++
+	}
+	return r, nil
 }
 
 func main() { worker.Main(Job, Counts) }
