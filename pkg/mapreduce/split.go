@@ -62,9 +62,11 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	f := &feeder{c: c, k: k, run: run, nonce: nonce, o: o, pending: pendingKey(o.Queue), started: time.Now(),
 		bits: []byte(recorded.Val())}
 	f.ready = sync.NewCond(&f.mu)
+	var pk packing
 	if pack := atoi(str(vals[7])); pack > 1 {
-		f.pack = packing{k: pack, from: atoi(str(vals[8]))}
+		pk = packing{k: pack, from: atoi(str(vals[8]))}
 	}
+	f.setPack(pk)
 	batch, _ := windowSizes(o.Window)
 	f.packLimit = min(o.PagesPerTask, floorPow2(batch))
 	f.token = newNonce()

@@ -40,8 +40,32 @@ func windowSizes(window int) (batch, backlog int) {
 
 // backlogFor is how much work a split keeps pending in its queue: enough
 // to keep its workers busy between two of its reads, and little enough
-// that a run started behind it starts soon.
-const backlogFor = 50 * time.Millisecond
+// that a run started behind it starts soon. A small run waits behind it
+// three times (its split, its pages, its reduce): at 50 ms, a 1 000-page
+// run took 2.2–2.8 times as long during a large run as alone (mrbench,
+// once the split fed as fast as the workers took tasks).
+const backlogFor = 20 * time.Millisecond
+
+// maxNap is the longest a split that waits for room sleeps between two
+// looks.
+const maxNap = 20 * time.Millisecond
+
+// A worker that finds its queue empty sleeps for its poll interval (a
+// second by default, asynq's and the worker command's) before any of its
+// idle slots looks again, and one that wakes takes what is pending a
+// dequeue at a time, ~0.1–0.2 ms each: a packing run's cheap tasks, a few
+// dozen, in milliseconds. Unless its split tops the queue up before the
+// worker finds it empty, the worker sleeps again, the rate the backlog
+// follows falls with it, and the run crawls in bursts (BENCHMARKS.md, "A
+// packing run's queue no longer runs dry"). So a packing run keeps pending at least twice
+// as many tasks as its workers were seen running at once, and at least
+// packedPending (before they are seen), and its split, waiting for room,
+// looks every packedNap: when a worker wakes, its slots take the first
+// half, and the split tops the queue up while they run it.
+const (
+	packedPending = 32
+	packedNap     = 2 * time.Millisecond
+)
 
 // errHandedOff ends a Split whose feeder has handed the rest of the run to
 // a new split task (feeder.handOff).
@@ -85,10 +109,11 @@ type feeder struct {
 	allow    int       // unrecorded pages past fed that the window has room for
 	counted  int       // pages below it were fed by an earlier attempt: the window counts them
 
-	mu     sync.Mutex
-	ready  *sync.Cond // buf changed, Split returned, or ctx ended
-	buf    []fedPage  // emitted, not yet fed
-	closed bool       // Split returned: feed what is buffered, then end
+	mu      sync.Mutex
+	ready   *sync.Cond // buf changed, Split returned, or ctx ended
+	buf     []fedPage  // emitted, not yet fed
+	closed  bool       // Split returned: feed what is buffered, then end
+	feedCap int        // the most pages buffered: maxFeed tasks' worth (setPack)
 
 	pack      packing // how the run's pages go to tasks (pack.go)
 	packLimit int     // the most pages a task may carry: PagesPerTask, within the window's batch
@@ -99,18 +124,34 @@ type feeder struct {
 
 	rateDone int       // pages recorded when the rate was last measured
 	rateAt   time.Time // when
-	rate     float64   // pages recorded per second, smoothed
+	rate     float64   // the most pages recorded per second, over 100 ms or more
+	busy     int       // the most tasks seen running at once (waitRoom)
 }
 
-// maxFeed is the most pages one feed takes: what the run stores of them
-// until they are enqueued, and how many are enqueued between two waits.
+// maxFeed is the most tasks one feed enqueues: their pages are what the
+// run stores of them until they are enqueued, and what is enqueued
+// between two waits. It counts tasks, not pages, so that a packing run
+// feeds its workers as many tasks a round trip as one that does not: at
+// 256 pages a feed, a run packing 64 pages a task fed 4 tasks a round
+// trip, its workers drained the queue faster, found it empty, and slept
+// for their poll interval (BENCHMARKS.md, "A packing run's queue no
+// longer runs dry").
 const maxFeed = 256
+
+// setPack sets how the split's pages go to tasks from now on, and so how
+// many pages a feed may take.
+func (f *feeder) setPack(p packing) {
+	f.pack = p
+	f.mu.Lock()
+	f.feedCap = maxFeed * max(p.k, 1)
+	f.mu.Unlock()
+}
 
 // add buffers a page Split emitted, waiting while a feed's worth waits.
 func (f *feeder) add(ctx context.Context, p fedPage) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for len(f.buf) >= maxFeed && ctx.Err() == nil {
+	for len(f.buf) >= f.feedCap && ctx.Err() == nil {
 		f.ready.Wait()
 	}
 	if ctx.Err() != nil {
@@ -234,7 +275,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 		if f.pack.k == 0 {
 			// Undecided: pack from this feed on, once the pages are measured.
 			if k := packFor(f.mapUS, f.mapN, min(f.packLimit, floorPow2(f.allow))); k > 1 && f.mayPack(ctx) {
-				f.pack = packing{k: k, from: start}
+				f.setPack(packing{k: k, from: start})
 				pack = strconv.Itoa(k)
 			}
 		}
@@ -243,7 +284,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 	n := pk.cut(pages, next, final)
 	if n == 0 {
 		if pack != "" {
-			f.pack = packing{} // not recorded: decide again with the next feed
+			f.setPack(packing{}) // not recorded: decide again with the next feed
 		}
 		return 0, nil
 	}
@@ -287,6 +328,7 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 	batch, least := windowSizes(f.o.Window)
 	sleep, lastDone, stalledSince := time.Millisecond, -1, time.Now()
 	for {
+		nap := maxNap // how long to sleep at most before the next look
 		fed, done, pending, err := f.read(ctx, f.nonce, f.fed, 0)
 		if err != nil {
 			return err
@@ -299,14 +341,15 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 		}
 		free := f.o.Window - (fed - done)
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
-			// A pending task of a packing run holds up to k pages, and
-			// the floor is least tasks, not pages: least pages would be
-			// a few tasks, which a worker's slots take at once, and a
-			// worker that finds the queue empty sleeps for its poll
-			// interval (a second by default) before any of its idle
-			// slots looks again.
-			k := max(f.pack.k, 1)
-			free = min(free, f.backlog(done, least*k)-pending*k)
+			k := max(f.pack.k, 1) // a pending task holds up to k pages
+			// Tasks running: the window's pages neither pending nor recorded.
+			f.busy = max(f.busy, (fed-done-pending*k+k-1)/k)
+			floor := max(least, f.busy*k)
+			if k > 1 {
+				floor = max(least, max(packedPending, 2*f.busy)*k)
+				nap = packedNap
+			}
+			free = min(free, f.backlog(done, floor)-pending*k)
 		}
 		if free >= batch || (free > 0 && fed == 0) {
 			f.allow = free
@@ -324,7 +367,7 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 			return context.Cause(ctx)
 		case <-time.After(sleep):
 		}
-		sleep = min(2*sleep, 20*time.Millisecond)
+		sleep = min(2*sleep, nap)
 	}
 }
 
@@ -368,8 +411,11 @@ func (f *feeder) backlog(done, least int) int {
 	if f.rateAt.IsZero() || done < f.rateDone {
 		f.rateDone, f.rateAt = done, now
 	} else if dt := now.Sub(f.rateAt); dt >= 100*time.Millisecond {
-		r := float64(done-f.rateDone) / dt.Seconds()
-		f.rate = 0.5*f.rate + 0.5*r
+		// The fastest, not the mean: while its workers sleep for their
+		// poll interval, a run's rate falls, and the backlog that
+		// followed it would shrink until they found the queue empty at
+		// every wake.
+		f.rate = max(f.rate, float64(done-f.rateDone)/dt.Seconds())
 		f.rateDone, f.rateAt = done, now
 	}
 	return min(max(least, int(f.rate*backlogFor.Seconds())), f.o.Window)

@@ -164,6 +164,73 @@ func TestAPackingRunKeepsAsManyTasksPendingAsItsWorkerHasSlots(t *testing.T) {
 	}
 }
 
+// A packing run's split tops its queue up before its worker, awake, can
+// find it empty. It fed 256 pages a round trip, 4 tasks of 64, and a
+// worker that woke from its poll interval took what was pending in
+// milliseconds, found the queue empty, and slept again for up to 1.5 s
+// with the split's next tasks pending: at asynq's and the worker
+// command's default interval, a 1M-page no-op run took ~70 s against
+// ~9 s at 10 ms (BENCHMARKS.md, "A packing run's queue no longer runs
+// dry"). This counts such sleeps, past the run's first pages, while its
+// split feeds.
+func TestAPackingRunsWorkerDoesNotSleepWithTheRunsTasksPending(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const window, concurrency, pages = 4096, 16, 160_000
+	job := sumJob("awake", newCounts(), e.opts(mapreduce.JobOptions{Window: window}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.workerPolling(c, concurrency, time.Second) // the defaults'
+	ctx := context.Background()
+	id, err := job.Start(ctx, c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A sleep: nothing recorded for longer than a busy worker takes to
+	// record a task, while tasks were pending throughout. Sampled once
+	// the run packs and has recorded warm pages past its first packed
+	// ones (a worker learns its rate, and the split its workers, in the
+	// first), until the split ends.
+	const warm, still = 30_000, 300 * time.Millisecond
+	sleeps, samples, lastDone, counted := 0, 0, -1, false
+	var since time.Time // when done last moved, or pending was last 0
+	for {
+		st, err := c.Status(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State.Ended() || !st.SplitDone.IsZero() {
+			break
+		}
+		n, err := e.rdb.LLen(ctx, mapreduce.PendingKey(e.queue)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		switch {
+		case st.PagesPerTask <= 1 || st.Done < st.PackedFrom+warm:
+		case st.Done != lastDone || n == 0 || since.IsZero():
+			lastDone, since, counted = st.Done, now, false
+			samples++
+		case now.Sub(since) >= still && !counted:
+			sleeps, counted = sleeps+1, true
+			t.Logf("nothing recorded for %v at page %d with %d tasks pending", now.Sub(since).Round(time.Millisecond), st.Done, n)
+		default:
+			samples++
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if samples < 20 {
+		t.Fatalf("only %d samples while the run packed and fed: %d pages are too few for this machine", samples, pages)
+	}
+	if sleeps > 1 {
+		t.Errorf("the worker slept %d times with the run's tasks pending (%d samples): the split let its queue run dry", sleeps, samples)
+	}
+	if st := wait(t, c, id, time.Minute); st.State != mapreduce.StateSucceeded || st.Done != pages {
+		t.Fatalf("run ended %s with %d pages: %s", st.State, st.Done, st.Error)
+	}
+}
+
 func TestASmallRunStartedBehindALargeOneWaitsForAtMostTheBacklogNotTheWindow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
