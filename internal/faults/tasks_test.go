@@ -14,7 +14,8 @@ import (
 )
 
 // archiveBound is how soon a task that can never run must be archived: an
-// idle worker looks for tasks every second (--poll-interval).
+// idle worker looks for tasks every 100 ms by default (--poll-interval),
+// once a second by asynq's.
 const archiveBound = 3 * time.Second
 
 // Tasks that no batchmr step can run, enqueued into a job's queue — a type

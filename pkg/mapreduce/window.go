@@ -51,17 +51,18 @@ const backlogFor = 20 * time.Millisecond
 const maxNap = 20 * time.Millisecond
 
 // A worker that finds its queue empty sleeps for its poll interval (a
-// second by default, asynq's and the worker command's) before any of its
-// idle slots looks again, and one that wakes takes what is pending a
+// second by asynq's default, 100 ms by the worker command's) before any of
+// its idle slots looks again, and one that wakes takes what is pending a
 // dequeue at a time, ~0.1–0.2 ms each: a packing run's cheap tasks, a few
 // dozen, in milliseconds. Unless its split tops the queue up before the
 // worker finds it empty, the worker sleeps again, the rate the backlog
 // follows falls with it, and the run crawls in bursts (BENCHMARKS.md, "A
-// packing run's queue no longer runs dry"). So a packing run keeps pending at least twice
-// as many tasks as its workers were seen running at once, and at least
-// packedPending (before they are seen), and its split, waiting for room,
-// looks every packedNap: when a worker wakes, its slots take the first
-// half, and the split tops the queue up while they run it.
+// packing run's queue no longer runs dry"). So a packing run keeps
+// pending at least twice as many tasks as its workers were seen running
+// at once, and at least packedPending (before they are seen), and its
+// split, waiting for room, looks every packedNap: when a worker wakes,
+// its slots take the first half, and the split tops the queue up while
+// they run it.
 const (
 	packedPending = 32
 	packedNap     = 2 * time.Millisecond

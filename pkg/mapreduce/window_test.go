@@ -102,7 +102,7 @@ func TestARunKeepsAtMostItsWindowOfTasksInRedis(t *testing.T) {
 // counted pages, so a run that packed 64 pages a task kept 4 tasks
 // pending (256 pages) for however many slots: they took them at once, and
 // a worker that finds its queue empty sleeps for its poll interval (a
-// second with asynq's and the worker command's defaults) before its idle
+// second by asynq's default, then the worker command's) before its idle
 // slots look again. A fleet of three workers ran 200 000 no-op pages at
 // ~1 000 pages/s packed against ~5 000 unpacked (the fault suite's counts
 // job). The backlog's floor is now in tasks; this checks it keeps at
@@ -116,7 +116,7 @@ func TestAPackingRunKeepsAsManyTasksPendingAsItsWorkerHasSlots(t *testing.T) {
 	job := sumJob("packs", newCounts(), e.opts(mapreduce.JobOptions{Window: window}))
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	c := e.client()
-	e.workerPolling(c, concurrency, time.Second) // the defaults'
+	e.workerPolling(c, concurrency, time.Second) // asynq's default
 	pages := window + 64*200
 	id, err := job.Start(context.Background(), c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
 	if err != nil {
@@ -180,7 +180,7 @@ func TestAPackingRunsWorkerDoesNotSleepWithTheRunsTasksPending(t *testing.T) {
 	job := sumJob("awake", newCounts(), e.opts(mapreduce.JobOptions{Window: window}))
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	c := e.client()
-	e.workerPolling(c, concurrency, time.Second) // the defaults'
+	e.workerPolling(c, concurrency, time.Second) // asynq's default
 	ctx := context.Background()
 	id, err := job.Start(ctx, c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
 	if err != nil {

@@ -16,6 +16,9 @@ import (
 // (built from --log-format and --log-level), and Observer and
 // RequireDatabase (set them with MainWith, or call Run); zero values take
 // the documented defaults.
+// defaultPollInterval is Config.PollInterval's default.
+const defaultPollInterval = 100 * time.Millisecond
+
 type Config struct {
 	// RedisURL locates the Redis that holds runs, tasks and semaphores
 	// (--redis-url, REDIS_URL). Required.
@@ -57,7 +60,12 @@ type Config struct {
 	// behind (--reconcile-every, WORKER_RECONCILE_EVERY). Default 30s.
 	ReconcileEvery time.Duration
 	// PollInterval is how often an idle worker looks for tasks
-	// (--poll-interval, WORKER_POLL_INTERVAL). Default 1s.
+	// (--poll-interval, WORKER_POLL_INTERVAL). Default 100ms: each step of
+	// a run that starts on idle workers (the split, the reduce) waits for
+	// their next look, and asynq's own default, a second, made a run of
+	// cheap pages take twice as long as bare asynq; an idle worker then
+	// costs Redis ~0.2% of a core for 8 queues (BENCHMARKS.md, "The
+	// worker's default poll interval").
 	PollInterval time.Duration
 	// Weights sets the priority of each job's queue against the others'
 	// (--weight JOB=N, WORKER_WEIGHTS). Default 1 each.
@@ -133,7 +141,7 @@ func (c Config) withDefaults() Config {
 		c.limitCheckEvery = limitCheckEvery
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = time.Second
+		c.PollInterval = defaultPollInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

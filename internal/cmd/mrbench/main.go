@@ -52,11 +52,11 @@ var (
 	tasks       = flag.Int("tasks", 20_000, "no-op tasks per overhead comparison round")
 	repeat      = flag.Int("repeat", 5, "interleaved rounds of the overhead comparison")
 	concurrency = flag.Int("concurrency", 32, "asynq worker concurrency in every measurement")
-	only        = flag.String("only", "", "run only these sections, comma-separated: scale,fairness,overhead (fairness runs with scale)")
+	only        = flag.String("only", "", "run only these sections, comma-separated: scale,fairness,overhead,idle (fairness runs with scale)")
 	enqueueConc = flag.Int("enqueue-concurrency", 0, "mapreduce.Config.EnqueueConcurrency of every run (0: the default)")
 	perTask     = flag.Int("pages-per-task", 0, "JobOptions.PagesPerTask of the scale and fairness runs (0: the default, packing; 1: a task a page)")
 	cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole benchmark (worker and client: one process) to this file")
-	poll        = flag.Duration("poll-interval", 10*time.Millisecond, "asynq's TaskCheckInterval: how long a handler slot that found its queue empty sleeps (the worker command's --poll-interval, 1s by default)")
+	poll        = flag.Duration("poll-interval", 10*time.Millisecond, "asynq's TaskCheckInterval: how long a handler slot that found its queue empty sleeps (the worker command's --poll-interval, 100ms by default)")
 )
 
 func main() {
@@ -94,6 +94,9 @@ func main() {
 	}
 	if want("overhead") {
 		overhead(ctx, rdb, base, &queues)
+	}
+	if want("idle") {
+		idle(ctx, rdb, base, &queues)
 	}
 }
 
