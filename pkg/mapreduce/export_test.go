@@ -86,6 +86,10 @@ func (c *Client) ClaimKey(job, id string, retried int) string { return c.claimKe
 // it.
 func PendingKey(queue string) string { return pendingKey(queue) }
 
+// ActiveKey is asynq's list of a queue's running tasks, as the split reads
+// it.
+func ActiveKey(queue string) string { return activeKey(queue) }
+
 // SetStallHandOff sets how long c's splits wait on a stalled window before
 // they hand their run on.
 func (c *Client) SetStallHandOff(d time.Duration) { c.stallHandOff = d }

@@ -80,7 +80,7 @@ func (e *env) worker(c *mapreduce.Client, concurrency int) *asynq.Server {
 
 // workerPolling is worker with poll for asynq's TaskCheckInterval: how
 // long a handler slot that found the queue empty sleeps before it looks
-// again (asynq's default and the worker command's is a second).
+// again (asynq's default is a second, the worker command's 100 ms).
 func (e *env) workerPolling(c *mapreduce.Client, concurrency int, poll time.Duration) *asynq.Server {
 	e.t.Helper()
 	srv := asynq.NewServerFromRedisClient(e.rdb, asynq.Config{

@@ -41,14 +41,21 @@ func windowSizes(window int) (batch, backlog int) {
 // backlogFor is how much work a split keeps pending in its queue: enough
 // to keep its workers busy between two of its reads, and little enough
 // that a run started behind it starts soon. A small run waits behind it
-// three times (its split, its pages, its reduce): at 50 ms, a 1 000-page
-// run took 2.2–2.8 times as long during a large run as alone (mrbench,
-// once the split fed as fast as the workers took tasks).
-const backlogFor = 20 * time.Millisecond
+// three times (its split, its pages, its reduce). Once the split fed as
+// fast as its workers took tasks, a 1 000-page run took 2.2–2.8 times as
+// long during a large run as alone at 50 ms, and up to 2.1 at 20 ms
+// (mrbench, at its 10 ms poll interval; the rate is the fastest seen, so
+// this is less of the mean's work than it says).
+const backlogFor = 10 * time.Millisecond
 
 // maxNap is the longest a split that waits for room sleeps between two
 // looks.
 const maxNap = 20 * time.Millisecond
+
+// asleepAfter is how long a packing run's tasks may be pending with none
+// recorded before its split takes its workers for asleep: its tasks take
+// milliseconds.
+const asleepAfter = 100 * time.Millisecond
 
 // A worker that finds its queue empty sleeps for its poll interval (a
 // second by asynq's default, 100 ms by the worker command's) before any of
@@ -58,11 +65,14 @@ const maxNap = 20 * time.Millisecond
 // worker finds it empty, the worker sleeps again, the rate the backlog
 // follows falls with it, and the run crawls in bursts (BENCHMARKS.md, "A
 // packing run's queue no longer runs dry"). So a packing run keeps
-// pending at least twice as many tasks as its workers were seen running
-// at once, and at least packedPending (before they are seen), and its
-// split, waiting for room, looks every packedNap: when a worker wakes,
-// its slots take the first half, and the split tops the queue up while
-// they run it.
+// pending as many tasks as its workers were seen running at once, and at
+// least packedPending (before they are seen), and its split, waiting for
+// room, looks every packedNap. Once it has seen them asleep with its
+// tasks pending, it keeps twice as many: when a worker wakes, its slots
+// take the first half at once, and the split tops the queue up while
+// they run it. (Twice as many from the start would cost a run started
+// behind it: at a 10 ms interval, a 1 000-page run read 1.6–1.9 times
+// its time alone.)
 const (
 	packedPending = 32
 	packedNap     = 2 * time.Millisecond
@@ -123,10 +133,11 @@ type feeder struct {
 	packOK    bool      // packable, as of packAsked
 	packAsked time.Time // when the split last asked
 
-	rateDone int       // pages recorded when the rate was last measured
-	rateAt   time.Time // when
-	rate     float64   // the most pages recorded per second, over 100 ms or more
-	busy     int       // the most tasks seen running at once (waitRoom)
+	rateDone  int       // pages recorded when the rate was last measured
+	rateAt    time.Time // when
+	rate      float64   // the most pages recorded per second, over 100 ms or more
+	busy      int       // the most of a packing run's tasks seen running at once (waitRoom)
+	sawAsleep bool      // its workers were seen asleep with its tasks pending (waitRoom)
 }
 
 // maxFeed is the most tasks one feed enqueues: their pages are what the
@@ -144,7 +155,8 @@ const maxFeed = 256
 func (f *feeder) setPack(p packing) {
 	f.pack = p
 	f.mu.Lock()
-	f.feedCap = maxFeed * max(p.k, 1)
+	// More than the window is never fed at once.
+	f.feedCap = min(maxFeed*max(p.k, 1), max(f.o.Window, maxFeed))
 	f.mu.Unlock()
 }
 
@@ -295,7 +307,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 	}
 	last := pages[len(pages)-1]
 	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), from, f.step, f.token, pack}
-	if _, _, _, err := f.read(ctx, args...); err != nil {
+	if _, _, _, _, err := f.read(ctx, args...); err != nil {
 		return 0, err
 	}
 	f.fed = last.i + 1
@@ -330,7 +342,7 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 	sleep, lastDone, stalledSince := time.Millisecond, -1, time.Now()
 	for {
 		nap := maxNap // how long to sleep at most before the next look
-		fed, done, pending, err := f.read(ctx, f.nonce, f.fed, 0)
+		fed, done, pending, active, err := f.read(ctx, f.nonce, f.fed, 0)
 		if err != nil {
 			return err
 		}
@@ -343,11 +355,17 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 		free := f.o.Window - (fed - done)
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
 			k := max(f.pack.k, 1) // a pending task holds up to k pages
-			// Tasks running: the window's pages neither pending nor recorded.
-			f.busy = max(f.busy, (fed-done-pending*k+k-1)/k)
-			floor := max(least, f.busy*k)
+			floor := least
 			if k > 1 {
-				floor = max(least, max(packedPending, 2*f.busy)*k)
+				// Tasks running: the window's pages neither pending nor
+				// recorded, but for those waiting for a retry, which
+				// the queue's running tasks bound.
+				f.busy = max(f.busy, min((fed-done-pending*k+k-1)/k, active))
+				n := f.busy
+				if f.sawAsleep {
+					n *= 2
+				}
+				floor = max(least, max(packedPending, n)*k)
 				nap = packedNap
 			}
 			free = min(free, f.backlog(done, floor)-pending*k)
@@ -358,6 +376,13 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 		}
 		if done != lastDone {
 			lastDone, stalledSince = done, time.Now()
+		} else if f.pack.k > 1 && pending > 0 && time.Since(stalledSince) > asleepAfter {
+			// Cheap tasks pending, none taken: the workers found the
+			// queue empty and sleep for their poll interval. When they
+			// wake, their slots take a task each at once; keep twice as
+			// many pending from now on, so that the split tops the
+			// queue up before the rest are taken.
+			f.sawAsleep = true
 		}
 		f.waited = true
 		if f.pastHalf() || (pending > 0 && time.Since(stalledSince) > f.c.stallHandOff) {
@@ -427,6 +452,10 @@ func (f *feeder) backlog(done, least int) int {
 // checks it against asynq's Inspector).
 func pendingKey(queue string) string { return "asynq:{" + queue + "}:pending" }
 
+// activeKey is asynq's list of a queue's running tasks (base.ActiveKey;
+// checked as pendingKey is).
+func activeKey(queue string) string { return "asynq:{" + queue + "}:active" }
+
 // stallHandOff is how long a feeder waits for room while none of its
 // run's pages is recorded and its queue has pending tasks before it hands
 // the run to a new split task, freeing the worker slot it holds: on a
@@ -441,41 +470,42 @@ const stallHandOff = 30 * time.Second
 // Split again from the start.
 func (f *feeder) pastHalf() bool { return f.waited && time.Since(f.started) > f.o.SplitTimeout/2 }
 
-// read runs feed.lua with args (see the script) and reads the length of
-// the queue's pending list, in one round trip, which the run's handlers'
-// calls may share (batch.go).
-func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending int, err error) {
+// read runs feed.lua with args (see the script) and reads the lengths of
+// the queue's lists of pending and running (active) tasks, in one round
+// trip, which the run's handlers' calls may share (batch.go).
+func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending, active int, err error) {
 	var (
-		res *redis.Cmd
-		n   *redis.IntCmd
+		res  *redis.Cmd
+		n, a *redis.IntCmd
 	)
 	err = f.c.withRedis(ctx, "moving the run's window", func(ctx context.Context) error {
 		if err := f.c.batch(f.k.job).doScript(ctx, scriptFeed, func(p redis.Pipeliner) *redis.Cmd {
 			res = scriptFeed.EvalSha(ctx, p, []string{f.k.run, f.k.recorded}, args...)
 			n = p.LLen(ctx, f.pending)
+			a = p.LLen(ctx, activeKey(f.o.Queue))
 			return res
 		}); err != nil {
 			return err
 		}
-		return errors.Join(res.Err(), n.Err())
+		return errors.Join(res.Err(), n.Err(), a.Err())
 	})
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("mapreduce: split of %s: %w", f.run, err)
+		return 0, 0, 0, 0, fmt.Errorf("mapreduce: split of %s: %w", f.run, err)
 	}
 	v, _ := res.Slice()
 	fed64, _ := v[0].(int64)
 	switch fed64 {
 	case -1:
-		return 0, 0, 0, errRunGone
+		return 0, 0, 0, 0, errRunGone
 	case -2:
-		return 0, 0, 0, f.taken(ctx)
+		return 0, 0, 0, 0, f.taken(ctx)
 	}
 	done64, _ := v[1].(int64)
 	if len(v) >= 5 {
 		f.mapUS, _ = v[3].(int64)
 		f.mapN, _ = v[4].(int64)
 	}
-	return int(fed64), int(done64), int(n.Val()), nil
+	return int(fed64), int(done64), int(n.Val()), int(a.Val()), nil
 }
 
 // errRunGone stops a feeder whose run is no longer splitting under its

@@ -41,7 +41,7 @@ func queueTasks(t *testing.T, rdb *redis.Client, queue string) int {
 	return n
 }
 
-func TestTheSplitReadsAsynqsOwnListOfPendingTasks(t *testing.T) {
+func TestTheSplitReadsAsynqsOwnListsOfPendingAndRunningTasks(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	aq := asynq.NewClientFromRedisClient(e.rdb)
@@ -58,6 +58,29 @@ func TestTheSplitReadsAsynqsOwnListOfPendingTasks(t *testing.T) {
 	if err != nil || int(n) != info.Pending || n != 3 {
 		t.Fatalf("LLEN %s = %d, %v; asynq's Inspector counts %d pending tasks: asynq's key layout changed, and windows no longer see the queue's backlog",
 			mapreduce.PendingKey(e.queue), n, err, info.Pending)
+	}
+	// And its list of running tasks, which bounds what a packing run's
+	// split counts as running: a worker of one slot holds one task.
+	hold, held := make(chan struct{}), make(chan struct{}, 1)
+	srv := asynq.NewServerFromRedisClient(e.rdb, asynq.Config{Concurrency: 1, Queues: map[string]int{e.queue: 1},
+		TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.ErrorLevel})
+	if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		held <- struct{}{}
+		<-hold
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	defer close(hold)
+	<-held
+	if info, err = asynq.NewInspectorFromRedisClient(e.rdb).GetQueueInfo(e.queue); err != nil {
+		t.Fatal(err)
+	}
+	n, err = e.rdb.LLen(context.Background(), mapreduce.ActiveKey(e.queue)).Result()
+	if err != nil || int(n) != info.Active || n != 1 {
+		t.Fatalf("LLEN %s = %d, %v; asynq's Inspector counts %d running tasks: asynq's key layout changed, and packing runs no longer see how many of their tasks run",
+			mapreduce.ActiveKey(e.queue), n, err, info.Active)
 	}
 }
 
@@ -102,8 +125,8 @@ func TestARunKeepsAtMostItsWindowOfTasksInRedis(t *testing.T) {
 // counted pages, so a run that packed 64 pages a task kept 4 tasks
 // pending (256 pages) for however many slots: they took them at once, and
 // a worker that finds its queue empty sleeps for its poll interval (a
-// second by asynq's default, then the worker command's) before its idle
-// slots look again. A fleet of three workers ran 200 000 no-op pages at
+// second by asynq's default, and the worker command's then) before its
+// idle slots look again. A fleet of three workers ran 200 000 no-op pages at
 // ~1 000 pages/s packed against ~5 000 unpacked (the fault suite's counts
 // job). The backlog's floor is now in tasks; this checks it keeps at
 // least as many pending as the worker has slots.
@@ -168,9 +191,9 @@ func TestAPackingRunKeepsAsManyTasksPendingAsItsWorkerHasSlots(t *testing.T) {
 // find it empty. It fed 256 pages a round trip, 4 tasks of 64, and a
 // worker that woke from its poll interval took what was pending in
 // milliseconds, found the queue empty, and slept again for up to 1.5 s
-// with the split's next tasks pending: at asynq's and the worker
-// command's default interval, a 1M-page no-op run took ~70 s against
-// ~9 s at 10 ms (BENCHMARKS.md, "A packing run's queue no longer runs
+// with the split's next tasks pending: at asynq's default interval, the
+// worker command's then, a 1M-page no-op run took ~70 s against ~9 s at
+// 10 ms (BENCHMARKS.md, "A packing run's queue no longer runs
 // dry"). This counts such sleeps, past the run's first pages, while its
 // split feeds.
 func TestAPackingRunsWorkerDoesNotSleepWithTheRunsTasksPending(t *testing.T) {
@@ -194,7 +217,10 @@ func TestAPackingRunsWorkerDoesNotSleepWithTheRunsTasksPending(t *testing.T) {
 	const warm, still = 30_000, 300 * time.Millisecond
 	sleeps, samples, lastDone, counted := 0, 0, -1, false
 	var since time.Time // when done last moved, or pending was last 0
-	for {
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the run's split had not ended after 2 minutes (%d sleeps with tasks pending, %d samples)", sleeps, samples)
+		}
 		st, err := c.Status(ctx, id)
 		if err != nil {
 			t.Fatal(err)
@@ -223,7 +249,9 @@ func TestAPackingRunsWorkerDoesNotSleepWithTheRunsTasksPending(t *testing.T) {
 	if samples < 20 {
 		t.Fatalf("only %d samples while the run packed and fed: %d pages are too few for this machine", samples, pages)
 	}
-	if sleeps > 1 {
+	// Before, a run this size slept dozens of times; allow a scheduling
+	// hiccup or two on a loaded machine.
+	if sleeps > 2 {
 		t.Errorf("the worker slept %d times with the run's tasks pending (%d samples): the split let its queue run dry", sleeps, samples)
 	}
 	if st := wait(t, c, id, time.Minute); st.State != mapreduce.StateSucceeded || st.Done != pages {

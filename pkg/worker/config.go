@@ -11,14 +11,14 @@ import (
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
+// defaultPollInterval is Config.PollInterval's default.
+const defaultPollInterval = 100 * time.Millisecond
+
 // Config configures a worker. In Main every field has a command-line flag
 // and an environment variable, but Prefix (BATCHMR_PREFIX only), Logger
 // (built from --log-format and --log-level), and Observer and
 // RequireDatabase (set them with MainWith, or call Run); zero values take
 // the documented defaults.
-// defaultPollInterval is Config.PollInterval's default.
-const defaultPollInterval = 100 * time.Millisecond
-
 type Config struct {
 	// RedisURL locates the Redis that holds runs, tasks and semaphores
 	// (--redis-url, REDIS_URL). Required.
