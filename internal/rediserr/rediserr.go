@@ -33,6 +33,11 @@ func Transient(err error) bool {
 	var re redis.Error
 	if errors.As(err, &re) {
 		reply = re.Error()
+	} else if _, after, ok := strings.Cut(msg, asynqScriptError); ok {
+		// asynq formats a script's error into its own text, the reply
+		// last ("UNKNOWN: redis eval error: LOADING Redis is loading…"):
+		// enqueues against a restarting Redis failed the split for good.
+		reply = after
 	}
 	for _, prefix := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK"} {
 		if strings.HasPrefix(reply, prefix) {
@@ -43,6 +48,10 @@ func Transient(err error) bool {
 		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
 		strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "pool timeout")
 }
+
+// asynqScriptError is what asynq (v0.26) puts before the error of one of
+// its scripts, which it keeps only as text.
+const asynqScriptError = "redis eval error: "
 
 // Tx returns the error of a MULTI/EXEC transaction whose commands are
 // cmds: when Redis refused a command as it was queued (over maxmemory,

@@ -38,6 +38,34 @@ func TestTxReturnsTheRefusalThatAbortedATransaction(t *testing.T) {
 	}
 }
 
+// asynq keeps the error of one of its scripts only as text, after its own
+// words: an enqueue while Redis reloads its AOF after a restart failed
+// with "UNKNOWN: redis eval error: LOADING …", which was not taken for
+// transient, and the split that enqueued failed and waited for asynq's
+// retry (the fault suite's packed scenario caught it).
+func TestAnAsynqScriptErrorIsTransientWhenRedissReplyIs(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testenv.Redis(t)
+	ctx := context.Background()
+	for reply, want := range map[string]bool{
+		"LOADING Redis is loading the dataset in memory":                true,
+		"READONLY You can't write against a read only replica.":         true,
+		"ERR user_script:1: Script attempted to access nonexistent key": false,
+	} {
+		err := rdb.Eval(ctx, "return redis.error_reply(ARGV[1])", nil, reply).Err()
+		if err == nil || !strings.HasPrefix(err.Error(), reply[:3]) {
+			t.Fatalf("Redis's reply: %v, want %q (the premise)", err, reply)
+		}
+		// As asynq's internal/rdb formats it: errors.E(op, code, fmt.Sprintf("redis eval error: %v", err)).
+		for _, code := range []string{"UNKNOWN", "INTERNAL_ERROR"} {
+			asynqErr := fmt.Errorf("%s: redis eval error: %v", code, err)
+			if got := rediserr.Transient(asynqErr); got != want {
+				t.Errorf("Transient(%q) = %v, want %v", asynqErr, got, want)
+			}
+		}
+	}
+}
+
 // A failover's refusals (READONLY from a demoted primary, LOADING from a
 // server still reading its data) pass by themselves, also when a caller
 // has wrapped them: the reply's code is not at the start of the message

@@ -352,6 +352,9 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 			// no page index is fed twice with pages Split cut differently.
 			return f.taken(ctx)
 		}
+		if fed < max(f.fed, f.counted) {
+			return f.rolledBack(ctx, fed)
+		}
 		free := f.o.Window - (fed - done)
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
 			k := max(f.pack.k, 1) // a pending task holds up to k pages
@@ -498,6 +501,11 @@ func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending, act
 	case -1:
 		return 0, 0, 0, 0, errRunGone
 	case -2:
+		if len(v) >= 3 {
+			if theirs, _ := v[2].(int64); int(theirs) < max(f.fed, f.counted) {
+				return 0, 0, 0, 0, f.rolledBack(ctx, int(theirs))
+			}
+		}
 		return 0, 0, 0, 0, f.taken(ctx)
 	}
 	done64, _ := v[1].(int64)
@@ -518,6 +526,24 @@ var errRunGone = errors.New("mapreduce: the run is no longer splitting")
 func (f *feeder) taken(ctx context.Context) error {
 	Logger(ctx).Info("mapreduce: another attempt of the split is feeding the run (a copy of a task whose worker seemed dead); this one ends", "fed", f.fed)
 	return errSplitTaken
+}
+
+// rolledBack hands the run on to a new split task that starts from what
+// Redis has: its fed mark is behind this attempt's, so it lost this
+// attempt's last feeds (a restart from an append-only file that missed
+// its last second), and maybe their enqueues, which a new attempt makes
+// again from the run's stored feed. Ending quietly, as for another
+// attempt, left nobody feeding until the reconciler's next pass.
+func (f *feeder) rolledBack(ctx context.Context, theirs int) error {
+	Logger(ctx).Warn("mapreduce: Redis lost the split's last feeds (restarted from a file that missed them); a new split task goes on from what it kept",
+		"fed", f.fed, "redis_fed", theirs)
+	if err := f.c.handOn(ctx, f.k, f.run, f.nonce, 0, f.o); err != nil {
+		if errors.Is(err, errRunGone) {
+			return err
+		}
+		return fmt.Errorf("mapreduce: split of %s: %w", f.run, err)
+	}
+	return errHandedOff
 }
 
 // errSplitTaken stops a feeder that finds another attempt of its split

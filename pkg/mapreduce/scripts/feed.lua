@@ -25,8 +25,10 @@
 -- ARGV[7] optional, with ARGV[3]: the encoded pages of the move, stored
 --         as 'feeding' if the fed mark moves
 -- ARGV[8] optional: the fed mark the move starts from; if the run's is
---         another, another attempt of the split is feeding: nothing moves,
---         and the script returns {-2, state}
+--         another, another attempt of the split is feeding (or, if the
+--         run's is lower, Redis lost the caller's last feeds: restarted
+--         from a persistence file that missed them): nothing moves, and
+--         the script returns {-2, state, the run's fed mark}
 -- ARGV[9] optional, with a move: the step of the split task that feeds
 --         ("split", "split:<resume>.<n>", a copy's "…~<seen>"), recorded
 --         as the run's split task, which the reconciler checks: an
@@ -45,7 +47,7 @@
 -- the new split task's ("" unless handing on) and map_us and map_n what
 -- record.lua measured of Map (pack.go), or {-1, state} if the run is not
 -- splitting under this nonce (state "" if it does not exist), or {-2,
--- state} (ARGV[8], ARGV[11]).
+-- state[, fed]} (ARGV[8], ARGV[11]).
 local run = redis.call('HMGET', KEYS[1], 'state', 'nonce', 'fed', 'fed_done', 'resume', 'split_task', 'feeder', 'map_us', 'map_n', 'pack')
 if not run[1] then
   return {-1, ''}
@@ -56,7 +58,7 @@ end
 local fed, done = tonumber(run[3]) or 0, tonumber(run[4]) or 0
 if ARGV[8] and ARGV[8] ~= '' and tonumber(ARGV[8]) ~= fed and
     not (run[7] == ARGV[10] and fed == tonumber(ARGV[3])) then
-  return {-2, run[1]}
+  return {-2, run[1], fed}
 end
 local to = tonumber(ARGV[3])
 if to > fed and ARGV[11] and ARGV[11] ~= '' then
@@ -101,7 +103,10 @@ if to > fed then
   end
 end
 local resume = run[5] or '0'
-if tonumber(ARGV[2]) > tonumber(resume) then
+-- Never past the fed mark: a split whose last feeds Redis lost (a restart
+-- from a file that missed them) would otherwise move resume past pages
+-- whose tasks were lost with them.
+if tonumber(ARGV[2]) > tonumber(resume) and tonumber(ARGV[2]) <= fed then
   resume = ARGV[2]
   redis.call('HSET', KEYS[1], 'resume', resume)
 end
