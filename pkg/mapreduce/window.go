@@ -352,9 +352,6 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 			// no page index is fed twice with pages Split cut differently.
 			return f.taken(ctx)
 		}
-		if fed < max(f.fed, f.counted) {
-			return f.rolledBack(ctx, fed)
-		}
 		free := f.o.Window - (fed - done)
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
 			k := max(f.pack.k, 1) // a pending task holds up to k pages
@@ -497,16 +494,23 @@ func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending, act
 	}
 	v, _ := res.Slice()
 	fed64, _ := v[0].(int64)
+	mine := max(f.fed, f.counted) // Redis has every page below it as fed
 	switch fed64 {
 	case -1:
 		return 0, 0, 0, 0, errRunGone
 	case -2:
-		if len(v) >= 3 {
-			if theirs, _ := v[2].(int64); int(theirs) < max(f.fed, f.counted) {
-				return 0, 0, 0, 0, f.rolledBack(ctx, int(theirs))
-			}
+		// The run's fed mark is not the one this feed moved from.
+		theirs, ok := int64(0), len(v) >= 3
+		if ok {
+			theirs, ok = v[2].(int64)
 		}
-		return 0, 0, 0, 0, f.taken(ctx)
+		if !ok || int(theirs) >= mine {
+			return 0, 0, 0, 0, f.taken(ctx)
+		}
+		fed64 = theirs
+	}
+	if int(fed64) < mine {
+		return 0, 0, 0, 0, f.rolledBack(ctx, int(fed64))
 	}
 	done64, _ := v[1].(int64)
 	if len(v) >= 5 {
@@ -537,11 +541,8 @@ func (f *feeder) taken(ctx context.Context) error {
 func (f *feeder) rolledBack(ctx context.Context, theirs int) error {
 	Logger(ctx).Warn("mapreduce: Redis lost the split's last feeds (restarted from a file that missed them); a new split task goes on from what it kept",
 		"fed", f.fed, "redis_fed", theirs)
-	if err := f.c.handOn(ctx, f.k, f.run, f.nonce, 0, f.o); err != nil {
-		if errors.Is(err, errRunGone) {
-			return err
-		}
-		return fmt.Errorf("mapreduce: split of %s: %w", f.run, err)
+	if err := f.handOnFrom(ctx, 0); err != nil {
+		return err
 	}
 	return errHandedOff
 }
@@ -553,14 +554,23 @@ var errSplitTaken = errors.New("mapreduce: another attempt of the split is feedi
 // handOff records that every page below fed is enqueued and enqueues a
 // new split task that goes on from there, so that this one can end.
 func (f *feeder) handOff(ctx context.Context) error {
-	if err := f.c.handOn(ctx, f.k, f.run, f.nonce, f.fed, f.o); err != nil {
+	if err := f.handOnFrom(ctx, f.fed); err != nil {
+		return err
+	}
+	Logger(ctx).Info("mapreduce: split handed over to a new split task", "from_page", f.fed)
+	return errHandedOff
+}
+
+// handOnFrom enqueues a new split task that goes on from page resume, or
+// from the run's resume mark if further ("0": the mark).
+func (f *feeder) handOnFrom(ctx context.Context, resume int) error {
+	if err := f.c.handOn(ctx, f.k, f.run, f.nonce, resume, f.o); err != nil {
 		if errors.Is(err, errRunGone) {
 			return err
 		}
 		return fmt.Errorf("mapreduce: split of %s: %w", f.run, err)
 	}
-	Logger(ctx).Info("mapreduce: split handed over to a new split task", "from_page", f.fed)
-	return errHandedOff
+	return nil
 }
 
 // handOn enqueues a new split task for a splitting run, under a name no
