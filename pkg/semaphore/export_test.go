@@ -45,3 +45,7 @@ func (s *Semaphore) Pending() int {
 	defer s.mu.Unlock()
 	return len(s.pending)
 }
+
+// Handoffs is the number of this handle's releases that Redis passed
+// straight to the queue's head (handoff in scripts/lib.lua).
+func (s *Semaphore) Handoffs() uint64 { return s.handoffs.Load() }

@@ -22,17 +22,24 @@ import (
 // purge_holders in scripts/lib.lua).
 //
 // With carry, it also carries this process's pending waiters (enqueue.go).
-func (s *Semaphore) releaseToken(ctx context.Context, token string, carry bool) (int64, error) {
+// With handoff, the caller vouches that token holds a permit whose lease
+// has a safe margin: Redis may then pass it straight to the queue's head,
+// without the rest of the release (handoff in scripts/lib.lua).
+func (s *Semaphore) releaseToken(ctx context.Context, token string, carry, handoff bool) (int64, error) {
 	ws, tokens := s.beginRelease(carry)
 	defer s.endRelease(ws)
-	return s.callRelease(ctx, token, ws, tokens)
+	return s.callRelease(ctx, token, ws, tokens, handoff)
 }
 
 // callRelease runs release.lua for token ("" releases nothing), carrying
-// the waiters ws, whose tokens are tokens.
-func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter, tokens []string) (int64, error) {
+// the waiters ws, whose tokens are tokens; handoff: see releaseToken.
+func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter, tokens []string, handoff bool) (int64, error) {
 	lease := s.opts.Lease.Milliseconds()
-	args := []any{token, lease, lease}
+	flag := "0"
+	if handoff {
+		flag = "1"
+	}
+	args := []any{token, lease, lease, flag}
 	sc := scriptRelease
 	if len(ws) > 0 {
 		sc = scriptCarry
@@ -53,7 +60,7 @@ func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter,
 			return 0, nil // it carried, and released nothing
 		}
 		ws = nil
-		res, err = s.evalAs(ctx, s.process, scriptRelease, token, lease, lease)
+		res, err = s.evalAs(ctx, s.process, scriptRelease, token, lease, lease, "0")
 	}
 	if err != nil {
 		s.settleCarried(ws, nil, 0, sent, err, true)
@@ -87,6 +94,10 @@ func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter,
 		runtime.Gosched()
 	}
 	was, _ := vals[0].(int64)
+	if was == releaseHanded {
+		s.handoffs.Add(1)
+		was = releaseHeld
+	}
 	return was, nil
 }
 
@@ -113,27 +124,30 @@ type giveBackResult struct {
 // taken for another Lease, and the fleet's throughput fell for that long.
 // A late release hands the capacity it frees to this process's waiters as
 // any release does.
-func (s *Semaphore) giveBack(ctx context.Context, token string) <-chan giveBackResult {
+//
+// handoff: see releaseToken; for the first attempt only (a retry may follow
+// a first attempt that ran).
+func (s *Semaphore) giveBack(ctx context.Context, token string, handoff bool) <-chan giveBackResult {
 	first := make(chan giveBackResult, 1)
-	s.spawn(func() { s.giveBackRetrying(context.WithoutCancel(ctx), token, first) })
+	s.spawn(func() { s.giveBackRetrying(context.WithoutCancel(ctx), token, first, handoff) })
 	return first
 }
 
 // releaseDetached gives token back for a caller that has already moved on,
 // retrying as giveBack does.
 func (s *Semaphore) releaseDetached(token string) {
-	s.giveBackRetrying(context.Background(), token, nil)
+	s.giveBackRetrying(context.Background(), token, nil, false)
 }
 
 // giveBackRetrying is giveBack's loop; first, if not nil, receives the
 // first attempt's result.
-func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, first chan<- giveBackResult) {
+func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, first chan<- giveBackResult, handoff bool) {
 	var bo backoff.Backoff
 	detached := first == nil
 	last := s.stopped() // Close's own give-backs make one attempt
 	for attempt := 1; ; attempt++ {
 		actx, cancel := bounded(ctx, releaseTimeout)
-		was, err := s.releaseToken(actx, token, attempt == 1)
+		was, err := s.releaseToken(actx, token, attempt == 1, handoff && attempt == 1)
 		cancel()
 		retry := err != nil && mayPass(err) && !last
 		if first != nil {

@@ -57,7 +57,7 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 			t.Errorf("FCALL acquire under maxmemory = %v, want Redis to refuse it with OOM", err)
 		}
 		// A release that carries a new waiter takes a new place too.
-		if err := call(semaphore.CarryScript.Function, "p:1:1", 1000, 1000, "p:2:1"); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		if err := call(semaphore.CarryScript.Function, "p:1:1", 1000, 1000, "0", "p:2:1"); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
 			t.Errorf("FCALL carry under maxmemory = %v, want Redis to refuse it with OOM", err)
 		}
 		for _, fn := range []struct {

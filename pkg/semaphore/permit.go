@@ -107,7 +107,10 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	p.sem.forgetHolder(p)
 	p.sem.observeReleased(p)
-	answer := p.sem.giveBack(ctx, p.token)
+	// A permit whose lease Redis cannot have let lapse before the call
+	// arrives may go straight to the next waiter (releaseToken).
+	handoff := state == permitHeld && !p.expired(called.Add(expiryMargin(p.sem.opts.Lease)))
+	answer := p.sem.giveBack(ctx, p.token, handoff)
 	var done <-chan struct{} // nil, never ready, if ctx is already done
 	if ctx.Err() == nil {
 		done = ctx.Done()

@@ -37,16 +37,23 @@ var (
 	// waiter becomes a holder, deadlines move), so they run when Redis is
 	// over its maxmemory: holders keep their permits and hand them on.
 	// Taking a new place in the queue does not.
-	scriptRelease = newScript("release", luaRelease, "allow-oom")
+	//
+	// A release first tries the short hand-off to the queue's head, before
+	// begin's reads (handoff in lib.lua).
+	scriptRelease = newScript("release", luaRelease, "allow-oom").first(handoffFirst)
 	// A release that carries new waiters (enqueue.go) takes new places in
 	// the queue, so it is not flagged allow-oom: over maxmemory Redis
 	// refuses it as a function, and by EVALSHA at its first write that may
 	// grow memory (unless its purge wrote first, as for acquire), and the
 	// permit is then given back by scriptRelease alone.
-	scriptCarry    = newScript("carry", luaRelease)
+	scriptCarry    = newScript("carry", luaRelease).first(handoffFirst)
 	scriptRefresh  = newScript("refresh", luaRefresh, "allow-oom")
 	scriptSetLimit = newScript("setlimit", luaSetLimit)
 	scriptStats    = newScript("stats", luaStats, "allow-oom")
+
+	// handoffFirst is release's prologue: the hand-off needs nothing else
+	// unless the call carries waiters (ARGV[9..]), which it goes on to queue.
+	handoffFirst = "if handoff(KEYS, ARGV) and not ARGV[9] then return handed end\n"
 
 	allScripts = []*script{scriptAcquire, scriptRelease, scriptCarry, scriptRefresh, scriptSetLimit, scriptStats}
 
@@ -61,19 +68,36 @@ var (
 // form is named by a library and registered with flags (Redis function
 // flags, such as "allow-oom"; EVALSHA scripts carry none, to run on
 // Redis < 7 too).
+//
+// prologue, if any, runs before begin (lib.lua) and may return the reply
+// itself.
 type script struct {
-	name  string
-	body  string
-	flags []string
-	eval  *redis.Script
+	name     string
+	body     string
+	flags    []string
+	prologue string
+	eval     *redis.Script
 }
 
 func newScript(name, body string, flags ...string) *script {
+	sc := &script{name: name, body: body, flags: flags}
+	sc.compile()
+	return sc
+}
+
+// first sets sc's prologue.
+func (sc *script) first(prologue string) *script {
+	sc.prologue = prologue
+	sc.compile()
+	return sc
+}
+
+func (sc *script) compile() {
 	// Before Redis 5, a script that reads TIME and then writes must switch
 	// to effects replication first.
 	src := "if redis.replicate_commands then pcall(redis.replicate_commands) end\n" +
-		luaLib + "\nbegin(KEYS, ARGV)\n" + wrapBody(body)
-	return &script{name: name, body: body, flags: flags, eval: redis.NewScript(src)}
+		luaLib + "\n" + sc.prologue + "begin(KEYS, ARGV)\n" + wrapBody(sc.body)
+	sc.eval = redis.NewScript(src)
 }
 
 // wrapBody runs a script's body as a closure and passes its reply through
@@ -101,7 +125,7 @@ func newLibrary(version string) *library {
 		for _, f := range sc.flags {
 			flags += "'" + f + "', "
 		}
-		fmt.Fprintf(&b, "redis.register_function{function_name = '%s', flags = {%s}, callback = function(KEYS, ARGV)\nbegin(KEYS, ARGV)\n%s\nend}\n", fn, flags, wrapBody(sc.body))
+		fmt.Fprintf(&b, "redis.register_function{function_name = '%s', flags = {%s}, callback = function(KEYS, ARGV)\n%sbegin(KEYS, ARGV)\n%s\nend}\n", fn, flags, sc.prologue, wrapBody(sc.body))
 	}
 	lib.code = b.String()
 	return lib
@@ -129,4 +153,7 @@ const (
 	releaseUnknown = 0
 	releaseHeld    = 1
 	releaseQueued  = 2
+	// The token held a permit, which went straight to the queue's head
+	// (handoff in scripts/lib.lua).
+	releaseHanded = 3
 )

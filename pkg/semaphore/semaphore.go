@@ -51,9 +51,10 @@ type Semaphore struct {
 	wakePrefix     string
 	wakeKey        string
 	seq            atomic.Uint64
-	lib            *library     // the function library its scripts run as
-	scriptMode     atomic.Int32 // how scripts run: see run
-	functionsAfter atomic.Int64 // unix ns before which scripts run with EVALSHA
+	handoffs       atomic.Uint64 // releases that handoff passed straight to the queue's head
+	lib            *library      // the function library its scripts run as
+	scriptMode     atomic.Int32  // how scripts run: see run
+	functionsAfter atomic.Int64  // unix ns before which scripts run with EVALSHA
 
 	mu           sync.Mutex
 	waiters      map[string]*waiter
@@ -304,7 +305,7 @@ func (s *Semaphore) Close() error {
 	for tok, w := range waiters {
 		w.ch <- wakeup{err: ErrClosed}
 		if !unsent[w] {
-			results = append(results, s.giveBack(ctx, tok))
+			results = append(results, s.giveBack(ctx, tok, false))
 		}
 	}
 	for tok, p := range holders {
@@ -314,7 +315,7 @@ func (s *Semaphore) Close() error {
 			continue
 		}
 		s.observeReleased(p)
-		results = append(results, s.giveBack(ctx, tok))
+		results = append(results, s.giveBack(ctx, tok, false))
 	}
 	if dispatching {
 		// Wake the dispatcher's BLPOP so it sees stop now, not at its

@@ -42,6 +42,8 @@ local held_count, held_weight, held_fence, held_changed
 -- absent), read together by begin: one call instead of three.
 local found_limit, found_fence, found_record
 local load_held -- defined below; begin calls it, before the call changes anything
+-- handed: release's reply if handoff passed the token on (see handoff).
+local handed
 
 -- int formats a number as an integer: Lua's default formatting switches to
 -- exponent notation above 1e14. Every number passed to redis.call goes
@@ -291,4 +293,62 @@ local function grant(limit, held)
     end
   end
   return held, false
+end
+
+-- handoff is release's first step, before begin: the common hand-off
+-- under contention, in about half the work of the whole release. When the
+-- caller vouches for its permit (ARGV[8] == "1": its lease has a safe
+-- margin, so Redis cannot have let it lapse or marked it lost) and the
+-- queue's head is alive and weighs what the permit does, the permit goes
+-- to the head as grant would give it: a new fence, a first lease ending at
+-- the head's heartbeat deadline, and a wake-up (or, for the caller's own
+-- head, a local grant in the reply). What the release skips is safe to
+-- skip:
+-- - the purge: a swap of equal weights needs no free capacity, and an
+--   expired holder is purged by the next full call (every watchdog
+--   refresh runs one), within S3's bound;
+-- - reading the holders (load_held): the held record names their weight
+--   while the fence counter is the one it names, since every grant takes
+--   a fence; removals made without the record since (an older batchmr, an
+--   operator) only lower the weight it names. The swap changes neither the
+--   number of holders nor their weight, so the record stays true with the
+--   new fence. A limit lowered below that weight takes no hand-off (nor
+--   does grant give anything under it).
+-- Returns release's reply and sets handed to it, or returns nil for the
+-- whole release. A release that carries waiters (ARGV[9..]) goes on to
+-- queue them, having released nothing more (release.lua).
+local function handoff(keys, argv)
+  handed = nil
+  if argv[8] ~= '1' then return nil end
+  local got = redis.call('MGET', keys[1], keys[6], keys[8])
+  local limit = tonumber(got[1])
+  if not limit or not got[3] then return nil end
+  local f, n, w = string.match(got[3], '^(%d+):(%d+):(%d+)$')
+  if not f or f ~= (got[2] or '0') or tonumber(w) > limit then return nil end
+  local tok = argv[5]
+  local head = redis.call('ZRANGE', keys[3], '0', '0')[1]
+  if not head or weight_of(head) ~= weight_of(tok) then return nil end
+  local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  -- A dead head is for the whole release to purge.
+  local deadline = redis.call('ZSCORE', keys[4], head)
+  if not deadline or tonumber(deadline) <= ms then return nil end
+  if redis.call('ZREM', keys[2], tok) == 0 then return nil end
+  redis.call('HDEL', keys[5], tok)
+  redis.call('ZREM', keys[3], head)
+  redis.call('ZREM', keys[4], head)
+  local fence = int(redis.call('INCR', keys[6]))
+  redis.call('ZADD', keys[2], deadline, head)
+  redis.call('HSET', keys[5], head, fence .. ':' .. int(ms))
+  redis.call('SET', keys[8], fence .. ':' .. n .. ':' .. w)
+  handed = {3, limit, 0}
+  if process_of(head) == argv[4] then
+    handed[4], handed[5] = head, tonumber(fence)
+    return handed
+  end
+  local key = argv[1] .. process_of(head)
+  if redis.call('RPUSH', key, head .. ' ' .. fence) == 1 then
+    redis.call('PEXPIRE', key, argv[3])
+  end
+  return handed
 end

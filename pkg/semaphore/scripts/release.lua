@@ -3,15 +3,19 @@
 --   ARGV[5] token
 --   ARGV[6] (ms) how long the caller's own holders whose lease ran out are
 --           kept for it to release (see purge_holders); absent: not kept
---   ARGV[7] heartbeat timeout (ms) of the waiters in ARGV[8..]
---   ARGV[8..] new waiters of the calling process to queue, in order: their
+--   ARGV[7] heartbeat timeout (ms) of the waiters in ARGV[9..]
+--   ARGV[8] "1" if the caller vouches that the token's lease has a safe
+--           margin, so that handoff (lib.lua, run before this script) may
+--           pass it straight to the queue's head
+--   ARGV[9..] new waiters of the calling process to queue, in order: their
 --           acquire calls, carried by this one (see enqueue.go). Each is a
 --           fresh token, never sent before, and asks to wait.
 -- Returns {was, limit, n, ticket_1 .. ticket_n, token, fence, token, fence, ...}:
--- was is 1 if the token held a permit, 2 if it was queued, 0 if Redis knew
+-- was is 1 if the token held a permit, 3 if it held one and handoff passed
+-- it to the queue's head, 2 if it was queued, 0 if Redis knew
 -- nothing of it (already released, or its lease or heartbeat ran out: kept
 -- for the caller or not; "" releases nothing); n is the number of carried
--- waiters, and ticket_i the place ARGV[7+i] took, or -1 if its weight
+-- waiters, and ticket_i the place ARGV[8+i] took, or -1 if its weight
 -- exceeds the limit (never grantable); then the grants made to the
 -- caller's own waiters (ARGV[4]), carried ones among them, which it must
 -- hand over itself.
@@ -27,13 +31,13 @@ local held = purge_holders(owner, keep_ms)
 -- would queue it, so that the capacity this call frees reaches them too
 -- if nobody is ahead of them.
 local tickets = {}
-local n = math.max(#ARGV - 7, 0)
+local n = math.max(#ARGV - 8, 0)
 if n > 0 then
   local hb = int(now + tonumber(ARGV[7]))
   local first = redis.call('INCRBY', K_TICKET, n) - n
   local q, a, i = {}, {}, {}
   for k = 1, n do
-    local t = ARGV[7 + k]
+    local t = ARGV[8 + k]
     if weight_of(t) > limit then
       tickets[k] = -1
     else
@@ -51,7 +55,13 @@ if n > 0 then
   end
 end
 local was = 0
-if redis.call('ZREM', K_HOLDERS, tok) == 1 then
+if handed then
+  -- handoff passed the permit on before this call began (lib.lua).
+  was = 3
+  if handed[4] then
+    LOCAL_GRANTS[1], LOCAL_GRANTS[2] = handed[4], handed[5]
+  end
+elseif redis.call('ZREM', K_HOLDERS, tok) == 1 then
   was = 1
   if is_lost(redis.call('HGET', K_INFO, tok)) then was = 0 end
   holder_removed(tok)
