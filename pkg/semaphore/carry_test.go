@@ -300,9 +300,17 @@ func TestTheNextReleaseCarriesAPendingWaiter(t *testing.T) {
 	if len(carries) != 1 || carriers[0] != p2.ID() || len(queued) != 1 || !slices.Equal(carries[0], queued) {
 		t.Fatalf("carrying calls %v releasing %v, queue %v: want the release of %s to carry the one waiter queued", carries, carriers, queued, p2.ID())
 	}
+	// The semaphore was full: the release handed its permit straight to
+	// the head and queued the carried waiter in the short call (handoff).
+	if n := c.a.Handoffs(); n != 1 {
+		t.Errorf("handoffs = %d after the carrying release, want 1", n)
+	}
 
 	c.letThrough(t, released1)
 	q2 := expectGrant(t, got2, "the carried waiter, by the held release")
+	if n := c.a.Handoffs(); n != 2 {
+		t.Errorf("handoffs = %d after the held release, want 2", n)
+	}
 	for _, q := range []*semaphore.Permit{q1, q2} {
 		if err := q.Release(ctx); err != nil {
 			t.Fatal(err)

@@ -51,9 +51,9 @@ var (
 	scriptSetLimit = newScript("setlimit", luaSetLimit)
 	scriptStats    = newScript("stats", luaStats, "allow-oom")
 
-	// handoffFirst is release's prologue: the hand-off needs nothing else
-	// unless the call carries waiters (ARGV[9..]), which it goes on to queue.
-	handoffFirst = "if handoff(KEYS, ARGV) and not ARGV[9] then return handed end\n"
+	// handoffFirst is release's prologue: a hand-off needs nothing else
+	// unless it carries waiters that the whole release must queue.
+	handoffFirst = "if handoff(KEYS, ARGV) then return handed end\n"
 
 	allScripts = []*script{scriptAcquire, scriptRelease, scriptCarry, scriptRefresh, scriptSetLimit, scriptStats}
 

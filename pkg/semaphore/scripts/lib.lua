@@ -295,6 +295,39 @@ local function grant(limit, held)
   return held, false
 end
 
+-- queue_carried queues the waiters a release carries (ARGV[9..]) at the
+-- queue's tail, in order, each as acquire.lua would queue it, at Redis
+-- time ms, under the limit; it returns their tickets, -1 for one heavier
+-- than the limit (never grantable, not queued). Keys are passed in, since
+-- handoff calls it before begin.
+local function queue_carried(keys, argv, limit, ms)
+  local tickets = {}
+  local n = math.max(#argv - 8, 0)
+  if n == 0 then return tickets end
+  local hb = int(ms + tonumber(argv[7]))
+  local at = int(ms)
+  local first = redis.call('INCRBY', keys[7], n) - n
+  local q, a, i = {}, {}, {}
+  for k = 1, n do
+    local t = argv[8 + k]
+    if weight_of(t) > limit then
+      tickets[k] = -1
+    else
+      first = first + 1
+      tickets[k] = first
+      q[#q + 1] = int(first); q[#q + 1] = t
+      a[#a + 1] = hb; a[#a + 1] = t
+      i[#i + 1] = t; i[#i + 1] = at
+    end
+  end
+  if #q > 0 then
+    redis.call('ZADD', keys[3], unpack(q))
+    redis.call('ZADD', keys[4], unpack(a))
+    redis.call('HSET', keys[5], unpack(i))
+  end
+  return tickets
+end
+
 -- handoff is release's first step, before begin: the common hand-off
 -- under contention, in about half the work of the whole release. When the
 -- caller vouches for its permit (ARGV[8] == "1": its lease has a safe
@@ -314,26 +347,29 @@ end
 --   number of holders nor their weight, so the record stays true with the
 --   new fence. A limit lowered below that weight takes no hand-off (nor
 --   does grant give anything under it).
--- Returns release's reply and sets handed to it, or returns nil for the
--- whole release. A release that carries waiters (ARGV[9..]) goes on to
--- queue them, having released nothing more (release.lua).
+-- A release that carries waiters (ARGV[9..]) queues them here too when
+-- none of them could be granted now, the semaphore being full; otherwise
+-- it goes on to queue them in the whole release, having released nothing
+-- more (release.lua). handed is release's reply (its carried waiters'
+-- tickets missing in that case) if the permit was passed on; handoff
+-- returns whether that reply is complete.
 local function handoff(keys, argv)
   handed = nil
-  if argv[8] ~= '1' then return nil end
+  if argv[8] ~= '1' then return false end
   local got = redis.call('MGET', keys[1], keys[6], keys[8])
   local limit = tonumber(got[1])
-  if not limit or not got[3] then return nil end
+  if not limit or not got[3] then return false end
   local f, n, w = string.match(got[3], '^(%d+):(%d+):(%d+)$')
-  if not f or f ~= (got[2] or '0') or tonumber(w) > limit then return nil end
+  if not f or f ~= (got[2] or '0') or tonumber(w) > limit then return false end
   local tok = argv[5]
   local head = redis.call('ZRANGE', keys[3], '0', '0')[1]
-  if not head or weight_of(head) ~= weight_of(tok) then return nil end
+  if not head or weight_of(head) ~= weight_of(tok) then return false end
   local t = redis.call('TIME')
   local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   -- A dead head is for the whole release to purge.
   local deadline = redis.call('ZSCORE', keys[4], head)
-  if not deadline or tonumber(deadline) <= ms then return nil end
-  if redis.call('ZREM', keys[2], tok) == 0 then return nil end
+  if not deadline or tonumber(deadline) <= ms then return false end
+  if redis.call('ZREM', keys[2], tok) == 0 then return false end
   redis.call('HDEL', keys[5], tok)
   redis.call('ZREM', keys[3], head)
   redis.call('ZREM', keys[4], head)
@@ -342,13 +378,22 @@ local function handoff(keys, argv)
   redis.call('HSET', keys[5], head, fence .. ':' .. int(ms))
   redis.call('SET', keys[8], fence .. ':' .. n .. ':' .. w)
   handed = {3, limit, 0}
+  local complete = true
+  if argv[9] then
+    complete = tonumber(w) >= limit
+    if complete then
+      local tickets = queue_carried(keys, argv, limit, ms)
+      handed[3] = #tickets
+      for k = 1, #tickets do handed[3 + k] = tickets[k] end
+    end
+  end
   if process_of(head) == argv[4] then
-    handed[4], handed[5] = head, tonumber(fence)
-    return handed
+    handed[#handed + 1], handed[#handed + 2] = head, tonumber(fence)
+  else
+    local key = argv[1] .. process_of(head)
+    if redis.call('RPUSH', key, head .. ' ' .. fence) == 1 then
+      redis.call('PEXPIRE', key, argv[3])
+    end
   end
-  local key = argv[1] .. process_of(head)
-  if redis.call('RPUSH', key, head .. ' ' .. fence) == 1 then
-    redis.call('PEXPIRE', key, argv[3])
-  end
-  return handed
+  return complete
 end

@@ -30,30 +30,8 @@ local held = purge_holders(owner, keep_ms)
 -- The carried waiters join the queue's tail first, each as acquire.lua
 -- would queue it, so that the capacity this call frees reaches them too
 -- if nobody is ahead of them.
-local tickets = {}
-local n = math.max(#ARGV - 8, 0)
-if n > 0 then
-  local hb = int(now + tonumber(ARGV[7]))
-  local first = redis.call('INCRBY', K_TICKET, n) - n
-  local q, a, i = {}, {}, {}
-  for k = 1, n do
-    local t = ARGV[8 + k]
-    if weight_of(t) > limit then
-      tickets[k] = -1
-    else
-      first = first + 1
-      tickets[k] = first
-      q[#q + 1] = int(first); q[#q + 1] = t
-      a[#a + 1] = hb; a[#a + 1] = t
-      i[#i + 1] = t; i[#i + 1] = now_s
-    end
-  end
-  if #q > 0 then
-    redis.call('ZADD', K_QUEUE, unpack(q))
-    redis.call('ZADD', K_ALIVE, unpack(a))
-    redis.call('HSET', K_INFO, unpack(i))
-  end
-end
+local tickets = queue_carried(KEYS, ARGV, limit, now)
+local n = #tickets
 local was = 0
 if handed then
   -- handoff passed the permit on before this call began (lib.lua).
