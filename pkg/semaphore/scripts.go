@@ -32,7 +32,9 @@ var (
 	//go:embed scripts/stats.lua
 	luaStats string
 
-	scriptAcquire = newScript("acquire", luaAcquire)
+	// An acquire that only queues, behind a full semaphore, takes a short
+	// step instead of the whole script (queue_short in lib.lua).
+	scriptAcquire = newScript("acquire", luaAcquire).first("local r = queue_short(KEYS, ARGV)\nif r then return r end\n")
 	// Releasing, refreshing and looking grow no memory (a holder leaves, a
 	// waiter becomes a holder, deadlines move), so they run when Redis is
 	// over its maxmemory: holders keep their permits and hand them on.

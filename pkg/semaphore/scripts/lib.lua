@@ -295,21 +295,23 @@ local function grant(limit, held)
   return held, false
 end
 
--- queue_carried queues the waiters a release carries (ARGV[9..]) at the
--- queue's tail, in order, each as acquire.lua would queue it, at Redis
--- time ms, under the limit; it returns their tickets, -1 for one heavier
--- than the limit (never grantable, not queued). Keys are passed in, since
--- handoff calls it before begin.
-local function queue_carried(keys, argv, limit, ms)
+-- The short calls below run before begin (see handoff): they take their
+-- keys as arguments and read what they need themselves.
+
+-- queue_tokens queues tokens (fresh ones, never sent before) at the
+-- queue's tail, in order, each as acquire.lua would queue it, with a
+-- heartbeat deadline heartbeat ms after ms (Redis time); it returns their
+-- tickets, -1 for one heavier than limit (never grantable, not queued).
+local function queue_tokens(keys, tokens, heartbeat, limit, ms)
   local tickets = {}
-  local n = math.max(#argv - 8, 0)
+  local n = #tokens
   if n == 0 then return tickets end
-  local hb = int(ms + tonumber(argv[7]))
+  local hb = int(ms + tonumber(heartbeat))
   local at = int(ms)
   local first = redis.call('INCRBY', keys[7], n) - n
   local q, a, i = {}, {}, {}
   for k = 1, n do
-    local t = argv[8 + k]
+    local t = tokens[k]
     if weight_of(t) > limit then
       tickets[k] = -1
     else
@@ -328,44 +330,81 @@ local function queue_carried(keys, argv, limit, ms)
   return tickets
 end
 
+-- current_record reads the limit and the held record, as load_held would
+-- trust it (the fence counter and the number of holders are the ones it
+-- names), and returns the limit, the record's count and weight; nothing
+-- if there is no limit or no such record.
+local function current_record(keys)
+  local got = redis.call('MGET', keys[1], keys[6], keys[8])
+  local limit = tonumber(got[1])
+  if not limit or not got[3] then return nil end
+  local f, n, w = string.match(got[3], '^(%d+):(%d+):(%d+)$')
+  if not f or f ~= (got[2] or '0') or tonumber(n) ~= redis.call('ZCARD', keys[2]) then return nil end
+  return limit, n, tonumber(w)
+end
+
+local function clock_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- queue_short is acquire's first step, before begin: a first call that
+-- asks to wait (ARGV[8] == "1", ARGV[9] ~= "1") while the held weight
+-- fills the limit cannot be granted now, whoever else waits, so it only
+-- takes the next place at the tail: no purge, no grant (an expired
+-- holder's permit is purged by the next full call; every watchdog refresh
+-- is one, so S3's bound holds). Returns acquire's reply, or nil.
+local function queue_short(keys, argv)
+  if argv[8] ~= '1' or argv[9] == '1' then return nil end
+  local limit, _, w = current_record(keys)
+  if not limit or w < limit or weight_of(argv[5]) > limit then return nil end
+  local ticket = queue_tokens(keys, {argv[5]}, argv[7], limit, clock_ms())[1]
+  return {0, ticket, limit}
+end
+
 -- handoff is release's first step, before begin: the common hand-off
 -- under contention, in about half the work of the whole release. When the
 -- caller vouches for its permit (ARGV[8] == "1": its lease has a safe
--- margin, so Redis cannot have let it lapse or marked it lost) and the
--- queue's head is alive and weighs what the permit does, the permit goes
--- to the head as grant would give it: a new fence, a first lease ending at
--- the head's heartbeat deadline, and a wake-up (or, for the caller's own
--- head, a local grant in the reply). What the release skips is safe to
--- skip:
--- - the purge: a swap of equal weights needs no free capacity, and an
---   expired holder is purged by the next full call (every watchdog
---   refresh runs one), within S3's bound;
--- - reading the holders (load_held): the held record names their weight
---   while the fence counter is the one it names, since every grant takes
---   a fence; removals made without the record since (an older batchmr, an
---   operator) only lower the weight it names. The swap changes neither the
---   number of holders nor their weight, so the record stays true with the
---   new fence. A limit lowered below that weight takes no hand-off (nor
---   does grant give anything under it).
--- A release that carries waiters (ARGV[9..]) queues them here too when
--- none of them could be granted now, the semaphore being full; otherwise
--- it goes on to queue them in the whole release, having released nothing
--- more (release.lua). handed is release's reply (its carried waiters'
--- tickets missing in that case) if the permit was passed on; handoff
--- returns whether that reply is complete.
+-- margin, so Redis cannot have let it lapse or marked it lost), the held
+-- record is current (current_record) and within the limit, and the queue's
+-- head is alive and weighs what the permit does, the permit goes to the
+-- head as grant would give it: a new fence, a first lease ending at the
+-- head's heartbeat deadline, and a wake-up (or, for the caller's own head,
+-- a local grant in the reply). The swap changes neither the number of
+-- holders nor their weight, so the record stays true with the new fence.
+-- What it skips: the purge (a swap needs no free capacity; an expired
+-- holder is purged by the next full call, and every watchdog refresh is
+-- one, within S3's bound), reading the holders, and the grant loop. A
+-- limit lowered below the held weight takes no hand-off, as it takes no
+-- grant.
+-- The waiters a release carries (ARGV[9..]) are queued here too when the
+-- held weight fills the limit, so that none of them could be granted now;
+-- otherwise the whole release queues them, having released nothing more
+-- (release.lua). A call that releases nothing and only carries waiters
+-- (token "") is queue_short's case for several waiters.
+-- handed is release's reply if the permit was passed on or the carried
+-- waiters queued (without their tickets when the whole release is to
+-- queue them); handoff returns whether that reply is complete.
 local function handoff(keys, argv)
   handed = nil
-  if argv[8] ~= '1' then return false end
-  local got = redis.call('MGET', keys[1], keys[6], keys[8])
-  local limit = tonumber(got[1])
-  if not limit or not got[3] then return false end
-  local f, n, w = string.match(got[3], '^(%d+):(%d+):(%d+)$')
-  if not f or f ~= (got[2] or '0') or tonumber(w) > limit then return false end
   local tok = argv[5]
+  local carried = {unpack(argv, 9)}
+  if argv[8] ~= '1' and not (tok == '' and #carried > 0) then return false end
+  local limit, n, w = current_record(keys)
+  if not limit then return false end
+  if tok == '' then
+    -- A call that only carries waiters (enqueue.go): while the held weight
+    -- fills the limit none of them could be granted now.
+    if w < limit then return false end
+    local tickets = queue_tokens(keys, carried, argv[7], limit, clock_ms())
+    handed = {0, limit, #tickets}
+    for k = 1, #tickets do handed[3 + k] = tickets[k] end
+    return true
+  end
+  if w > limit then return false end
   local head = redis.call('ZRANGE', keys[3], '0', '0')[1]
   if not head or weight_of(head) ~= weight_of(tok) then return false end
-  local t = redis.call('TIME')
-  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local ms = clock_ms()
   -- A dead head is for the whole release to purge.
   local deadline = redis.call('ZSCORE', keys[4], head)
   if not deadline or tonumber(deadline) <= ms then return false end
@@ -376,16 +415,15 @@ local function handoff(keys, argv)
   local fence = int(redis.call('INCR', keys[6]))
   redis.call('ZADD', keys[2], deadline, head)
   redis.call('HSET', keys[5], head, fence .. ':' .. int(ms))
-  redis.call('SET', keys[8], fence .. ':' .. n .. ':' .. w)
+  redis.call('SET', keys[8], fence .. ':' .. n .. ':' .. int(w))
   handed = {3, limit, 0}
-  local complete = true
-  if argv[9] then
-    complete = tonumber(w) >= limit
-    if complete then
-      local tickets = queue_carried(keys, argv, limit, ms)
-      handed[3] = #tickets
-      for k = 1, #tickets do handed[3 + k] = tickets[k] end
-    end
+  -- The carried waiters could not be granted now either if the held
+  -- weight fills the limit; otherwise the whole release queues them.
+  local complete = #carried == 0 or w >= limit
+  if #carried > 0 and complete then
+    local tickets = queue_tokens(keys, carried, argv[7], limit, ms)
+    handed[3] = #tickets
+    for k = 1, #tickets do handed[3 + k] = tickets[k] end
   end
   if process_of(head) == argv[4] then
     handed[#handed + 1], handed[#handed + 2] = head, tonumber(fence)

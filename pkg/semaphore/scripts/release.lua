@@ -30,7 +30,7 @@ local held = purge_holders(owner, keep_ms)
 -- The carried waiters join the queue's tail first, each as acquire.lua
 -- would queue it, so that the capacity this call frees reaches them too
 -- if nobody is ahead of them.
-local tickets = queue_carried(KEYS, ARGV, limit, now)
+local tickets = queue_tokens(KEYS, {unpack(ARGV, 9)}, ARGV[7], limit, now)
 local n = #tickets
 local was = 0
 if handed then
