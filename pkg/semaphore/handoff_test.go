@@ -306,3 +306,67 @@ func TestShortHandOffsUnderContentionKeepTheInvariants(t *testing.T) {
 	}
 	t.Logf("%d of %d releases took the short hand-off", handoffs, grants)
 }
+
+// An acquire behind a full semaphore only takes a place (queue_short): it
+// trusts the held record only as the whole script does, so a holder
+// removed without the record (by an operator, or an older batchmr) leaves
+// the next acquire granted at once, not queued behind free capacity.
+func TestAnAcquireTrustsTheHeldRecordOnlyWhileItNamesTheHolders(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	a := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	p := mustAcquire(t, a)
+	if err := rdb.ZRem(ctx, prefix+":{db}:holders", p.ID()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	q, err := b.Acquire(actx)
+	if err != nil {
+		t.Fatalf("Acquire with the only holder gone = %v, want a grant at once", err)
+	}
+	_ = q.Release(ctx)
+}
+
+// The short calls skip the purge, so a crashed holder's permit is purged
+// by the next full call: the waiters' own watchdog refresh, within S3's
+// bound (its lease and one check interval), even while every other call
+// is a short one.
+func TestACrashedHoldersPermitReturnsWithinItsLeaseWhileCallsAreShort(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	const lease = 600 * time.Millisecond
+	// A holder whose process died: its lease ran out, and nobody has
+	// called since; the held record names it, so an acquire queues short.
+	k := prefix + ":{db}:"
+	for _, err := range []error{
+		rdb.Set(ctx, k+"limit", 1, 0).Err(),
+		rdb.Set(ctx, k+"fence", 5, 0).Err(),
+		rdb.ZAdd(ctx, k+"holders", redis.Z{Score: 1, Member: "crashed-1-x:1:1"}).Err(),
+		rdb.HSet(ctx, k+"info", "crashed-1-x:1:1", "5:1").Err(),
+		rdb.Set(ctx, k+"held", "5:1:1", 0).Err(),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
+	start := time.Now()
+	q, err := b.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*lease/3 {
+		t.Errorf("granted after %v, want within about one check interval (%v)", d, lease/3)
+	}
+	if q.Fence() != 6 {
+		t.Errorf("fence %d, want 6", q.Fence())
+	}
+	if st := stats(t, b); len(st.Holders) != 1 || st.Holders[0].ID != q.ID() {
+		t.Errorf("holders %+v, want only the new one", st.Holders)
+	}
+	_ = q.Release(ctx)
+}
