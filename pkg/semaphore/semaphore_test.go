@@ -223,28 +223,40 @@ func TestCancelledAcquireLeavesTheSemaphoreUnchanged(t *testing.T) {
 func TestFencesStrictlyIncrease(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
-	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
+	// Three handles, as three processes: most permits go from one to the
+	// next by the short hand-off (handoff_test.go), across processes and
+	// within them, the rest by the whole release or at once.
+	sems := []*semaphore.Semaphore{
+		newSem(t, rdb, prefix, semaphore.Options{Limit: 1}),
+		newSem(t, rdb, prefix, semaphore.Options{Limit: 1}),
+		newSem(t, rdb, prefix, semaphore.Options{Limit: 1}),
+	}
 	ctx := context.Background()
 	// With limit 1 grants are totally ordered: each holder must see a fence
-	// above every earlier holder's, whether granted at once or after queueing.
+	// above every earlier holder's, however it was granted.
 	var mu sync.Mutex
 	var last int64
+	var holding bool
 	var wg sync.WaitGroup
-	for g := 0; g < 8; g++ {
+	for g := 0; g < 12; g++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; i < 25; i++ {
-				p, err := s.Acquire(ctx)
+			for i := 0; i < 20; i++ {
+				p, err := sems[g%3].Acquire(ctx)
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				mu.Lock()
-				if p.Fence() <= last {
-					t.Errorf("fence %d after fence %d", p.Fence(), last)
+				if p.Fence() <= last || holding {
+					t.Errorf("fence %d after fence %d, another holder still holding: %v", p.Fence(), last, holding)
 				}
-				last = p.Fence()
+				last, holding = p.Fence(), true
+				mu.Unlock()
+				time.Sleep(100 * time.Microsecond)
+				mu.Lock()
+				holding = false
 				mu.Unlock()
 				if err := p.Release(ctx); err != nil {
 					t.Error(err)
@@ -253,8 +265,15 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if last < 200 {
-		t.Errorf("last fence %d, want at least 200 grants", last)
+	if last < 240 {
+		t.Errorf("last fence %d, want at least 240 grants", last)
+	}
+	var handoffs uint64
+	for _, s := range sems {
+		handoffs += s.Handoffs()
+	}
+	if handoffs < 120 {
+		t.Errorf("%d of 240 releases took the short hand-off, want at least half: the test no longer covers it", handoffs)
 	}
 }
 
