@@ -108,7 +108,7 @@ func TestAReleaseTakesTheWholeScriptWhenTheShortHandOffMayNotServe(t *testing.T)
 		// A dead head must be purged, not granted: the whole release purges
 		// it and grants the live waiter behind it.
 		rdb, prefix := testenv.Redis(t)
-		a, b, p, _ := heldAndQueued(t, rdb, prefix, semaphore.Options{Limit: 1})
+		a, _, p, _ := heldAndQueued(t, rdb, prefix, semaphore.Options{Limit: 1})
 		dead := stats(t, a).Waiters[0].ID
 		c := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
 		got := acquireQueued(t, c, a, 2)
@@ -128,7 +128,6 @@ func TestAReleaseTakesTheWholeScriptWhenTheShortHandOffMayNotServe(t *testing.T)
 			}
 		}
 		_ = q.Release(ctx)
-		_ = b
 	})
 
 	t.Run("the head weighs more than the permit", func(t *testing.T) {

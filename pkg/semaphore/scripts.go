@@ -34,14 +34,14 @@ var (
 
 	// An acquire that only queues, behind a full semaphore, takes a short
 	// step instead of the whole script (queue_short in lib.lua).
-	scriptAcquire = newScript("acquire", luaAcquire).first("local r = queue_short(KEYS, ARGV)\nif r then return r end\n")
+	scriptAcquire = newScript("acquire", luaAcquire).first("local r = queue_short(ARGV)\nif r then return r end\n")
 	// Releasing, refreshing and looking grow no memory (a holder leaves, a
 	// waiter becomes a holder, deadlines move), so they run when Redis is
 	// over its maxmemory: holders keep their permits and hand them on.
 	// Taking a new place in the queue does not.
 	//
-	// A release first tries the short hand-off to the queue's head, before
-	// begin's reads (handoff in lib.lua).
+	// A release first tries the short hand-off to the queue's head
+	// (handoff in lib.lua).
 	scriptRelease = newScript("release", luaRelease, "allow-oom").first(handoffFirst)
 	// A release that carries new waiters (enqueue.go) takes new places in
 	// the queue, so it is not flagged allow-oom: over maxmemory Redis
@@ -53,9 +53,9 @@ var (
 	scriptSetLimit = newScript("setlimit", luaSetLimit)
 	scriptStats    = newScript("stats", luaStats, "allow-oom")
 
-	// handoffFirst is release's prologue: a hand-off needs nothing else
+	// handoffFirst is release's short step: a hand-off needs nothing else
 	// unless it carries waiters that the whole release must queue.
-	handoffFirst = "if handoff(KEYS, ARGV) then return handed end\n"
+	handoffFirst = "if handoff(ARGV) then return finish(handed) end\n"
 
 	allScripts = []*script{scriptAcquire, scriptRelease, scriptCarry, scriptRefresh, scriptSetLimit, scriptStats}
 
@@ -71,8 +71,8 @@ var (
 // flags, such as "allow-oom"; EVALSHA scripts carry none, to run on
 // Redis < 7 too).
 //
-// prologue, if any, runs before begin (lib.lua) and may return the reply
-// itself.
+// prologue, if any, is the script's short step: it runs after bind and
+// before begin (lib.lua), and may return the reply itself.
 type script struct {
 	name     string
 	body     string
@@ -98,7 +98,7 @@ func (sc *script) compile() {
 	// Before Redis 5, a script that reads TIME and then writes must switch
 	// to effects replication first.
 	src := "if redis.replicate_commands then pcall(redis.replicate_commands) end\n" +
-		luaLib + "\n" + sc.prologue + "begin(KEYS, ARGV)\n" + wrapBody(sc.body)
+		luaLib + "\nbind(KEYS, ARGV)\n" + sc.prologue + "begin()\n" + wrapBody(sc.body)
 	sc.eval = redis.NewScript(src)
 }
 
@@ -127,7 +127,7 @@ func newLibrary(version string) *library {
 		for _, f := range sc.flags {
 			flags += "'" + f + "', "
 		}
-		fmt.Fprintf(&b, "redis.register_function{function_name = '%s', flags = {%s}, callback = function(KEYS, ARGV)\n%sbegin(KEYS, ARGV)\n%s\nend}\n", fn, flags, sc.prologue, wrapBody(sc.body))
+		fmt.Fprintf(&b, "redis.register_function{function_name = '%s', flags = {%s}, callback = function(KEYS, ARGV)\nbind(KEYS, ARGV)\n%sbegin()\n%s\nend}\n", fn, flags, sc.prologue, wrapBody(sc.body))
 	}
 	lib.code = b.String()
 	return lib

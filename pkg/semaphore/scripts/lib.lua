@@ -12,7 +12,7 @@
 --   KEYS[7] ticket   STRING  INCR counter: one ticket per enqueue
 --   KEYS[8] held     STRING  "fence:count:weight": the holders' total weight,
 --                            valid while the fence counter and the number of
---                            holders are still those it names (see load_held)
+--                            holders are still those it names (see read_held)
 -- ARGV (identical first three for every script):
 --   ARGV[1] wake-list key prefix; a process's list is ARGV[1] .. processID
 --   ARGV[2] the client's configured limit, written only when KEYS[1] is absent
@@ -26,22 +26,23 @@
 -- A token is "<processID>:<sequence>:<weight>": the weight and the owning
 -- process travel inside it, so granting needs no extra lookup.
 
--- The state of one call, set by begin. In a function library these outlive
--- the call, so begin must reset every one of them.
+-- The state of one call, set by bind, read_clock and read_held. In a
+-- function library these outlive the call, so bind must reset every one of
+-- them.
 local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE, K_INFO, K_FENCE, K_TICKET, K_HELD
 local WAKE_PREFIX, DEFAULT_LIMIT, WAKE_TTL, SELF
 local LOCAL_GRANTS -- token, fence, token, fence, ...
-local now -- Redis server time (ms)
+local now -- Redis server time (ms), once read_clock has read it
 local now_s -- the same, as a string: see int
 local waiters_purged -- purge_waiters ran in this call
--- The holders as load_held found them and as this call changed them: their
--- number, total weight, and the fence counter ("0" if absent), a string.
--- held_changed: this call added or removed a holder, so finish records them.
+-- The holders as read_held (and begin) found them and as this call changed
+-- them: their number, total weight, and the fence counter ("0" if absent),
+-- a string. held_changed: this call added or removed a holder, so finish
+-- records them.
 local held_count, held_weight, held_fence, held_changed
 -- The limit, fence counter and record as the call found them (false if
--- absent), read together by begin: one call instead of three.
+-- absent), read together by read_held: one call instead of three.
 local found_limit, found_fence, found_record
-local load_held -- defined below; begin calls it, before the call changes anything
 -- handed: release's reply if handoff passed the token on (see handoff).
 local handed
 
@@ -54,7 +55,10 @@ local function int(n)
   return string.format('%d', n)
 end
 
-local function begin(keys, argv)
+-- bind names the call's keys and arguments and resets its state. It makes
+-- no Redis call: every script runs it first, then its short step if it has
+-- one (handoff, queue_short), then begin.
+local function bind(keys, argv)
   K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE = keys[1], keys[2], keys[3], keys[4]
   K_INFO, K_FENCE, K_TICKET, K_HELD = keys[5], keys[6], keys[7], keys[8]
   WAKE_PREFIX = argv[1]
@@ -64,15 +68,18 @@ local function begin(keys, argv)
   LOCAL_GRANTS = {}
   waiters_purged = false
   held_count, held_weight, held_fence, held_changed = nil, nil, nil, false
-  -- Redis server time, never the client's: clock skew between hosts cannot
-  -- steal or expire permits. Functions and Redis >= 5 scripts replicate
-  -- effects, so reading TIME before writing is allowed.
+  found_limit, found_fence, found_record = nil, nil, nil
+  now, now_s, handed = nil, nil, false
+end
+
+-- read_clock reads Redis server time, never the client's: clock skew
+-- between hosts cannot steal or expire permits. Functions and Redis >= 5
+-- scripts replicate effects, so reading TIME before writing is allowed.
+local function read_clock()
+  if now then return end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   now_s = int(now)
-  local got = redis.call('MGET', K_LIMIT, K_FENCE, K_HELD)
-  found_limit, found_fence, found_record = got[1], got[2], got[3]
-  load_held()
 end
 
 local function weight_of(tok)
@@ -92,7 +99,7 @@ local function fence_of(tok)
 end
 
 -- get_limit returns the limit, writing the client's configured one if Redis
--- has none. (Read by begin: call it before anything sets the limit.)
+-- has none. (Read by read_held: call it before anything sets the limit.)
 local function get_limit()
   if found_limit then return tonumber(found_limit) end
   -- MGET reads a key of another type as absent; GET fails on it with
@@ -146,7 +153,7 @@ local function purge_waiters()
   end
 end
 
--- load_held finds the holders' number and total weight. Summing the weight
+-- The holders' number and total weight. Summing the weight
 -- means reading every holder (ZRANGE 0 -1: with a limit of 64, the most
 -- expensive step of a call by far), so the last call that changed the
 -- holders recorded the sum in KEYS[8] with the fence counter and the number
@@ -155,7 +162,15 @@ end
 -- counter, and every removal changes the number of holders, so a holder
 -- added or removed by anyone else — an older batchmr that keeps no record,
 -- an operator, an eviction — makes it stale, and the sum is read afresh.
-load_held = function()
+--
+-- read_held reads the limit, the fence counter and the record (one MGET)
+-- and the number of holders, once per call, and takes the weight from the
+-- record if it can be trusted; otherwise held_weight stays nil, and begin
+-- sums it. Call it before the call changes anything.
+local function read_held()
+  if held_count then return end
+  local got = redis.call('MGET', K_LIMIT, K_FENCE, K_HELD)
+  found_limit, found_fence, found_record = got[1], got[2], got[3]
   held_count = redis.call('ZCARD', K_HOLDERS)
   held_fence = found_fence or '0'
   local rec = found_record
@@ -163,16 +178,24 @@ load_held = function()
     local f, n, w = string.match(rec, '^(%d+):(%d+):(%d+)$')
     if f == held_fence and tonumber(n) == held_count then
       held_weight = tonumber(w)
-      return
     end
   end
+end
+
+-- begin reads what every whole script needs: the clock, and the holders'
+-- number and weight, summing the weight afresh if the record is stale. A
+-- short step may have read some of it already in this call.
+local function begin()
+  read_clock()
+  read_held()
+  if held_weight then return end
   held_weight = 0
   for _, tok in ipairs(redis.call('ZRANGE', K_HOLDERS, '0', '-1')) do
     held_weight = held_weight + weight_of(tok)
   end
 end
 
--- holder_added and holder_removed keep load_held's view current; every
+-- holder_added and holder_removed keep read_held's view current; every
 -- change to K_HOLDERS's members goes through one of them.
 local function holder_added(tok, fence)
   held_count = held_count + 1
@@ -187,7 +210,7 @@ local function holder_removed(tok)
   held_changed = true
 end
 
--- finish records the holders for the next call's load_held, if this call
+-- finish records the holders for the next call's read_held, if this call
 -- changed them; it passes the script's reply through. (A call that changed
 -- nothing writes nothing: its first write must stay a removal where
 -- maxmemory allows only those.)
@@ -253,11 +276,27 @@ local function add_holder(tok, deadline)
   return fence
 end
 
+-- grant_head makes the queue's head, alive until deadline, a holder, and
+-- tells its process (or collects the grant in LOCAL_GRANTS for the caller).
+-- A granted waiter's first lease ends at its heartbeat deadline, so a
+-- waiter that died just before its grant blocks nobody past that deadline;
+-- a live one's watchdog extends it.
+local function grant_head(head, deadline)
+  -- add_holder overwrites the waiter's info entry: no HDEL needed.
+  redis.call('ZREM', K_QUEUE, head)
+  redis.call('ZREM', K_ALIVE, head)
+  local fence = add_holder(head, deadline)
+  if process_of(head) == SELF then
+    LOCAL_GRANTS[#LOCAL_GRANTS + 1] = head
+    LOCAL_GRANTS[#LOCAL_GRANTS + 1] = fence
+  else
+    wake(head, fence)
+  end
+end
+
 -- grant hands free capacity to the queue head(s) in ticket order and wakes
 -- their processes. The head is never overtaken: when it does not fit, nobody
--- behind it is granted (FIFO for weighted requests). A granted waiter's first
--- lease ends at its heartbeat deadline, so a waiter that died just before its
--- grant blocks nobody past that deadline; a live one's watchdog extends it.
+-- behind it is granted (FIFO for weighted requests).
 -- Every weight is at least 1, so a full semaphore grants nothing and costs no
 -- call: the common case under contention. A dead head (heartbeat lapsed, or
 -- missing: evicted or edited by hand) makes it purge every dead waiter.
@@ -277,16 +316,7 @@ local function grant(limit, held)
       drop_waiter(head)
       wake(head, '!')
     elseif held + w <= limit then
-      -- add_holder overwrites the waiter's info entry: no HDEL needed.
-      redis.call('ZREM', K_QUEUE, head)
-      redis.call('ZREM', K_ALIVE, head)
-      local fence = add_holder(head, deadline)
-      if process_of(head) == SELF then
-        LOCAL_GRANTS[#LOCAL_GRANTS + 1] = head
-        LOCAL_GRANTS[#LOCAL_GRANTS + 1] = fence
-      else
-        wake(head, fence)
-      end
+      grant_head(head, deadline)
       held = held + w
     else
       return held, false
@@ -295,20 +325,17 @@ local function grant(limit, held)
   return held, false
 end
 
--- The short calls below run before begin (see handoff): they take their
--- keys as arguments and read what they need themselves.
-
 -- queue_tokens queues tokens (fresh ones, never sent before) at the
 -- queue's tail, in order, each as acquire.lua would queue it, with a
--- heartbeat deadline heartbeat ms after ms (Redis time); it returns their
--- tickets, -1 for one heavier than limit (never grantable, not queued).
-local function queue_tokens(keys, tokens, heartbeat, limit, ms)
+-- heartbeat deadline heartbeat ms from now; it returns their tickets, -1
+-- for one heavier than limit (never grantable, not queued).
+local function queue_tokens(tokens, heartbeat, limit)
   local tickets = {}
   local n = #tokens
   if n == 0 then return tickets end
-  local hb = int(ms + tonumber(heartbeat))
-  local at = int(ms)
-  local first = redis.call('INCRBY', keys[7], n) - n
+  read_clock()
+  local hb = int(now + tonumber(heartbeat))
+  local first = redis.call('INCRBY', K_TICKET, n) - n
   local q, a, i = {}, {}, {}
   for k = 1, n do
     local t = tokens[k]
@@ -319,119 +346,87 @@ local function queue_tokens(keys, tokens, heartbeat, limit, ms)
       tickets[k] = first
       q[#q + 1] = int(first); q[#q + 1] = t
       a[#a + 1] = hb; a[#a + 1] = t
-      i[#i + 1] = t; i[#i + 1] = at
+      i[#i + 1] = t; i[#i + 1] = now_s
     end
   end
   if #q > 0 then
-    redis.call('ZADD', keys[3], unpack(q))
-    redis.call('ZADD', keys[4], unpack(a))
-    redis.call('HSET', keys[5], unpack(i))
+    redis.call('ZADD', K_QUEUE, unpack(q))
+    redis.call('ZADD', K_ALIVE, unpack(a))
+    redis.call('HSET', K_INFO, unpack(i))
   end
   return tickets
 end
 
--- current_record reads the limit and the held record, as load_held would
--- trust it (the fence counter and the number of holders are the ones it
--- names), and returns the limit, the record's count and weight; nothing
--- if there is no limit or no such record.
-local function current_record(keys)
-  local got = redis.call('MGET', keys[1], keys[6], keys[8])
-  local limit = tonumber(got[1])
-  if not limit or not got[3] then return nil end
-  local f, n, w = string.match(got[3], '^(%d+):(%d+):(%d+)$')
-  if not f or f ~= (got[2] or '0') or tonumber(n) ~= redis.call('ZCARD', keys[2]) then return nil end
-  return limit, n, tonumber(w)
-end
+-- The short steps below run between bind and begin, where a script has
+-- one. They read only what they need (read_held: one MGET and a ZCARD),
+-- and what they read begin does not read again.
 
-local function clock_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- queue_short is acquire's first step, before begin: a first call that
--- asks to wait (ARGV[8] == "1", ARGV[9] ~= "1") while the held weight
--- fills the limit cannot be granted now, whoever else waits, so it only
--- takes the next place at the tail: no purge, no grant (an expired
--- holder's permit is purged by the next full call; every watchdog refresh
--- is one, so S3's bound holds). Returns acquire's reply, or nil.
-local function queue_short(keys, argv)
+-- queue_short is acquire's short step: a first call that asks to wait
+-- (ARGV[8] == "1", ARGV[9] ~= "1") while the held weight fills the limit
+-- cannot be granted now, whoever else waits, so it only takes the next
+-- place at the tail: no purge, no grant (an expired holder's permit is
+-- purged by the next whole script; every watchdog refresh is one, so S3's
+-- bound holds). The record is trusted only as begin trusts it. Returns
+-- acquire's reply, or nil.
+local function queue_short(argv)
   if argv[8] ~= '1' or argv[9] == '1' then return nil end
-  local limit, _, w = current_record(keys)
-  if not limit or w < limit or weight_of(argv[5]) > limit then return nil end
-  local ticket = queue_tokens(keys, {argv[5]}, argv[7], limit, clock_ms())[1]
-  return {0, ticket, limit}
+  read_held()
+  local limit = tonumber(found_limit)
+  if not limit or not held_weight or held_weight < limit or weight_of(argv[5]) > limit then return nil end
+  return {0, queue_tokens({argv[5]}, argv[7], limit)[1], limit}
 end
 
--- handoff is release's first step, before begin: the common hand-off
--- under contention, in about half the work of the whole release. When the
--- caller vouches for its permit (ARGV[8] == "1": its lease has a safe
--- margin, so Redis cannot have let it lapse or marked it lost), the held
--- record is current (current_record) and within the limit, and the queue's
--- head is alive and weighs what the permit does, the permit goes to the
--- head as grant would give it: a new fence, a first lease ending at the
--- head's heartbeat deadline, and a wake-up (or, for the caller's own head,
--- a local grant in the reply). The swap changes neither the number of
--- holders nor their weight, so the record stays true with the new fence.
--- What it skips: the purge (a swap needs no free capacity; an expired
--- holder is purged by the next full call, and every watchdog refresh is
--- one, within S3's bound), reading the holders, and the grant loop. A
--- limit lowered below the held weight takes no hand-off, as it takes no
--- grant.
+-- handoff is release's short step: the common hand-off under contention,
+-- in about half the work of the whole release. When the caller vouches for
+-- its permit (ARGV[8] == "1": its lease has a safe margin, so Redis cannot
+-- have let it lapse or marked it lost), the held record is current and
+-- within the limit, and the queue's head is alive and weighs what the
+-- permit does, the permit goes to the head as grant gives it (grant_head).
+-- The swap changes neither the number of holders nor their weight; finish
+-- records the new fence. What it skips: the purge (a swap needs no free
+-- capacity; an expired holder is purged by the next whole script, and
+-- every watchdog refresh is one, within S3's bound), summing the holders,
+-- and the grant loop. A limit lowered below the held weight takes no
+-- hand-off, as it takes no grant.
 -- The waiters a release carries (ARGV[9..]) are queued here too when the
 -- held weight fills the limit, so that none of them could be granted now;
 -- otherwise the whole release queues them, having released nothing more
 -- (release.lua). A call that releases nothing and only carries waiters
 -- (token "") is queue_short's case for several waiters.
 -- handed is release's reply if the permit was passed on or the carried
--- waiters queued (without their tickets when the whole release is to
--- queue them); handoff returns whether that reply is complete.
-local function handoff(keys, argv)
-  handed = nil
+-- waiters queued (without their tickets and grants when the whole release
+-- is to queue them); handoff returns whether that reply is complete.
+local function handoff(argv)
   local tok = argv[5]
   local carried = {unpack(argv, 9)}
   if argv[8] ~= '1' and not (tok == '' and #carried > 0) then return false end
-  local limit, n, w = current_record(keys)
-  if not limit then return false end
-  if tok == '' then
-    -- A call that only carries waiters (enqueue.go): while the held weight
-    -- fills the limit none of them could be granted now.
-    if w < limit then return false end
-    local tickets = queue_tokens(keys, carried, argv[7], limit, clock_ms())
-    handed = {0, limit, #tickets}
-    for k = 1, #tickets do handed[3 + k] = tickets[k] end
-    return true
+  read_held()
+  local limit = tonumber(found_limit)
+  if not limit or not held_weight then return false end
+  if tok ~= '' then
+    if held_weight > limit then return false end
+    local head = redis.call('ZRANGE', K_QUEUE, '0', '0')[1]
+    if not head or weight_of(head) ~= weight_of(tok) then return false end
+    read_clock()
+    -- A dead head is for the whole release to purge.
+    local deadline = tonumber(redis.call('ZSCORE', K_ALIVE, head))
+    if not deadline or deadline <= now then return false end
+    if redis.call('ZREM', K_HOLDERS, tok) == 0 then return false end
+    holder_removed(tok)
+    redis.call('HDEL', K_INFO, tok)
+    grant_head(head, deadline)
+    handed = {3, limit, 0}
+  elseif held_weight >= limit then
+    handed = {0, limit, 0}
+  else
+    return false
   end
-  if w > limit then return false end
-  local head = redis.call('ZRANGE', keys[3], '0', '0')[1]
-  if not head or weight_of(head) ~= weight_of(tok) then return false end
-  local ms = clock_ms()
-  -- A dead head is for the whole release to purge.
-  local deadline = redis.call('ZSCORE', keys[4], head)
-  if not deadline or tonumber(deadline) <= ms then return false end
-  if redis.call('ZREM', keys[2], tok) == 0 then return false end
-  redis.call('HDEL', keys[5], tok)
-  redis.call('ZREM', keys[3], head)
-  redis.call('ZREM', keys[4], head)
-  local fence = int(redis.call('INCR', keys[6]))
-  redis.call('ZADD', keys[2], deadline, head)
-  redis.call('HSET', keys[5], head, fence .. ':' .. int(ms))
-  redis.call('SET', keys[8], fence .. ':' .. n .. ':' .. int(w))
-  handed = {3, limit, 0}
-  -- The carried waiters could not be granted now either if the held
-  -- weight fills the limit; otherwise the whole release queues them.
-  local complete = #carried == 0 or w >= limit
-  if #carried > 0 and complete then
-    local tickets = queue_tokens(keys, carried, argv[7], limit, ms)
+  if #carried > 0 then
+    if held_weight < limit then return false end
+    local tickets = queue_tokens(carried, argv[7], limit)
     handed[3] = #tickets
     for k = 1, #tickets do handed[3 + k] = tickets[k] end
   end
-  if process_of(head) == argv[4] then
-    handed[#handed + 1], handed[#handed + 2] = head, tonumber(fence)
-  else
-    local key = argv[1] .. process_of(head)
-    if redis.call('RPUSH', key, head .. ' ' .. fence) == 1 then
-      redis.call('PEXPIRE', key, argv[3])
-    end
-  end
-  return complete
+  for _, v in ipairs(LOCAL_GRANTS) do handed[#handed + 1] = v end
+  return true
 end

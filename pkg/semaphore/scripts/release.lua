@@ -5,7 +5,7 @@
 --           kept for it to release (see purge_holders); absent: not kept
 --   ARGV[7] heartbeat timeout (ms) of the waiters in ARGV[9..]
 --   ARGV[8] "1" if the caller vouches that the token's lease has a safe
---           margin, so that handoff (lib.lua, run before this script) may
+--           margin, so that handoff (lib.lua, this script's short step) may
 --           pass it straight to the queue's head
 --   ARGV[9..] new waiters of the calling process to queue, in order: their
 --           acquire calls, carried by this one (see enqueue.go). Each is a
@@ -30,15 +30,13 @@ local held = purge_holders(owner, keep_ms)
 -- The carried waiters join the queue's tail first, each as acquire.lua
 -- would queue it, so that the capacity this call frees reaches them too
 -- if nobody is ahead of them.
-local tickets = queue_tokens(KEYS, {unpack(ARGV, 9)}, ARGV[7], limit, now)
+local tickets = queue_tokens({unpack(ARGV, 9)}, ARGV[7], limit)
 local n = #tickets
 local was = 0
 if handed then
-  -- handoff passed the permit on before this call began (lib.lua).
+  -- handoff passed the permit on before this call began (lib.lua); a
+  -- grant to our own head is in LOCAL_GRANTS already.
   was = 3
-  if handed[4] then
-    LOCAL_GRANTS[1], LOCAL_GRANTS[2] = handed[4], handed[5]
-  end
 elseif redis.call('ZREM', K_HOLDERS, tok) == 1 then
   was = 1
   if is_lost(redis.call('HGET', K_INFO, tok)) then was = 0 end
