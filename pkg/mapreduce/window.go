@@ -108,6 +108,7 @@ type feeder struct {
 	nonce   string
 	o       JobOptions
 	pending string // asynq's list of the queue's pending tasks
+	active  string // and of its running ones
 	step    string // this task's ID past "<run>:<nonce>:", or "" if unknown
 	token   string // this attempt's, stored with each of its feeds
 	started time.Time
@@ -482,7 +483,7 @@ func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending, act
 		if err := f.c.batch(f.k.job).doScript(ctx, scriptFeed, func(p redis.Pipeliner) *redis.Cmd {
 			res = scriptFeed.EvalSha(ctx, p, []string{f.k.run, f.k.recorded}, args...)
 			n = p.LLen(ctx, f.pending)
-			a = p.LLen(ctx, activeKey(f.o.Queue))
+			a = p.LLen(ctx, f.active)
 			return res
 		}); err != nil {
 			return err
