@@ -13,9 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// dispatchBlock is how long one BLPOP waits. Grants end it at once and Close
-// pushes a message to end it; the timeout only bounds how long a dispatcher
-// can miss a stop when Redis could not take Close's message.
+// dispatchBlock is how long one pop of the wake list waits. Grants end it
+// at once and Close pushes a message to end it; the timeout only bounds how
+// long a dispatcher can miss a stop when Redis could not take Close's
+// message.
 const dispatchBlock = 5 * time.Second
 
 // dispatch is the one goroutine per Semaphore that waits on this process's
@@ -25,7 +26,7 @@ const dispatchBlock = 5 * time.Second
 // On a *redis.Client that connection is one of the dispatcher's own
 // (Client.Conn), so that a dropped connection — Redis killed, restarted,
 // cut off — is an error the dispatcher sees: on a pooled connection go-redis
-// would redial and send the BLPOP again unseen, and a Redis that restarted
+// would redial and send the pop again unseen, and a Redis that restarted
 // empty, without this process's waiters, would go unnoticed until the next
 // refresh. Seeing it, the dispatcher tells the watchdog, which refreshes as
 // soon as Redis answers (see noteCall). Other clients (Cluster, Ring) block
@@ -40,22 +41,21 @@ func (s *Semaphore) dispatch() {
 		}
 	}()
 	var bo backoff.Backoff
+	blpopOnly := false
 	for {
 		select {
 		case <-s.stop:
 			return
 		default:
 		}
-		var res []string
-		var err error
+		var cmd redis.Cmdable = s.rdb
 		if c, ok := s.rdb.(*redis.Client); ok {
 			if conn == nil {
 				conn = ownConn(c)
 			}
-			res, err = conn.BLPop(context.Background(), dispatchBlock, s.wakeKey).Result()
-		} else {
-			res, err = s.rdb.BLPop(context.Background(), dispatchBlock, s.wakeKey).Result()
+			cmd = conn
 		}
+		msgs, err := s.popWakeups(cmd, &blpopOnly)
 		if err != nil && !errors.Is(err, redis.Nil) && conn != nil {
 			_ = conn.Close() // a connection that failed is not used again
 			conn = nil
@@ -85,22 +85,57 @@ func (s *Semaphore) dispatch() {
 		if err != nil {
 			continue // redis.Nil: the block timed out
 		}
-		token, value, ok := strings.Cut(res[1], " ")
-		if !ok {
-			continue // Close's wake-up: the loop head sees stop.
+		delivered := false
+		for _, msg := range msgs {
+			token, value, ok := strings.Cut(msg, " ")
+			if !ok {
+				continue // Close's wake-up: the loop head sees stop.
+			}
+			if value == "!" {
+				s.reject(token)
+				continue
+			}
+			fence, err := strconv.ParseInt(value, 10, 64)
+			if err != nil {
+				s.log.Warn("semaphore: malformed wake-up ignored", "message", msg)
+				continue
+			}
+			s.deliver(token, fence, time.Time{})
+			delivered = true
 		}
-		if value == "!" {
-			s.reject(token)
-			continue
+		if delivered {
+			runtime.Gosched() // the new holders run before our next pop is sent
 		}
-		fence, err := strconv.ParseInt(value, 10, 64)
-		if err != nil {
-			s.log.Warn("semaphore: malformed wake-up ignored", "message", res[1])
-			continue
-		}
-		s.deliver(token, fence, time.Time{})
-		runtime.Gosched() // the new holder runs before our next BLPOP is sent
 	}
+}
+
+// wakeBatch is how many wake-ups one pop takes at most. Grants to one
+// process come in bursts when many permits turn over at once (a raised
+// limit, short holds on a large limit); one BLPOP each made the last of a
+// burst wait a round trip per grant ahead of it, and cost Redis a command
+// per grant.
+const wakeBatch = 64
+
+// popWakeups waits for the next wake-ups on this process's list and takes
+// all that are there, up to wakeBatch, with BLMPOP (Redis 7). Where the
+// server has no BLMPOP (Redis 6: unknown command) or the ACL forbids it
+// (NOPERM), it pops one at a time with BLPOP, for good: *blpopOnly
+// remembers. redis.Nil means the block timed out.
+func (s *Semaphore) popWakeups(cmd redis.Cmdable, blpopOnly *bool) ([]string, error) {
+	ctx := context.Background()
+	if !*blpopOnly {
+		_, msgs, err := cmd.BLMPop(ctx, dispatchBlock, "left", wakeBatch, s.wakeKey).Result()
+		if !isUnknownCommand(err) && !isNoPermission(err) {
+			return msgs, err
+		}
+		*blpopOnly = true
+		s.log.Info("semaphore: BLMPOP is unavailable (Redis < 7, or the ACL forbids it); waiting for wake-ups with BLPOP, one per round trip", "error", err)
+	}
+	res, err := cmd.BLPop(ctx, dispatchBlock, s.wakeKey).Result()
+	if err != nil {
+		return nil, err
+	}
+	return res[1:], nil
 }
 
 // ownConn takes a dedicated connection from c for the dispatcher, with the

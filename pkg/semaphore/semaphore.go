@@ -318,7 +318,7 @@ func (s *Semaphore) Close() error {
 		results = append(results, s.giveBack(ctx, tok, false))
 	}
 	if dispatching {
-		// Wake the dispatcher's BLPOP so it sees stop now, not at its
+		// Wake the dispatcher's blocking pop so it sees stop now, not at its
 		// timeout; with a TTL, in case the dispatcher is gone already.
 		s.spawn(func() {
 			ctx, cancel := context.WithTimeout(ctx, releaseTimeout)

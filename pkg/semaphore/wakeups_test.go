@@ -1,0 +1,144 @@
+package semaphore_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+// Grants pushed to a process's wake list together are taken by one pop,
+// not one round trip each: a raised limit grants three waiters of another
+// process in one script, and that process's dispatcher takes all three
+// with the BLMPOP it was blocked in. (A private server: its commandstats
+// count the dispatchers' pops, which no client hook sees.)
+func TestOnePopTakesEveryWakeUpWaiting(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testenv.PrivateRedis(t)
+	a := newSem(t, rdb, "pop", semaphore.Options{Limit: 1})
+	b := newSem(t, rdb, "pop", semaphore.Options{Limit: 1})
+	p := mustAcquire(t, a)
+	var got []<-chan *semaphore.Permit
+	for i := 1; i <= 3; i++ {
+		got = append(got, acquireQueued(t, b, a, i))
+	}
+	// A blocked pop is counted when it is served, so this counts neither
+	// dispatcher's pop in progress.
+	before := commandCalls(t, rdb, "blmpop")
+
+	if err := a.SetLimit(context.Background(), 4); err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range got {
+		q := receiveGrant(t, ch, 10*time.Second, "a waiter granted by the raised limit")
+		if q == nil {
+			t.Fatalf("waiter %d was not granted", i+1)
+		}
+		defer q.Release(context.Background())
+	}
+	// Had the dispatcher taken one grant per pop, the last two pops would
+	// be served at once; give them the time to show.
+	time.Sleep(200 * time.Millisecond)
+	if n := commandCalls(t, rdb, "blmpop") - before; n != 1 {
+		t.Errorf("%d BLMPOP calls served for three grants pushed at once, want 1", n)
+	}
+	if n := commandCalls(t, rdb, "blpop"); n != 0 {
+		t.Errorf("%d BLPOP calls on a server with BLMPOP", n)
+	}
+	if err := p.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Where the server has no BLMPOP (Redis 6 answers "unknown command") or the
+// ACL forbids it (NOPERM), the dispatcher waits with BLPOP instead, after
+// one refused BLMPOP, and hand-offs between processes work as before.
+func TestWakeUpsArriveByBLPOPWhereBLMPOPIsMissingOrForbidden(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		args []string // the private server's
+		acl  bool     // both handles connect as a user denied BLMPOP
+	}{
+		{"renamed away, as on Redis 6", []string{"--rename-command", "BLMPOP", ""}, false},
+		{"forbidden by the ACL", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := testenv.PrivateRedisServer(t, tc.args...)
+			client := srv.Client
+			if tc.acl {
+				ctx := context.Background()
+				if err := srv.Client.Do(ctx, "ACL", "SETUSER", "noblmpop", "on", ">pw", "~*", "&*", "+@all", "-blmpop").Err(); err != nil {
+					t.Fatal(err)
+				}
+				opt, _ := redis.ParseURL(srv.URL)
+				opt.Username, opt.Password = "noblmpop", "pw"
+				client = redis.NewClient(opt)
+				t.Cleanup(func() { _ = client.Close() })
+			}
+			a := newSem(t, client, "wake", semaphore.Options{Limit: 1})
+			b := newSem(t, client, "wake", semaphore.Options{Limit: 1})
+			ctx := context.Background()
+			for round := 1; round <= 2; round++ {
+				p := mustAcquire(t, a)
+				got := acquireQueued(t, b, a, 1)
+				if err := p.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				q := receiveGrant(t, got, 10*time.Second, "the other process's waiter, woken by BLPOP")
+				if q == nil {
+					t.Fatalf("round %d: no grant", round)
+				}
+				if err := q.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := commandCalls(t, srv.Client, "blpop"); n < 2 {
+				t.Errorf("%d BLPOP calls served for two wake-ups, want at least 2", n)
+			}
+			if n := commandCalls(t, srv.Client, "blmpop"); n != 0 {
+				t.Errorf("%d BLMPOP calls served, want none", n)
+			}
+			if tc.acl {
+				if n := commandStat(t, srv.Client, "blmpop", "rejected_calls"); n != 2 {
+					t.Errorf("%d BLMPOP calls refused, want 2: one per handle, which then stops asking", n)
+				}
+			}
+		})
+	}
+}
+
+// commandCalls is the number of calls of cmd the server has run.
+func commandCalls(t *testing.T, rdb *redis.Client, cmd string) int {
+	t.Helper()
+	return commandStat(t, rdb, cmd, "calls")
+}
+
+// commandStat reads one field of cmd's line in INFO commandstats (0 if
+// the server has not seen cmd).
+func commandStat(t *testing.T, rdb *redis.Client, cmd, field string) int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			if k, v, _ := strings.Cut(kv, "="); k == field {
+				n, _ := strconv.Atoi(v)
+				return n
+			}
+		}
+	}
+	return 0
+}
