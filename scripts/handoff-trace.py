@@ -69,6 +69,15 @@ def main():
     for t0, kind, r, what in events:
         if kind != 'mark' or what != 'release':
             continue
+        # A release that gives its permit back on a goroutine of its own
+        # (batchmr's Permit.Release): follow that goroutine.
+        i0 = bisect.bisect_left(times, t0)
+        for t, k, g, d in events[i0:i0 + 200]:
+            if k == 'state' and g == r and d[0] == r and (d[1], d[2]) == ('Running', 'Waiting'):
+                break
+            if k == 'state' and g == r and (d[1], d[2]) == ('NotExist', 'Runnable'):
+                r = d[0]
+                break
         park = wake = run = None
         for t, _, _, (_, a, b) in own[r][bisect.bisect_left(own_times[r], t0):][:40]:
             if park is None and (a, b) == ('Running', 'Waiting'):
