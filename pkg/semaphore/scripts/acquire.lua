@@ -17,7 +17,7 @@
 --   { 3, 0,      limit}  a retry of a token Redis does not know: ask again
 --                        under a new token
 local tok = ARGV[5]
-local lease, heartbeat = tonumber(ARGV[6]), tonumber(ARGV[7])
+local lease, heartbeat = to_number(ARGV[6]), to_number(ARGV[7])
 -- A first call's token is unknown to Redis (fresh, or carried by a release
 -- that Redis refused before it ran: enqueue.go): only a retry can find its
 -- token already holding or queued.
@@ -35,33 +35,34 @@ local w = weight_of(tok)
 -- wake-up for that place may still sit in the process's wake list; a new
 -- place under the same token would make it look like this place's grant.
 -- The caller asks again under a new token instead. (One token, one place.)
-if retry and not redis.call('HGET', K_INFO, tok) then
+if retry and not rcall('HGET', K_INFO, tok) then
   return {3, 0, limit}
 end
 
 if queue_empty and held + w <= limit then
   -- The fast path: one ZADD NX both grants and detects a retry.
-  if redis.call('ZADD', K_HOLDERS, 'NX', int(now + lease), tok) == 1 then
-    local fence = redis.call('INCR', K_FENCE)
-    holder_added(tok, fence)
-    redis.call('HSET', K_INFO, tok, int(fence) .. ':' .. now_s)
+  if rcall('ZADD', K_HOLDERS, 'NX', int(now + lease), tok) == 1 then
+    local fence = rcall('INCR', K_FENCE)
+    local fence_s = int(fence)
+    holder_added(tok, fence_s)
+    rcall('HSET', K_INFO, tok, fence_s .. ':' .. now_s)
     return {1, fence, limit}
   end
-  redis.call('ZADD', K_HOLDERS, int(now + lease), tok)
+  rcall('ZADD', K_HOLDERS, int(now + lease), tok)
   return {1, fence_of(tok), limit}
 end
 
 -- A retry of a call that ran: already holding, or already queued. (A
 -- retry's token has an info entry, or it returned above.)
 if retry then
-  if redis.call('ZSCORE', K_HOLDERS, tok) then
-    redis.call('ZADD', K_HOLDERS, int(now + lease), tok)
+  if rcall('ZSCORE', K_HOLDERS, tok) then
+    rcall('ZADD', K_HOLDERS, int(now + lease), tok)
     return {1, fence_of(tok), limit}
   end
-  local ticket = redis.call('ZSCORE', K_QUEUE, tok)
+  local ticket = rcall('ZSCORE', K_QUEUE, tok)
   if ticket then
-    redis.call('ZADD', K_ALIVE, int(now + heartbeat), tok)
-    return {0, tonumber(ticket), limit}
+    rcall('ZADD', K_ALIVE, int(now + heartbeat), tok)
+    return {0, to_number(ticket), limit}
   end
 end
 
@@ -71,8 +72,8 @@ end
 if ARGV[8] ~= '1' then
   return {2, 0, limit}
 end
-local ticket = redis.call('INCR', K_TICKET)
-redis.call('ZADD', K_QUEUE, int(ticket), tok)
-redis.call('ZADD', K_ALIVE, int(now + heartbeat), tok)
-redis.call('HSET', K_INFO, tok, now_s)
+local ticket = rcall('INCR', K_TICKET)
+rcall('ZADD', K_QUEUE, int(ticket), tok)
+rcall('ZADD', K_ALIVE, int(now + heartbeat), tok)
+rcall('HSET', K_INFO, tok, now_s)
 return {0, ticket, limit}

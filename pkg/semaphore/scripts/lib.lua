@@ -26,11 +26,19 @@
 -- A token is "<processID>:<sequence>:<weight>": the weight and the owning
 -- process travel inside it, so granting needs no extra lookup.
 
+-- Redis's Lua built-ins, looked up once. Each lookup of a global costs
+-- Redis about as much as the string operation it fetches (a function
+-- library's globals are guarded), and a function library cannot reach them
+-- while it loads, only when its functions run: bind fills these on the
+-- first call. (The library's Lua state persists between calls; an EVALSHA
+-- script fills them on each.)
+local rcall, s_byte, s_format, s_match, to_number, m_floor
+
 -- The state of one call, set by bind, read_clock and read_held. In a
 -- function library these outlive the call, so bind must reset every one of
 -- them.
 local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE, K_INFO, K_FENCE, K_TICKET, K_HELD
-local WAKE_PREFIX, DEFAULT_LIMIT, WAKE_TTL, SELF
+local WAKE_PREFIX, DEFAULT_LIMIT, WAKE_TTL, SELF -- DEFAULT_LIMIT: a string
 local LOCAL_GRANTS -- token, fence, token, fence, ...
 local now -- Redis server time (ms), once read_clock has read it
 local now_s -- the same, as a string: see int
@@ -38,8 +46,9 @@ local waiters_purged -- purge_waiters ran in this call
 -- The holders as read_held (and begin) found them and as this call changed
 -- them: their number, total weight, and the fence counter ("0" if absent),
 -- a string. held_changed: this call added or removed a holder, so finish
--- records them.
-local held_count, held_weight, held_fence, held_changed
+-- records them. held_tail: "count:weight" as the trusted record wrote them,
+-- while they still hold (finish writes it back instead of formatting both).
+local held_count, held_weight, held_fence, held_changed, held_tail
 -- The limit, fence counter and record as the call found them (false if
 -- absent), read together by read_held: one call instead of three.
 local found_limit, found_fence, found_record
@@ -52,22 +61,23 @@ local handed
 -- argument with printf's "%.17g", which costs more than the command it is
 -- passed to.
 local function int(n)
-  return string.format('%d', n)
+  return s_format('%d', n)
 end
 
 -- bind names the call's keys and arguments and resets its state. It makes
 -- no Redis call: every script runs it first, then its short step if it has
 -- one (handoff, queue_short), then begin.
 local function bind(keys, argv)
+  if not rcall then
+    rcall, s_byte, s_format, s_match = redis.call, string.byte, string.format, string.match
+    to_number, m_floor = tonumber, math.floor
+  end
   K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE = keys[1], keys[2], keys[3], keys[4]
   K_INFO, K_FENCE, K_TICKET, K_HELD = keys[5], keys[6], keys[7], keys[8]
-  WAKE_PREFIX = argv[1]
-  DEFAULT_LIMIT = tonumber(argv[2])
-  WAKE_TTL = argv[3]
-  SELF = argv[4]
+  WAKE_PREFIX, DEFAULT_LIMIT, WAKE_TTL, SELF = argv[1], argv[2], argv[3], argv[4]
   LOCAL_GRANTS = {}
   waiters_purged = false
-  held_count, held_weight, held_fence, held_changed = nil, nil, nil, false
+  held_count, held_weight, held_fence, held_changed, held_tail = nil, nil, nil, false, nil
   found_limit, found_fence, found_record = nil, nil, nil
   now, now_s, handed = nil, nil, false
 end
@@ -77,37 +87,39 @@ end
 -- scripts replicate effects, so reading TIME before writing is allowed.
 local function read_clock()
   if now then return end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local t = rcall('TIME')
+  now = to_number(t[1]) * 1000 + m_floor(to_number(t[2]) / 1000)
   now_s = int(now)
 end
 
 local function weight_of(tok)
   -- Most tokens end in ":1": skip the pattern match for them.
-  if string.byte(tok, -1) == 49 and string.byte(tok, -2) == 58 then return 1 end
-  return tonumber(string.match(tok, ':(%d+)$'))
+  local colon, one = s_byte(tok, -2, -1)
+  if colon == 58 and one == 49 then return 1 end
+  return to_number(s_match(tok, ':(%d+)$'))
 end
 
 local function process_of(tok)
-  return string.match(tok, '^([^:]+):')
+  return s_match(tok, '^([^:]+):')
 end
 
 local function fence_of(tok)
-  local info = redis.call('HGET', K_INFO, tok)
+  local info = rcall('HGET', K_INFO, tok)
   if not info then return 0 end
-  return tonumber(string.match(info, '^(%d+):')) or 0
+  return to_number(s_match(info, '^(%d+):')) or 0
 end
 
 -- get_limit returns the limit, writing the client's configured one if Redis
 -- has none. (Read by read_held: call it before anything sets the limit.)
 local function get_limit()
-  if found_limit then return tonumber(found_limit) end
+  if found_limit then return to_number(found_limit) end
   -- MGET reads a key of another type as absent; GET fails on it with
   -- WRONGTYPE, as it must: that is someone else's data, not ours to replace.
-  local l = redis.call('GET', K_LIMIT)
-  if l then return tonumber(l) end
-  redis.call('SET', K_LIMIT, int(DEFAULT_LIMIT))
-  return DEFAULT_LIMIT
+  local l = rcall('GET', K_LIMIT)
+  if l then return to_number(l) end
+  local limit = to_number(DEFAULT_LIMIT)
+  rcall('SET', K_LIMIT, int(limit))
+  return limit
 end
 
 -- wake tells the owning process about a token: "<token> <fence>" for a grant,
@@ -117,28 +129,28 @@ local function wake(tok, msg)
   if type(msg) == 'number' then msg = int(msg) end
   -- The TTL is set when a push creates the list: a live process drains its
   -- list at once, so only a dead (or cut-off) process's list outlives it.
-  if redis.call('RPUSH', key, tok .. ' ' .. msg) == 1 then
-    redis.call('PEXPIRE', key, WAKE_TTL)
+  if rcall('RPUSH', key, tok .. ' ' .. msg) == 1 then
+    rcall('PEXPIRE', key, WAKE_TTL)
   end
 end
 
 -- reject_heavy fails every queued request heavier than limit, wherever it
 -- stands in the queue: it could never be granted.
 local function reject_heavy(limit)
-  for _, tok in ipairs(redis.call('ZRANGE', K_QUEUE, '0', '-1')) do
+  for _, tok in ipairs(rcall('ZRANGE', K_QUEUE, '0', '-1')) do
     if weight_of(tok) > limit then
-      redis.call('ZREM', K_QUEUE, tok)
-      redis.call('ZREM', K_ALIVE, tok)
-      redis.call('HDEL', K_INFO, tok)
+      rcall('ZREM', K_QUEUE, tok)
+      rcall('ZREM', K_ALIVE, tok)
+      rcall('HDEL', K_INFO, tok)
       wake(tok, '!')
     end
   end
 end
 
 local function drop_waiter(tok)
-  redis.call('ZREM', K_QUEUE, tok)
-  redis.call('ZREM', K_ALIVE, tok)
-  redis.call('HDEL', K_INFO, tok)
+  rcall('ZREM', K_QUEUE, tok)
+  rcall('ZREM', K_ALIVE, tok)
+  rcall('HDEL', K_INFO, tok)
 end
 
 -- purge_waiters removes waiters whose heartbeat stopped: a crashed process
@@ -148,7 +160,7 @@ end
 local function purge_waiters()
   if waiters_purged then return end
   waiters_purged = true
-  for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_ALIVE, '-inf', now_s)) do
+  for _, tok in ipairs(rcall('ZRANGEBYSCORE', K_ALIVE, '-inf', now_s)) do
     drop_waiter(tok)
   end
 end
@@ -169,15 +181,15 @@ end
 -- sums it. Call it before the call changes anything.
 local function read_held()
   if held_count then return end
-  local got = redis.call('MGET', K_LIMIT, K_FENCE, K_HELD)
+  local got = rcall('MGET', K_LIMIT, K_FENCE, K_HELD)
   found_limit, found_fence, found_record = got[1], got[2], got[3]
-  held_count = redis.call('ZCARD', K_HOLDERS)
+  held_count = rcall('ZCARD', K_HOLDERS)
   held_fence = found_fence or '0'
   local rec = found_record
   if rec then
-    local f, n, w = string.match(rec, '^(%d+):(%d+):(%d+)$')
-    if f == held_fence and tonumber(n) == held_count then
-      held_weight = tonumber(w)
+    local f, tail, n, w = s_match(rec, '^(%d+):((%d+):(%d+))$')
+    if f == held_fence and to_number(n) == held_count then
+      held_weight, held_tail = to_number(w), tail
     end
   end
 end
@@ -190,24 +202,24 @@ local function begin()
   read_held()
   if held_weight then return end
   held_weight = 0
-  for _, tok in ipairs(redis.call('ZRANGE', K_HOLDERS, '0', '-1')) do
+  for _, tok in ipairs(rcall('ZRANGE', K_HOLDERS, '0', '-1')) do
     held_weight = held_weight + weight_of(tok)
   end
 end
 
 -- holder_added and holder_removed keep read_held's view current; every
 -- change to K_HOLDERS's members goes through one of them.
+-- holder_added's fence is the new fence counter, formatted (int).
 local function holder_added(tok, fence)
   held_count = held_count + 1
   held_weight = held_weight + weight_of(tok)
-  held_fence = int(fence)
-  held_changed = true
+  held_fence, held_changed, held_tail = fence, true, nil
 end
 
 local function holder_removed(tok)
   held_count = held_count - 1
   held_weight = held_weight - weight_of(tok)
-  held_changed = true
+  held_changed, held_tail = true, nil
 end
 
 -- finish records the holders for the next call's read_held, if this call
@@ -216,7 +228,7 @@ end
 -- maxmemory allows only those.)
 local function finish(reply)
   if held_changed then
-    redis.call('SET', K_HELD, held_fence .. ':' .. int(held_count) .. ':' .. int(held_weight))
+    rcall('SET', K_HELD, held_fence .. ':' .. (held_tail or (int(held_count) .. ':' .. int(held_weight))))
   end
   return reply
 end
@@ -244,47 +256,51 @@ end
 -- holder returns as it always did.
 local function purge_holders(owner, keep_ms)
   local marked = false
-  for _, tok in ipairs(redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', now_s)) do
-    local info = owner and process_of(tok) == owner and redis.call('HGET', K_INFO, tok)
+  for _, tok in ipairs(rcall('ZRANGEBYSCORE', K_HOLDERS, '-inf', now_s)) do
+    local info = owner and process_of(tok) == owner and rcall('HGET', K_INFO, tok)
     if info and not is_lost(info) then
       if not marked then
         -- Over maxmemory an EVALSHA script may write only after a
         -- removal; this one removes a member no token can be.
-        redis.call('ZREM', K_HOLDERS, '')
+        rcall('ZREM', K_HOLDERS, '')
         marked = true
       end
-      redis.call('ZADD', K_HOLDERS, 'XX', int(now + keep_ms), tok)
-      redis.call('HSET', K_INFO, tok, info .. LOST)
+      rcall('ZADD', K_HOLDERS, 'XX', int(now + keep_ms), tok)
+      rcall('HSET', K_INFO, tok, info .. LOST)
     else
-      if redis.call('ZREM', K_HOLDERS, tok) == 1 then
+      if rcall('ZREM', K_HOLDERS, tok) == 1 then
         holder_removed(tok)
       end
-      redis.call('HDEL', K_INFO, tok)
+      rcall('HDEL', K_INFO, tok)
     end
   end
   return held_weight
 end
 
+-- add_holder makes tok a holder until deadline, a string (as ZSCORE
+-- returns a waiter's heartbeat deadline), and returns its fence.
 local function add_holder(tok, deadline)
-  local fence = redis.call('INCR', K_FENCE)
-  if redis.call('ZADD', K_HOLDERS, int(deadline), tok) == 1 then
-    holder_added(tok, fence)
+  local fence = rcall('INCR', K_FENCE)
+  local fence_s = int(fence)
+  if rcall('ZADD', K_HOLDERS, deadline, tok) == 1 then
+    holder_added(tok, fence_s)
   else
-    held_fence = int(fence)
+    held_fence = fence_s
   end
-  redis.call('HSET', K_INFO, tok, int(fence) .. ':' .. now_s)
+  rcall('HSET', K_INFO, tok, fence_s .. ':' .. now_s)
   return fence
 end
 
--- grant_head makes the queue's head, alive until deadline, a holder, and
+-- grant_head makes the queue's head, alive until deadline (a string, as
+-- ZSCORE returned it), a holder, and
 -- tells its process (or collects the grant in LOCAL_GRANTS for the caller).
 -- A granted waiter's first lease ends at its heartbeat deadline, so a
 -- waiter that died just before its grant blocks nobody past that deadline;
 -- a live one's watchdog extends it.
 local function grant_head(head, deadline)
   -- add_holder overwrites the waiter's info entry: no HDEL needed.
-  redis.call('ZREM', K_QUEUE, head)
-  redis.call('ZREM', K_ALIVE, head)
+  rcall('ZREM', K_QUEUE, head)
+  rcall('ZREM', K_ALIVE, head)
   local fence = add_holder(head, deadline)
   if process_of(head) == SELF then
     LOCAL_GRANTS[#LOCAL_GRANTS + 1] = head
@@ -304,9 +320,10 @@ end
 -- known to be empty.
 local function grant(limit, held)
   while held < limit do
-    local head = redis.call('ZRANGE', K_QUEUE, '0', '0')[1]
+    local head = rcall('ZRANGE', K_QUEUE, '0', '0')[1]
     if not head then return held, true end
-    local deadline = tonumber(redis.call('ZSCORE', K_ALIVE, head))
+    local deadline_s = rcall('ZSCORE', K_ALIVE, head)
+    local deadline = to_number(deadline_s)
     local w = weight_of(head)
     if not deadline or deadline <= now then
       if not deadline then drop_waiter(head) end
@@ -316,7 +333,7 @@ local function grant(limit, held)
       drop_waiter(head)
       wake(head, '!')
     elseif held + w <= limit then
-      grant_head(head, deadline)
+      grant_head(head, deadline_s)
       held = held + w
     else
       return held, false
@@ -334,8 +351,8 @@ local function queue_tokens(tokens, heartbeat, limit)
   local n = #tokens
   if n == 0 then return tickets end
   read_clock()
-  local hb = int(now + tonumber(heartbeat))
-  local first = redis.call('INCRBY', K_TICKET, n) - n
+  local hb = int(now + to_number(heartbeat))
+  local first = rcall('INCRBY', K_TICKET, n) - n
   local q, a, i = {}, {}, {}
   for k = 1, n do
     local t = tokens[k]
@@ -350,9 +367,9 @@ local function queue_tokens(tokens, heartbeat, limit)
     end
   end
   if #q > 0 then
-    redis.call('ZADD', K_QUEUE, unpack(q))
-    redis.call('ZADD', K_ALIVE, unpack(a))
-    redis.call('HSET', K_INFO, unpack(i))
+    rcall('ZADD', K_QUEUE, unpack(q))
+    rcall('ZADD', K_ALIVE, unpack(a))
+    rcall('HSET', K_INFO, unpack(i))
   end
   return tickets
 end
@@ -371,7 +388,7 @@ end
 local function queue_short(argv)
   if argv[8] ~= '1' or argv[9] == '1' then return nil end
   read_held()
-  local limit = tonumber(found_limit)
+  local limit = to_number(found_limit)
   if not limit or not held_weight or held_weight < limit or weight_of(argv[5]) > limit then return nil end
   return {0, queue_tokens({argv[5]}, argv[7], limit)[1], limit}
 end
@@ -398,30 +415,33 @@ end
 -- is to queue them); handoff returns whether that reply is complete.
 local function handoff(argv)
   local tok = argv[5]
-  local carried = {unpack(argv, 9)}
-  if argv[8] ~= '1' and not (tok == '' and #carried > 0) then return false end
+  local carried = argv[9] and {unpack(argv, 9)}
+  if argv[8] ~= '1' and not (tok == '' and carried) then return false end
   read_held()
-  local limit = tonumber(found_limit)
+  local limit = to_number(found_limit)
   if not limit or not held_weight then return false end
   if tok ~= '' then
     if held_weight > limit then return false end
-    local head = redis.call('ZRANGE', K_QUEUE, '0', '0')[1]
+    local head = rcall('ZRANGE', K_QUEUE, '0', '0')[1]
     if not head or weight_of(head) ~= weight_of(tok) then return false end
     read_clock()
     -- A dead head is for the whole release to purge.
-    local deadline = tonumber(redis.call('ZSCORE', K_ALIVE, head))
-    if not deadline or deadline <= now then return false end
-    if redis.call('ZREM', K_HOLDERS, tok) == 0 then return false end
+    local deadline = rcall('ZSCORE', K_ALIVE, head)
+    if not deadline or to_number(deadline) <= now then return false end
+    if rcall('ZREM', K_HOLDERS, tok) == 0 then return false end
+    -- The swap leaves the holders' number and weight as the record says.
+    local tail = held_tail
     holder_removed(tok)
-    redis.call('HDEL', K_INFO, tok)
+    rcall('HDEL', K_INFO, tok)
     grant_head(head, deadline)
+    held_tail = tail
     handed = {3, limit, 0}
   elseif held_weight >= limit then
     handed = {0, limit, 0}
   else
     return false
   end
-  if #carried > 0 then
+  if carried then
     if held_weight < limit then return false end
     local tickets = queue_tokens(carried, argv[7], limit)
     handed[3] = #tickets

@@ -7,12 +7,12 @@
 -- Returns one number per token, in order: its fence (> 0) if it holds a
 -- permit (a waiter whose wake message went missing learns of its grant here),
 -- 0 if it is queued, -1 if Redis no longer knows it (lease or heartbeat lost).
-local lease, heartbeat = tonumber(ARGV[5]), tonumber(ARGV[6])
+local lease, heartbeat = to_number(ARGV[5]), to_number(ARGV[6])
 -- Over maxmemory, Redis refuses a script's first write if it may grow
 -- memory (ZADD does), and allows any write after one that cannot (ZREM):
 -- this removal of a member no token can be lets the deadlines below move
 -- when the script runs by EVALSHA. (As a function it is flagged allow-oom.)
-redis.call('ZREM', K_HOLDERS, '')
+rcall('ZREM', K_HOLDERS, '')
 local limit = get_limit()
 purge_waiters()
 -- Grant first, so that a token granted by this very call reports its fence
@@ -25,11 +25,11 @@ grant(limit, purge_holders(owner, lease))
 local out = {}
 for i = 7, #ARGV do
   local tok = ARGV[i]
-  if redis.call('ZSCORE', K_HOLDERS, tok) then
-    redis.call('ZADD', K_HOLDERS, int(now + lease), tok)
+  if rcall('ZSCORE', K_HOLDERS, tok) then
+    rcall('ZADD', K_HOLDERS, int(now + lease), tok)
     out[#out + 1] = fence_of(tok)
-  elseif redis.call('ZSCORE', K_QUEUE, tok) then
-    redis.call('ZADD', K_ALIVE, int(now + heartbeat), tok)
+  elseif rcall('ZSCORE', K_QUEUE, tok) then
+    rcall('ZADD', K_ALIVE, int(now + heartbeat), tok)
     out[#out + 1] = 0
   else
     out[#out + 1] = -1

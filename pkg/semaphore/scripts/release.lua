@@ -23,7 +23,7 @@ local tok = ARGV[5]
 local limit = get_limit()
 -- Purge before looking: a token whose lease ran out was lost, not released.
 -- The caller's other lost permits stay held until it releases them too.
-local keep_ms = tonumber(ARGV[6])
+local keep_ms = to_number(ARGV[6])
 local owner = nil
 if SELF ~= '' and keep_ms and keep_ms > 0 then owner = SELF end
 local held = purge_holders(owner, keep_ms)
@@ -37,13 +37,13 @@ if handed then
   -- handoff passed the permit on before this call began (lib.lua); a
   -- grant to our own head is in LOCAL_GRANTS already.
   was = 3
-elseif redis.call('ZREM', K_HOLDERS, tok) == 1 then
+elseif rcall('ZREM', K_HOLDERS, tok) == 1 then
   was = 1
-  if is_lost(redis.call('HGET', K_INFO, tok)) then was = 0 end
+  if is_lost(rcall('HGET', K_INFO, tok)) then was = 0 end
   holder_removed(tok)
-  redis.call('HDEL', K_INFO, tok)
+  rcall('HDEL', K_INFO, tok)
   held = held - weight_of(tok)
-elseif redis.call('ZSCORE', K_QUEUE, tok) then
+elseif rcall('ZSCORE', K_QUEUE, tok) then
   was = 2
   drop_waiter(tok)
 end

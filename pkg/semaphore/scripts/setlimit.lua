@@ -5,8 +5,8 @@
 --   ARGV[5] new limit (>= 1)
 -- Returns the previous limit.
 local old = get_limit()
-redis.call('SET', K_LIMIT, ARGV[5])
+rcall('SET', K_LIMIT, ARGV[5])
 purge_waiters()
-reject_heavy(tonumber(ARGV[5]))
-grant(tonumber(ARGV[5]), purge_holders())
+reject_heavy(to_number(ARGV[5]))
+grant(to_number(ARGV[5]), purge_holders())
 return old

@@ -5,23 +5,23 @@
 --          {holderToken, leaseDeadline, info, ...},
 --          {waiterToken, ticket, info, ...}}
 -- (GET, not begin's MGET, when absent: a key of another type must fail.)
-local limit = tonumber(found_limit or redis.call('GET', K_LIMIT) or '0')
+local limit = to_number(found_limit or rcall('GET', K_LIMIT) or '0')
 purge_waiters()
 if limit > 0 then
   grant(limit, purge_holders())
 end
 local holders = {}
-local h = redis.call('ZRANGE', K_HOLDERS, '0', '-1', 'WITHSCORES')
+local h = rcall('ZRANGE', K_HOLDERS, '0', '-1', 'WITHSCORES')
 for i = 1, #h, 2 do
   holders[#holders + 1] = h[i]
   holders[#holders + 1] = h[i + 1]
-  holders[#holders + 1] = redis.call('HGET', K_INFO, h[i]) or ''
+  holders[#holders + 1] = rcall('HGET', K_INFO, h[i]) or ''
 end
 local waiters = {}
-local q = redis.call('ZRANGE', K_QUEUE, '0', '-1', 'WITHSCORES')
+local q = rcall('ZRANGE', K_QUEUE, '0', '-1', 'WITHSCORES')
 for i = 1, #q, 2 do
   waiters[#waiters + 1] = q[i]
   waiters[#waiters + 1] = q[i + 1]
-  waiters[#waiters + 1] = redis.call('HGET', K_INFO, q[i]) or ''
+  waiters[#waiters + 1] = rcall('HGET', K_INFO, q[i]) or ''
 end
 return {limit, now, holders, waiters}
