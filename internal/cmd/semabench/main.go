@@ -42,7 +42,7 @@ var (
 	holds      = flag.String("holds", "2ms,10ms", "work per grant in the utilisation runs, comma-separated: one table each")
 	repeat     = flag.Int("repeat", 3, "interleaved runs per design in the utilisation runs; the median is reported")
 	hold       = flag.Duration("hold", 0, "internal: work per grant of a utilisation worker")
-	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,idle,utilisation,capacity")
+	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,idle,utilisation,capacity,scripts")
 	designList = flag.String("designs", "", "utilisation designs to run, comma-separated (default all but the diagnostic token-dispatch ones)")
 
 	// Set on the worker subprocesses of the utilisation runs.
@@ -82,6 +82,10 @@ func main() {
 			must(trace.Start(f))
 			defer trace.Stop()
 		}
+		if *worker == "scripts" { // -before-exe's side of the scripts section
+			must(json.NewEncoder(os.Stdout).Encode(measureScripts(context.Background(), rdb, *prefix)))
+			return
+		}
 		runWorker(rdb)
 		return
 	}
@@ -97,6 +101,7 @@ func main() {
 		run  func(context.Context, *redis.Client, string)
 	}{
 		{"roundtrip", roundTrips}, {"handoff", handoff}, {"commands", commandCounts}, {"idle", idleRoundTrips}, {"utilisation", utilisation}, {"capacity", capacity},
+		{"scripts", scriptCosts},
 	}
 	for _, sec := range sections {
 		if *only == "" || slices.Contains(strings.Split(*only, ","), sec.name) {
