@@ -121,6 +121,10 @@ type scriptCost struct {
 // calls per path, on keys of its own. With -before-exe the other build
 // measures its own the same way, on the same server, after this one.
 func scriptCosts(ctx context.Context, rdb *redis.Client, prefix string) {
+	if err := rdb.Do(ctx, "FUNCTION", "LIST", "LIBRARYNAME", "-").Err(); err != nil {
+		fmt.Printf("## 7. Script paths: skipped, the server has no functions (%v)\n\n", err)
+		return
+	}
 	mine := measureScripts(ctx, rdb, prefix)
 	var before []scriptCost
 	if *beforeExe != "" {
@@ -129,7 +133,7 @@ func scriptCosts(ctx context.Context, rdb *redis.Client, prefix string) {
 		must(err)
 		must(json.Unmarshal(out, &before))
 	}
-	fmt.Printf("## 6. What Redis spends on one call of each script path (%d calls per path, pipelined)\n\n", *scriptCalls)
+	fmt.Printf("## 7. What Redis spends on one call of each script path (%d calls per path, pipelined)\n\n", *scriptCalls)
 	head := "| path | Redis µs/call |"
 	rule := "|---|---|"
 	if *callgrind != "" {
