@@ -45,13 +45,7 @@ var scriptPaths = []scriptPath{
 		setup: func(ctx context.Context, rdb *redis.Client, keys []string, n int) {
 			// Limit 1, held by token 0; tokens 1..n queued, alive. Call i
 			// releases token i, granted by call i-1.
-			far := float64(time.Now().Add(time.Hour).UnixMilli())
-			pipe := rdb.Pipeline()
-			pipe.Set(ctx, keys[0], "1", 0)
-			pipe.ZAdd(ctx, keys[1], redis.Z{Score: far, Member: costToken(0)})
-			pipe.HSet(ctx, keys[4], costToken(0), "1:1")
-			pipe.Set(ctx, keys[5], "1", 0)
-			pipe.Set(ctx, keys[7], "1:1:1", 0)
+			pipe, far := heldByOne(ctx, rdb, keys, costToken(0))
 			for i := 1; i <= n; i++ {
 				pipe.ZAdd(ctx, keys[2], redis.Z{Score: float64(i), Member: costToken(i)})
 				pipe.ZAdd(ctx, keys[3], redis.Z{Score: far, Member: costToken(i)})
@@ -67,13 +61,7 @@ var scriptPaths = []scriptPath{
 		name: "enqueue", fn: "acquire",
 		about: "an Acquire that waits behind a full semaphore (acquire's short step)",
 		setup: func(ctx context.Context, rdb *redis.Client, keys []string, n int) {
-			far := float64(time.Now().Add(time.Hour).UnixMilli())
-			pipe := rdb.Pipeline()
-			pipe.Set(ctx, keys[0], "1", 0)
-			pipe.ZAdd(ctx, keys[1], redis.Z{Score: far, Member: "x:0:1"})
-			pipe.HSet(ctx, keys[4], "x:0:1", "1:1")
-			pipe.Set(ctx, keys[5], "1", 0)
-			pipe.Set(ctx, keys[7], "1:1:1", 0)
+			pipe, _ := heldByOne(ctx, rdb, keys, "x:0:1")
 			_, err := pipe.Exec(ctx)
 			must(err)
 		},
@@ -106,6 +94,20 @@ var scriptPaths = []scriptPath{
 		},
 		args: func(i int) []any { return []any{costToken(i + 1), 30000, 30000, "1"} },
 	},
+}
+
+// heldByOne starts a pipeline that sets up a semaphore of limit 1 held by
+// tok, with a held record that names it, and returns it with the lease
+// deadline it gave tok, an hour away.
+func heldByOne(ctx context.Context, rdb *redis.Client, keys []string, tok string) (redis.Pipeliner, float64) {
+	far := float64(time.Now().Add(time.Hour).UnixMilli())
+	pipe := rdb.Pipeline()
+	pipe.Set(ctx, keys[0], "1", 0)
+	pipe.ZAdd(ctx, keys[1], redis.Z{Score: far, Member: tok})
+	pipe.HSet(ctx, keys[4], tok, "1:1")
+	pipe.Set(ctx, keys[5], "1", 0)
+	pipe.Set(ctx, keys[7], "1:1:1", 0)
+	return pipe, far
 }
 
 // scriptCost is what Redis spends on one call of each path: µs from INFO
