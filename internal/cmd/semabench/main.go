@@ -23,6 +23,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/benchutil"
@@ -58,11 +59,16 @@ var (
 	capDesigns    = flag.String("capacity-designs", "batchmr,token-list,bound-1rtt", "designs in the capacity runs, comma-separated; batchmr-before is added with -before-exe")
 	beforeExe     = flag.String("before-exe", "", "a semabench binary built from another commit: its batchmr workers run as the design batchmr-before, side by side with this build's")
 
-	jitter = flag.Float64("hold-jitter", 0, "vary each grant's work uniformly by ± this fraction of the hold time (0.25: 2ms becomes 1.5–2.5ms)")
+	jitter    = flag.Float64("hold-jitter", 0, "vary each grant's work uniformly by ± this fraction of the hold time (0.25: 2ms becomes 1.5–2.5ms)")
+	holdClock = flag.String("hold-clock", "sleep", "how a utilisation worker waits out its work: sleep (time.Sleep: on an idle Go process it wakes on the next whole millisecond, so holds that end in the same millisecond end together) or nanosleep (a nanosleep system call on the goroutine's thread: it ends when it should, as a query ends when its reply arrives)")
 )
 
 func main() {
 	flag.Parse()
+	if *holdClock != "sleep" && *holdClock != "nanosleep" {
+		fmt.Fprintf(os.Stderr, "semabench: -hold-clock %q: want sleep or nanosleep\n", *holdClock)
+		os.Exit(2)
+	}
 	if *jitter < 0 || *jitter >= 1 {
 		fmt.Fprintf(os.Stderr, "semabench: -hold-jitter %g: want a fraction in [0, 1), such as 0.25\n", *jitter)
 		os.Exit(2)
@@ -581,6 +587,9 @@ func utilisationRun(ctx context.Context, rdb *redis.Client, exe, prefix, name st
 		cmd := exec.Command(exe, "-worker", name, "-cpuprofile", *cpuProfile, "-trace", *execTrace, "-hold-jitter", strconv.FormatFloat(*jitter, 'g', -1, 64), "-prefix", prefix, "-redis", *redisURL,
 			"-start", strconv.FormatInt(startAt.UnixNano(), 10), "-duration", l.duration.String(),
 			"-goroutines", strconv.Itoa(l.goroutines), "-processes", strconv.Itoa(l.processes), "-limit", strconv.Itoa(l.limit), "-hold", l.hold.String())
+		if *holdClock != "sleep" { // only then: a -before-exe from before the flag does not know it
+			cmd.Args = append(cmd.Args, "-hold-clock", *holdClock)
+		}
 		cmd.Stderr = os.Stderr
 		wg.Add(1)
 		go func() {
@@ -638,6 +647,13 @@ func cmpFloat(a, b float64) int {
 // runWorker is one process of a utilisation run.
 func runWorker(rdb *redis.Client) {
 	ctx := context.Background()
+	if *holdClock == "nanosleep" {
+		// A goroutine in a system call keeps its P until sysmon takes it
+		// back, which an idle process's sysmon does only every few ms:
+		// with a P for every holder, the other goroutines never wait for
+		// one.
+		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + *limit)
+	}
 	sent := &counter{}
 	rdb.AddHook(sent)
 	var acquire func(context.Context) (func(), error)
@@ -722,7 +738,7 @@ func runWorker(rdb *redis.Client) {
 				if *jitter > 0 {
 					work = time.Duration(float64(work) * (1 + *jitter*(2*rand.Float64()-1)))
 				}
-				time.Sleep(work)
+				holdFor(work)
 				t1 := time.Now()
 				trace.Log(ctx, "handoff", "release")
 				release()
@@ -739,6 +755,25 @@ func runWorker(rdb *redis.Client) {
 	}
 	wg.Wait()
 	must(json.NewEncoder(os.Stdout).Encode(workerResult{BusyNs: busy.Load(), Grants: grants.Load(), Commands: sent.n.Load(), WaitsMicros: waits}))
+}
+
+// holdFor waits out a grant's work as -hold-clock says.
+func holdFor(d time.Duration) {
+	if *holdClock == "sleep" {
+		time.Sleep(d)
+		return
+	}
+	// The thread sleeps in the kernel; the runtime hands its P to another
+	// thread meanwhile. EINTR (a signal, the runtime's preemption among
+	// them) leaves the rest in rem.
+	ts := syscall.NsecToTimespec(int64(d))
+	for {
+		var rem syscall.Timespec
+		if err := syscall.Nanosleep(&ts, &rem); err != syscall.EINTR {
+			return
+		}
+		ts = rem
+	}
 }
 
 // evalOnlyClient returns a client of a user whose ACL denies FCALL, so that
