@@ -125,7 +125,10 @@ func (s *Semaphore) popWakeups(cmd redis.Cmdable, blpopOnly *bool) ([]string, er
 	ctx := context.Background()
 	if !*blpopOnly {
 		_, msgs, err := cmd.BLMPop(ctx, dispatchBlock, "left", wakeBatch, s.wakeKey).Result()
-		if !isUnknownCommand(err) && !isNoPermission(err) {
+		// NOPERM for the command itself; one for the key would refuse
+		// BLPOP as well, and is returned.
+		refused := isNoPermission(err) && strings.Contains(strings.ToLower(err.Error()), "blmpop")
+		if !isUnknownCommand(err) && !refused {
 			return msgs, err
 		}
 		*blpopOnly = true

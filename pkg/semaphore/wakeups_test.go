@@ -20,22 +20,25 @@ import (
 func TestOnePopTakesEveryWakeUpWaiting(t *testing.T) {
 	t.Parallel()
 	rdb, _ := testenv.PrivateRedis(t)
-	a := newSem(t, rdb, "pop", semaphore.Options{Limit: 1})
-	b := newSem(t, rdb, "pop", semaphore.Options{Limit: 1})
+	started := time.Now()
+	// Long leases: no watchdog refresh, which would report the grants too,
+	// may stand in for a wake-up the dispatcher failed to deliver.
+	a := newSem(t, rdb, "pop", semaphore.Options{Limit: 1, Lease: time.Minute})
+	b := newSem(t, rdb, "pop", semaphore.Options{Limit: 1, Lease: time.Minute})
 	p := mustAcquire(t, a)
 	var got []<-chan *semaphore.Permit
 	for i := 1; i <= 3; i++ {
 		got = append(got, acquireQueued(t, b, a, i))
 	}
-	// A blocked pop is counted when it is served, so this counts neither
-	// dispatcher's pop in progress.
+	// A blocked pop is counted when it is served or times out, so this
+	// counts neither dispatcher's pop in progress.
 	before := commandCalls(t, rdb, "blmpop")
 
 	if err := a.SetLimit(context.Background(), 4); err != nil {
 		t.Fatal(err)
 	}
 	for i, ch := range got {
-		q := receiveGrant(t, ch, 10*time.Second, "a waiter granted by the raised limit")
+		q := receiveGrant(t, ch, 2*time.Second, "a waiter granted by the raised limit")
 		if q == nil {
 			t.Fatalf("waiter %d was not granted", i+1)
 		}
@@ -44,7 +47,13 @@ func TestOnePopTakesEveryWakeUpWaiting(t *testing.T) {
 	// Had the dispatcher taken one grant per pop, the last two pops would
 	// be served at once; give them the time to show.
 	time.Sleep(200 * time.Millisecond)
-	if n := commandCalls(t, rdb, "blmpop") - before; n != 1 {
+	n := commandCalls(t, rdb, "blmpop") - before
+	if elapsed := time.Since(started); elapsed >= 5*time.Second && n > 1 {
+		// A dispatcher's pop blocks 5s: one may have timed out in the
+		// window, and a timeout counts as a call.
+		t.Skipf("%d BLMPOP calls, but the test took %v, longer than a pop blocks: timeouts may count among them", n, elapsed)
+	}
+	if n != 1 {
 		t.Errorf("%d BLMPOP calls served for three grants pushed at once, want 1", n)
 	}
 	if n := commandCalls(t, rdb, "blpop"); n != 0 {

@@ -429,12 +429,13 @@ local function handoff(argv)
     local deadline = rcall('ZSCORE', K_ALIVE, head)
     if not deadline or to_number(deadline) <= now then return false end
     if rcall('ZREM', K_HOLDERS, tok) == 0 then return false end
-    -- The swap leaves the holders' number and weight as the record says.
-    local tail = held_tail
+    -- The swap leaves the holders' number and weight as the record says
+    -- (if the head was not somehow a holder already).
+    local tail, count = held_tail, held_count
     holder_removed(tok)
     rcall('HDEL', K_INFO, tok)
     grant_head(head, deadline)
-    held_tail = tail
+    if held_count == count then held_tail = tail end
     handed = {3, limit, 0}
   elseif held_weight >= limit then
     handed = {0, limit, 0}
