@@ -50,6 +50,44 @@ func InfoField(info, field string) string {
 	return "?"
 }
 
+// CommandStat is one command's line of INFO commandstats: how often Redis
+// ran it (from a client or inside a script), the µs it spent in it (a
+// script's include those of the commands it ran), and how often it refused
+// it (an ACL, maxmemory). A blocking command counts once it is served or
+// times out.
+type CommandStat struct{ Calls, Usec, Rejected int64 }
+
+// CommandStats reads INFO commandstats, by command name ("fcall",
+// "config|resetstat").
+func CommandStats(ctx context.Context, rdb *redis.Client) (map[string]CommandStat, error) {
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]CommandStat{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var c CommandStat
+		for _, f := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				c.Calls = n
+			case "usec":
+				c.Usec = n
+			case "rejected_calls":
+				c.Rejected = n
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = c
+	}
+	return out, nil
+}
+
 // DeleteMatching deletes every key matching each pattern.
 func DeleteMatching(rdb *redis.Client, patterns ...string) {
 	ctx := context.Background()

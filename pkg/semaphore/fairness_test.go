@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/benchutil"
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/redis/go-redis/v9"
@@ -185,14 +186,11 @@ func TestReleaseHandsThePermitOverWithoutPolling(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, line := range strings.Split(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
-				n, _ := strconv.Atoi(v)
-				return n
-			}
+		n, err := strconv.Atoi(benchutil.InfoField(info, "total_commands_processed"))
+		if err != nil {
+			t.Fatalf("INFO stats: total_commands_processed: %v", err)
 		}
-		t.Fatal("no total_commands_processed in INFO stats")
-		return 0
+		return n
 	}
 
 	p := mustAcquire(t, holderSem)

@@ -2,11 +2,10 @@ package semaphore_test
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/benchutil"
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/redis/go-redis/v9"
@@ -115,7 +114,7 @@ func TestWakeUpsArriveByBLPOPWhereBLMPOPIsMissingOrForbidden(t *testing.T) {
 				t.Errorf("%d BLMPOP calls served, want none", n)
 			}
 			if tc.acl {
-				if n := commandStat(t, srv.Client, "blmpop", "rejected_calls"); n != 2 {
+				if n := commandStat(t, srv.Client, "blmpop").Rejected; n != 2 {
 					t.Errorf("%d BLMPOP calls refused, want 2: one per handle, which then stops asking", n)
 				}
 			}
@@ -124,30 +123,18 @@ func TestWakeUpsArriveByBLPOPWhereBLMPOPIsMissingOrForbidden(t *testing.T) {
 }
 
 // commandCalls is the number of calls of cmd the server has run.
-func commandCalls(t *testing.T, rdb *redis.Client, cmd string) int {
+func commandCalls(t *testing.T, rdb *redis.Client, cmd string) int64 {
 	t.Helper()
-	return commandStat(t, rdb, cmd, "calls")
+	return commandStat(t, rdb, cmd).Calls
 }
 
-// commandStat reads one field of cmd's line in INFO commandstats (0 if
-// the server has not seen cmd).
-func commandStat(t *testing.T, rdb *redis.Client, cmd, field string) int {
+// commandStat is cmd's line of INFO commandstats (zero if the server has
+// not seen cmd).
+func commandStat(t *testing.T, rdb *redis.Client, cmd string) benchutil.CommandStat {
 	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	stats, err := benchutil.CommandStats(context.Background(), rdb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(info, "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":")
-		if !ok {
-			continue
-		}
-		for _, kv := range strings.Split(rest, ",") {
-			if k, v, _ := strings.Cut(kv, "="); k == field {
-				n, _ := strconv.Atoi(v)
-				return n
-			}
-		}
-	}
-	return 0
+	return stats[cmd]
 }

@@ -266,38 +266,18 @@ func commandCounts(ctx context.Context, rdb *redis.Client, prefix string) {
 func commandStats(ctx context.Context, rdb *redis.Client) map[string]int64 {
 	out := map[string]int64{}
 	for k, u := range commandUsage(ctx, rdb) {
-		out[k] = u.calls
+		out[k] = u.Calls
 	}
 	return out
 }
 
-// usage is one command's line of INFO commandstats: how often Redis ran it
-// (from a client or inside a script) and the µs it spent in it. A script's
-// time includes that of the commands it ran.
-type usage struct{ calls, usec int64 }
+// usage is one command's line of INFO commandstats.
+type usage = benchutil.CommandStat
 
 func commandUsage(ctx context.Context, rdb *redis.Client) map[string]usage {
-	info, err := rdb.Info(ctx, "commandstats").Result()
+	u, err := benchutil.CommandStats(ctx, rdb)
 	must(err)
-	out := map[string]usage{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		var u usage
-		for _, f := range strings.Split(rest, ",") {
-			k, v, _ := strings.Cut(f, "=")
-			switch k {
-			case "calls":
-				u.calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec":
-				u.usec, _ = strconv.ParseInt(v, 10, 64)
-			}
-		}
-		out[strings.TrimPrefix(name, "cmdstat_")] = u
-	}
-	return out
+	return u
 }
 
 type workerResult struct {
@@ -386,7 +366,7 @@ func capacity(ctx context.Context, rdb *redis.Client, prefix string) {
 		q := func(f float64) time.Duration { return all[int(f*float64(len(all)-1))] }
 		var cmds int64
 		for _, u := range m.redisCmds {
-			cmds += u.calls
+			cmds += u.Calls
 		}
 		fmt.Printf("| %s | **%.0f** | %s | %s | %s | **%.1f** | %s | %.0f%% | %.1f | %s / %s / %s |\n", d.about, m.grantsPerSec, strings.Join(each, " "),
 			ratio(m.grantsPerSec, tl.grantsPerSec), ratio(m.grantsPerSec, pb.grantsPerSec),
@@ -403,11 +383,11 @@ func capacity(ctx context.Context, rdb *redis.Client, prefix string) {
 		m := medians[i]
 		grants := m.grantsPerSec * l.duration.Seconds()
 		names := slices.Sorted(maps.Keys(m.redisCmds))
-		slices.SortStableFunc(names, func(a, b string) int { return -cmpFloat(float64(m.redisCmds[a].usec), float64(m.redisCmds[b].usec)) })
+		slices.SortStableFunc(names, func(a, b string) int { return -cmpFloat(float64(m.redisCmds[a].Usec), float64(m.redisCmds[b].Usec)) })
 		var parts []string
 		for _, k := range names {
 			u := m.redisCmds[k]
-			parts = append(parts, fmt.Sprintf("%s %.2f× %.1f µs", k, float64(u.calls)/grants, float64(u.usec)/grants))
+			parts = append(parts, fmt.Sprintf("%s %.2f× %.1f µs", k, float64(u.Calls)/grants, float64(u.Usec)/grants))
 		}
 		fmt.Printf("Per grant, %s (INFO commandstats, calls and µs; a script's µs include its commands'): %s\n\n", d.name, strings.Join(parts, ", "))
 	}
@@ -624,7 +604,7 @@ func utilisationRun(ctx context.Context, rdb *redis.Client, exe, prefix, name st
 		if k == "info" {
 			continue // ours
 		}
-		if d := (usage{v.calls - cmdsBefore[k].calls, v.usec - cmdsBefore[k].usec}); d.calls > 0 {
+		if d := (usage{Calls: v.Calls - cmdsBefore[k].Calls, Usec: v.Usec - cmdsBefore[k].Usec}); d.Calls > 0 {
 			res.redisCmds[k] = d
 		}
 	}

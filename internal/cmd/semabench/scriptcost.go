@@ -192,7 +192,7 @@ func measureScripts(ctx context.Context, rdb *redis.Client, prefix string) []scr
 		instr := callgrindControl("-d")
 		usage1 := commandUsage(ctx, rdb)["fcall"]
 		checkPath(p, cmds)
-		c := scriptCost{Path: p.name, Micros: float64(usage1.usec-usage0.usec) / float64(usage1.calls-usage0.calls)}
+		c := scriptCost{Path: p.name, Micros: float64(usage1.Usec-usage0.Usec) / float64(usage1.Calls-usage0.Calls)}
 		if zero >= 0 && instr >= 0 {
 			c.Instructions = float64(instr) / float64(*scriptCalls)
 		}
