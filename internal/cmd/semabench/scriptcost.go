@@ -29,6 +29,7 @@ var (
 type scriptPath struct {
 	name, about string
 	fn          string // the library's function: acquire, release or carry
+	status      int64  // the status every call of the path answers (release.lua, acquire.lua)
 	setup       func(ctx context.Context, rdb *redis.Client, keys []string, n int)
 	args        func(i int) []any
 }
@@ -40,7 +41,7 @@ func costToken(i int) string { return costSelf + ":" + strconv.Itoa(i) + ":1" }
 
 var scriptPaths = []scriptPath{
 	{
-		name: "hand-off", fn: "release",
+		name: "hand-off", fn: "release", status: 3,
 		about: "a release whose permit goes straight to the queue's head (the short hand-off), under contention",
 		setup: func(ctx context.Context, rdb *redis.Client, keys []string, n int) {
 			// Limit 1, held by token 0; tokens 1..n queued, alive. Call i
@@ -58,7 +59,7 @@ var scriptPaths = []scriptPath{
 		args: func(i int) []any { return []any{costToken(i), 30000, 30000, "1"} },
 	},
 	{
-		name: "enqueue", fn: "acquire",
+		name: "enqueue", fn: "acquire", status: 0,
 		about: "an Acquire that waits behind a full semaphore (acquire's short step)",
 		setup: func(ctx context.Context, rdb *redis.Client, keys []string, n int) {
 			pipe, _ := heldByOne(ctx, rdb, keys, "x:0:1")
@@ -68,7 +69,7 @@ var scriptPaths = []scriptPath{
 		args: func(i int) []any { return []any{costToken(i + 1), 30000, 30000, "1", "0"} },
 	},
 	{
-		name: "acquire", fn: "acquire",
+		name: "acquire", fn: "acquire", status: 1,
 		about: "an uncontended Acquire, granted at once (the whole script)",
 		setup: func(ctx context.Context, rdb *redis.Client, keys []string, n int) {
 			must(rdb.Set(ctx, keys[0], strconv.Itoa(2*n), 0).Err())
@@ -76,7 +77,7 @@ var scriptPaths = []scriptPath{
 		args: func(i int) []any { return []any{costToken(i + 1), 30000, 30000, "1", "0"} },
 	},
 	{
-		name: "release", fn: "release",
+		name: "release", fn: "release", status: 1,
 		about: "an uncontended release, nobody waiting (the whole script)",
 		setup: func(ctx context.Context, rdb *redis.Client, keys []string, n int) {
 			// n holders with a record that names them.
@@ -186,14 +187,14 @@ func measureScripts(ctx context.Context, rdb *redis.Client, prefix string) []scr
 			pipe.FCall(ctx, fn, keys, append([]any{prefix + ":wake:", 1, 60000, costSelf}, p.args(i)...)...)
 		}
 		usage0 := commandUsage(ctx, rdb)["fcall"]
-		zero := callgrindControl("-z")
+		callgrindControl("-z")
 		cmds, err := pipe.Exec(ctx)
 		must(err)
 		instr := callgrindControl("-d")
 		usage1 := commandUsage(ctx, rdb)["fcall"]
 		checkPath(p, cmds)
 		c := scriptCost{Path: p.name, Micros: float64(usage1.Usec-usage0.Usec) / float64(usage1.Calls-usage0.Calls)}
-		if zero >= 0 && instr >= 0 {
+		if *callgrind != "" {
 			c.Instructions = float64(instr) / float64(*scriptCalls)
 		}
 		out = append(out, c)
@@ -204,11 +205,10 @@ func measureScripts(ctx context.Context, rdb *redis.Client, prefix string) []scr
 
 // checkPath fails the run if the calls did not take the path measured.
 func checkPath(p scriptPath, cmds []redis.Cmder) {
-	want := map[string]int64{"hand-off": 3, "enqueue": 0, "acquire": 1, "release": 1}[p.name]
 	for _, i := range []int{0, len(cmds) / 2, len(cmds) - 1} {
 		v, err := cmds[i].(*redis.Cmd).Slice()
-		if err != nil || len(v) == 0 || v[0] != want {
-			fmt.Fprintf(os.Stderr, "semabench: scripts: call %d of path %s answered %v (%v), want status %d\n", i, p.name, v, err, want)
+		if err != nil || len(v) == 0 || v[0] != p.status {
+			fmt.Fprintf(os.Stderr, "semabench: scripts: call %d of path %s answered %v (%v), want status %d\n", i, p.name, v, err, p.status)
 			os.Exit(1)
 		}
 	}
@@ -261,12 +261,11 @@ func (f *fcallNames) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // callgrindControl runs callgrind_control with op against the Redis server
-// under -callgrind: -z zeroes its counts, -d dumps them and returns the
-// instructions counted since the last zero. It returns -1 without
-// -callgrind.
+// under -callgrind, if any: -z zeroes its counts, -d dumps them and returns
+// the instructions counted since the last zero.
 func callgrindControl(op string) int64 {
 	if *callgrind == "" {
-		return -1
+		return 0
 	}
 	before, _ := filepath.Glob(*callgrind + ".*")
 	out, err := exec.Command("callgrind_control", op, strconv.Itoa(*callgrindPID)).CombinedOutput()
