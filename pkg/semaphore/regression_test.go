@@ -745,3 +745,122 @@ func TestARefreshDoesNotHandOnItsProcesssLapsedPermits(t *testing.T) {
 	}
 	testenv.WaitFor(t, 5*time.Second, "the head granted once a released", func() bool { return rdb.ZScore(ctx, queue, first).Err() != nil })
 }
+
+// A holder whose lease Redis let run out while its process went on
+// refreshing — Redis's clock jumped ahead, or someone moved the deadline by
+// hand — is kept for its process, marked lost (purge_holders), like any
+// lapsed permit of a live process. The watchdog's refresh must then tell
+// the holder its lease was lost (S4: its context is cancelled, so its
+// query stops) instead of extending a lease that Release would later call
+// lost; and the permit must stay taken until that Release, or one more
+// Lease, not for as long as the process lives.
+func TestARefreshTellsAHolderRedisMarkedLostThatItsLeaseIsLost(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	const lease = 1500 * time.Millisecond // a refresh every 500ms
+	a := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	ctx := context.Background()
+	p := mustAcquire(t, a)
+	got := acquireQueued(t, other, other, 1)
+	holders := prefix + ":{db}:holders"
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As Redis's clock jumping a lease ahead would leave it.
+	if err := rdb.ZAddXX(ctx, holders, redis.Z{Score: float64(now.UnixMilli() - 1), Member: p.ID()}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Context().Done():
+	case <-time.After(3 * lease):
+		t.Fatalf("the holder's context is still live %v after Redis let its lease run out: the refreshes went on extending it", 3*lease)
+	}
+	if cause := context.Cause(p.Context()); !errors.Is(cause, semaphore.ErrLeaseLost) {
+		t.Fatalf("the holder's context ended with %v, want ErrLeaseLost", cause)
+	}
+	// Its query may still be stopping: the permit is not handed on yet.
+	if err := rdb.ZScore(ctx, holders, p.ID()).Err(); err != nil {
+		t.Fatalf("the lost permit left Redis before its process released it: %v", err)
+	}
+	select {
+	case q := <-got:
+		q.Release(ctx)
+		t.Fatal("the waiter was granted the lost permit before its process released it")
+	default:
+	}
+	if err := p.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {
+		t.Errorf("Release = %v, want ErrLeaseLost", err)
+	}
+	q := receiveGrant(t, got, 5*time.Second, "the lost permit, once released")
+	defer q.Release(ctx)
+}
+
+// An acquire granted at once loses its reply, and the permit lapses in
+// Redis before the retry. The retry's own purge keeps the lapsed permit
+// for its process, marked lost: the retry must not hand it over as a live
+// permit (its lease was lost, and the watchdog would cancel it at its next
+// refresh), but ask again under a new token, as for a lapsed place.
+func TestARetriedAcquireIsNeverHandedItsLapsedPermit(t *testing.T) {
+	t.Parallel()
+	unblock := make(chan struct{})
+	var unblockOnce sync.Once
+	release := func() { unblockOnce.Do(func() { close(unblock) }) }
+	var lost atomic.Bool
+	h := &faultHook{after: func(cmd redis.Cmder) {
+		if isScript(cmd, semaphore.AcquireScript) && lost.CompareAndSwap(false, true) {
+			<-unblock
+			cmd.SetErr(errors.New("read tcp: i/o timeout (injected)"))
+		}
+	}}
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	a := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	t.Cleanup(release)
+	ctx := context.Background()
+	type result struct {
+		p   *semaphore.Permit
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		p, err := a.Acquire(ctx)
+		got <- result{p, err}
+	}()
+	testenv.WaitFor(t, 5*time.Second, "a's first call to be granted", func() bool { return stats(t, other).Held == 1 })
+	first := stats(t, other).Holders[0].ID
+	holders := prefix + ":{db}:holders"
+	testenv.WaitFor(t, 10*time.Second, "the unanswered grant to lapse in Redis", func() bool {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline, err := rdb.ZScore(ctx, holders, first).Result()
+		return err == nil && int64(deadline) < now.UnixMilli()
+	})
+	release() // the reply is lost: a retries
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a's Acquire did not return after its retry")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.p.ID() == first {
+		t.Fatalf("the retry handed over the lapsed permit %s, which Redis keeps marked lost", first)
+	}
+	// Over two refreshes the new permit stays live.
+	select {
+	case <-r.p.Context().Done():
+		t.Fatalf("the permit's context ended: %v", context.Cause(r.p.Context()))
+	case <-time.After(2 * lease / 3 * 2):
+	}
+	if err := r.p.Release(ctx); err != nil {
+		t.Errorf("Release = %v, want nil", err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "nothing held", func() bool { return stats(t, other).Held == 0 })
+}

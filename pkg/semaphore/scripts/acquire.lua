@@ -14,8 +14,8 @@
 --   { 0, ticket, limit}  queued; the grant arrives on the process's wake list
 --   { 2, 0,      limit}  not free and ARGV[8] == "0"
 --   {-1, 0,      limit}  the weight exceeds the limit: never grantable
---   { 3, 0,      limit}  a retry of a token Redis does not know: ask again
---                        under a new token
+--   { 3, 0,      limit}  a retry of a token Redis does not know, or whose
+--                        permit lapsed: ask again under a new token
 local tok = ARGV[5]
 local lease, heartbeat = to_number(ARGV[6]), to_number(ARGV[7])
 -- A first call's token is unknown to Redis (fresh, or carried by a release
@@ -35,8 +35,14 @@ local w = weight_of(tok)
 -- wake-up for that place may still sit in the process's wake list; a new
 -- place under the same token would make it look like this place's grant.
 -- The caller asks again under a new token instead. (One token, one place.)
-if retry and not rcall('HGET', K_INFO, tok) then
-  return {3, 0, limit}
+-- So too when the permit it got lapsed and is kept for this process,
+-- marked lost (purge_holders, above): its lease was lost, the caller never
+-- had it, and the release of the old token that follows gives it back.
+if retry then
+  local info = rcall('HGET', K_INFO, tok)
+  if not info or is_lost(info) then
+    return {3, 0, limit}
+  end
 end
 
 if queue_empty and held + w <= limit then

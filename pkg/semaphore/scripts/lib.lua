@@ -103,10 +103,14 @@ local function process_of(tok)
   return s_match(tok, '^([^:]+):')
 end
 
-local function fence_of(tok)
-  local info = rcall('HGET', K_INFO, tok)
+-- fence_in reads the fence in a holder's info entry (an HGET's reply).
+local function fence_in(info)
   if not info then return 0 end
   return to_number(s_match(info, '^(%d+):')) or 0
+end
+
+local function fence_of(tok)
+  return fence_in(rcall('HGET', K_INFO, tok))
 end
 
 -- get_limit returns the limit, writing the client's configured one if Redis
