@@ -22,6 +22,10 @@ const (
 // decides how many pages a task carries.
 const PackSample = packSample
 
+// ProbePages is how many pages a split feeds a task each before it waits
+// for PackSample of them to be measured.
+const ProbePages = probePages
+
 // SetPacking makes a run that has not fed a page yet pack its pages by k
 // from page from, as if its split had decided so (feed.lua).
 func (c *Client) SetPacking(ctx context.Context, id string, k, from int) error {

@@ -132,6 +132,11 @@ const (
 	// packSample is how many measured pages a run needs before its split
 	// decides.
 	packSample = 32
+	// probePages is how many pages a split feeds a task each before it
+	// waits for packSample of them to be measured (probe).
+	probePages = 256
+	// probeWait bounds that wait: workers busy elsewhere, or none running.
+	probeWait = time.Second
 )
 
 // packFor returns how many pages a task should carry for pages whose Map
@@ -174,4 +179,45 @@ func (c *Client) packable(ctx context.Context, job string) (bool, []string) {
 		}
 	}
 	return len(other) == 0, other
+}
+
+// probe runs before an undecided feed that starts at start. Until its
+// pages are measured a split cannot tell whether they are cheap, so its
+// first feeds go a page a task; and since nothing is measured before
+// workers take a task (their poll interval: 100 ms by default), a split
+// fed its whole first window of cheap pages unpacked, ~1 s of a 2 s,
+// 100 000-page run (BENCHMARKS.md). So once probePages pages went a page
+// a task, a split that may pack waits, at most probeWait and once per
+// attempt, until packSample pages are measured or one shows the pages are
+// too slow to pack, and then decides as before. Slow pages cost the wait
+// for the first of them to be recorded: their run has probePages tasks to
+// run meanwhile.
+func (f *feeder) probe(ctx context.Context, start int) error {
+	if f.probed || f.packLimit < 2 {
+		return nil
+	}
+	if f.probeFrom < 0 {
+		f.probeFrom = start
+	}
+	if start-f.probeFrom < probePages {
+		return nil
+	}
+	f.probed = true
+	if !f.mayPack(ctx) {
+		return nil
+	}
+	budget := packBudget.Microseconds()
+	sleep, until := time.Millisecond, time.Now().Add(probeWait)
+	for f.mapN < packSample && (f.mapN == 0 || 2*f.mapUS < budget*f.mapN) && time.Now().Before(until) {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(sleep):
+		}
+		sleep = min(2*sleep, maxNap)
+		if _, _, _, _, err := f.look(ctx); err != nil { // updates mapUS and mapN
+			return err
+		}
+	}
+	return nil
 }

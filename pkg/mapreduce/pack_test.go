@@ -677,3 +677,36 @@ func TestARunDoesNotPackWhileAWorkerOfAnEarlierReleaseRunsItsJob(t *testing.T) {
 		}
 	}
 }
+
+// Nothing is measured before a worker takes a task, so a split that fed
+// on regardless sent its whole first window of cheap pages a page a task
+// while its workers slept out their poll interval (100 ms, the worker
+// command's default): ~1 s of a 2 s, 100 000-page run. It now feeds
+// ProbePages pages that way, then waits for the first measured ones, and
+// packs from there.
+func TestASplitOfCheapPagesPacksAfterItsFirstFewHundredPages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const pages = 5000
+	cnt := newCounts()
+	job := sumJob("probe", cnt, e.opts(mapreduce.JobOptions{}))
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.workerPolling(c, 8, 100*time.Millisecond)
+	ctx := context.Background()
+	id, err := job.Start(ctx, c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantExactRun(t, c, id, pages, cnt, nil)
+	k, from, err := c.Packing(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The decision comes with the feed after the probe's pages: at most
+	// one feed (256 pages) later.
+	if k < 2 || from < mapreduce.ProbePages || from > 2*mapreduce.ProbePages {
+		t.Fatalf("the run packs %d pages a task from page %d: want several, from page %d to %d", k, from, mapreduce.ProbePages, 2*mapreduce.ProbePages)
+	}
+	t.Logf("packed by %d from page %d", k, from)
+}

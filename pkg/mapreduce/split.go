@@ -59,7 +59,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	if State(state) != StateSplitting || nonce != pl.Nonce {
 		return nil // already split, ended, expired, or a task of an earlier run under this ID
 	}
-	f := &feeder{c: c, k: k, run: run, nonce: nonce, o: o, pending: pendingKey(o.Queue), active: activeKey(o.Queue), started: time.Now(),
+	f := &feeder{c: c, k: k, run: run, nonce: nonce, o: o, pending: pendingKey(o.Queue), active: activeKey(o.Queue), started: time.Now(), probeFrom: -1,
 		bits: []byte(recorded.Val())}
 	f.ready = sync.NewCond(&f.mu)
 	var pk packing

@@ -133,6 +133,8 @@ type feeder struct {
 	mapN      int64
 	packOK    bool      // packable, as of packAsked
 	packAsked time.Time // when the split last asked
+	probeFrom int       // the first page this attempt fed undecided, or -1 (probe)
+	probed    bool      // this attempt has waited for measured pages, or will not
 
 	rateDone  int       // pages recorded when the rate was last measured
 	rateAt    time.Time // when
@@ -287,6 +289,9 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 		}
 		from = start
 		if f.pack.k == 0 {
+			if err := f.probe(ctx, start); err != nil {
+				return 0, err
+			}
 			// Undecided: pack from this feed on, once the pages are measured.
 			if k := packFor(f.mapUS, f.mapN, min(f.packLimit, floorPow2(f.allow))); k > 1 && f.mayPack(ctx) {
 				f.setPack(packing{k: k, from: start})
@@ -343,15 +348,9 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 	sleep, lastDone, stalledSince := time.Millisecond, -1, time.Now()
 	for {
 		nap := maxNap // how long to sleep at most before the next look
-		fed, done, pending, active, err := f.read(ctx, f.nonce, f.fed, 0)
+		fed, done, pending, active, err := f.look(ctx)
 		if err != nil {
 			return err
-		}
-		if fed > max(f.fed, f.counted) {
-			// Another attempt of this split is feeding (a copy made while
-			// this one seemed dead): it goes on, and this one ends, so that
-			// no page index is fed twice with pages Split cut differently.
-			return f.taken(ctx)
 		}
 		free := f.o.Window - (fed - done)
 		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
@@ -396,6 +395,19 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 		}
 		sleep = min(2*sleep, nap)
 	}
+}
+
+// look reads the run's window and measurements (read) without feeding,
+// and ends this attempt (errSplitTaken) if another attempt of the split
+// is feeding: a copy made while this one seemed dead goes on, and this
+// one ends, so that no page index is fed twice with pages Split cut
+// differently.
+func (f *feeder) look(ctx context.Context) (fed, done, pending, active int, err error) {
+	fed, done, pending, active, err = f.read(ctx, f.nonce, f.fed, 0)
+	if err == nil && fed > max(f.fed, f.counted) {
+		err = f.taken(ctx)
+	}
+	return fed, done, pending, active, err
 }
 
 // encodeFeeding encodes the pages of a feed for the run hash's "feeding"
