@@ -85,6 +85,7 @@ type aRun interface {
 type runArgs struct {
 	PageSize int `json:"page_size"`
 	SleepMS  int `json:"sleep_ms"`
+	Queries  int `json:"queries,omitempty"` // a page's queries, each under a permit of its own; 0 is 1
 }
 
 func (a runArgs) job() string { return job }
@@ -102,7 +103,11 @@ func (a runArgs) want(f *fleet) result {
 }
 
 func (a runArgs) String() string {
-	return fmt.Sprintf("a run of sums (pages of %d rows, %d ms each; exact: SELECT count(*), sum(amount) FROM amounts)", a.PageSize, a.SleepMS)
+	queries := fmt.Sprintf("%d ms each", a.SleepMS)
+	if a.Queries > 1 {
+		queries = fmt.Sprintf("%d queries of %d ms each, a permit each", a.Queries, a.SleepMS)
+	}
+	return fmt.Sprintf("a run of sums (pages of %d rows, %s; exact: SELECT count(*), sum(amount) FROM amounts)", a.PageSize, queries)
 }
 
 // result is a run's result, and the table's total.
@@ -465,7 +470,12 @@ func (f *fleet) checkCost(st *mapreduce.Status, base, outage, allowed time.Durat
 // permits, and no permit be held once the run has ended.
 func (f *fleet) through(sf serverFault, fault func()) {
 	f.t.Helper()
-	a := defaultRun()
+	f.throughRun(defaultRun(), sf, fault)
+}
+
+// throughRun is through with the run a.
+func (f *fleet) throughRun(a runArgs, sf serverFault, fault func()) {
+	f.t.Helper()
 	base := f.baseline(a)
 	id := f.start(a)
 	f.waitDone(id, a.pages(f)/4)

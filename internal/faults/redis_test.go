@@ -45,16 +45,36 @@ func TestAnEightSecondCutBetweenWorkersAndRedisCostsAtMostTheCutPlusTenSeconds(t
 // dequeues a worker gave up on reached Redis when the network healed,
 // leaving tasks active that no handler ever started, which waited out the
 // orphan grace meant for tasks a live worker may still hold.
+//
+// Its pages run four short queries each, each under a permit of its own,
+// so that every worker's semaphore handle has a release in flight most of
+// the time while its other handlers wait: new waiters are carried by
+// those releases (the semaphore's carried enqueues), and the blackhole
+// leaves carrying calls hanging with waiters in them. The scenario counts
+// the carrying calls Redis ran, so that it cannot stop driving them
+// unnoticed.
 func TestAnEightSecondBlackholeBetweenWorkersAndRedisCostsAtMostItsLengthPlusTenSeconds(t *testing.T) {
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{Proxy: true})
-		f.through(redisFault, func() {
+		a := defaultRun()
+		a.Queries, a.SleepMS = 4, a.SleepMS/4
+		carries := f.countCalls("batchmr_sem_carry_")
+		f.throughRun(a, redisFault, func() {
 			f.proxy.Blackhole()
 			time.Sleep(8 * time.Second)
 			f.proxy.Restore()
 		})
+		n := carries()
+		t.Logf("Redis ran %d carrying calls of the semaphore (baseline and faulted run)", n)
+		if n < minCarries {
+			t.Errorf("Redis ran %d carrying calls over both runs, want at least %d: the scenario no longer drives carried enqueues", n, minCarries)
+		}
 	})
 }
+
+// minCarries is the fewest carrying calls the blackhole scenario's two
+// runs must make.
+const minCarries = 100
 
 // Redis down for 10 s mid-run (killed, then started again with its AOF).
 func TestARunSurvivesATenSecondRedisOutageAndResumesWithinTwoSeconds(t *testing.T) {

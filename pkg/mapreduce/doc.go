@@ -42,6 +42,10 @@
 //		Queues:         queues,
 //		RetryDelayFunc: mr.RetryDelay, // each job's JobOptions.Backoff
 //		IsFailure:      mr.IsFailure,  // a task handed back, or riding out an outage, is not a failure
+//		// An idle slot looks at its queues again after this long: each
+//		// step of a run that starts on idle workers waits up to about
+//		// that. asynq's default is a second; worker.Main's is 100 ms.
+//		TaskCheckInterval: 100 * time.Millisecond,
 //	})
 //	mux := asynq.NewServeMux()
 //	mr.Register(mux)

@@ -29,13 +29,20 @@ import (
 // Args are a run's arguments.
 type Args struct {
 	PageSize int `json:"page_size"` // rows per page
-	SleepMS  int `json:"sleep_ms"`  // how long each page's query sleeps in Postgres
+	SleepMS  int `json:"sleep_ms"`  // how long each of a page's queries sleeps in Postgres
+	// Queries is how many queries a page runs, one after another, each
+	// on a slice of its rows and under a permit of its own; 0 is 1. Many
+	// short permits taken back to back keep every worker's semaphore
+	// handle releasing while its other handlers wait: its new waiters
+	// are carried by its releases (the semaphore's carried enqueues).
+	Queries int `json:"queries,omitempty"`
 }
 
 // Page is one keyset page of amounts.
 type Page struct {
 	pgsource.KeyRange
 	SleepMS int `json:"sleep_ms"`
+	Queries int `json:"queries,omitempty"`
 }
 
 // Total is the count and sum of amounts of a page, or of the table.
@@ -61,8 +68,8 @@ WHERE id > $1 AND id <= $2 AND (SELECT pg_sleep($3)) IS NOT NULL`
 var Job = mapreduce.Job[Args, Page, Total, Result]{
 	Name: "sums",
 	Validate: func(a Args) error {
-		if a.PageSize < 1 || a.SleepMS < 0 {
-			return errors.New("page_size: use at least 1 row; sleep_ms: use 0 or more")
+		if a.PageSize < 1 || a.SleepMS < 0 || a.Queries < 0 {
+			return errors.New("page_size: use at least 1 row; sleep_ms and queries: use 0 or more")
 		}
 		return nil
 	},
@@ -72,7 +79,7 @@ var Job = mapreduce.Job[Args, Page, Total, Result]{
 			return err
 		}
 		return pgsource.Split(ctx, db, sem, pgsource.Table{Name: "amounts", Key: "id", PageSize: a.PageSize}, func(r pgsource.KeyRange) error {
-			return emit(Page{KeyRange: r, SleepMS: a.SleepMS})
+			return emit(Page{KeyRange: r, SleepMS: a.SleepMS, Queries: a.Queries})
 		})
 	},
 	Map: func(ctx context.Context, p Page) (Total, error) {
@@ -80,11 +87,18 @@ var Job = mapreduce.Job[Args, Page, Total, Result]{
 		if err != nil {
 			return Total{}, err
 		}
-		rows, err := pgsource.Fetch(ctx, db, sem, pageSQL, p, pgx.RowToStructByPos[Total], float64(p.SleepMS)/1000)
-		if err != nil {
-			return Total{}, err
+		n := int64(max(p.Queries, 1))
+		var t Total
+		for q := range n { // slice q of n of the page's keys
+			part := pgsource.KeyRange{Lo: p.Lo + (p.Hi-p.Lo)*q/n, Hi: p.Lo + (p.Hi-p.Lo)*(q+1)/n}
+			rows, err := pgsource.Fetch(ctx, db, sem, pageSQL, part, pgx.RowToStructByPos[Total], float64(p.SleepMS)/1000)
+			if err != nil {
+				return Total{}, err
+			}
+			t.Rows += rows[0].Rows
+			t.Sum += rows[0].Sum
 		}
-		return rows[0], nil
+		return t, nil
 	},
 	Reduce: addUp[Args, Page],
 }
