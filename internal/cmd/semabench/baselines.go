@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -277,5 +279,116 @@ func (d *tokenDispatch) acquire(ctx context.Context) (func(), error) {
 		return func() { d.list.rdb.RPush(context.Background(), d.list.key, tok) }, nil
 	case <-ctx.Done():
 		return nil, ctx.Err() // the run is over; a token sent to w is dropped
+	}
+}
+
+// ticketWake is a ticket semaphore whose hand-off pushes to the next
+// ticket's process, on batchmr's wake path: an acquire takes the next
+// ticket and, unless a permit is free for it, records its process under
+// it (a three-command script); a release takes the next serving number
+// and pushes it onto the wake list of that ticket's process, if the ticket
+// was issued (a four-command script); each process's dispatcher pops its
+// wake list (BLMPOP … COUNT 64) and hands each number to its waiter.
+// Fleet-wide FIFO by ticket. Not a design: no leases, no dead or
+// cancelled waiters, no weights, no live limit; it measures what a
+// hand-off of a few commands could reach beside the bound.
+type ticketWake struct {
+	rdb  *redis.Client
+	key  string
+	wake string
+
+	mu      sync.Mutex
+	waiters map[int64]chan struct{}
+	ready   map[int64]bool // numbers that came before their waiter registered
+}
+
+var ticketWakeAcquire = redis.NewScript(`
+local t = redis.call('INCR', KEYS[1])
+if t <= tonumber(redis.call('GET', KEYS[2]) or '0') then return {t, 1} end
+redis.call('SET', KEYS[3] .. t, ARGV[1])
+return {t, 0}`)
+
+// ticketWakeRelease returns the next serving number and 1 if its ticket
+// is the caller's own (ARGV[1]): that one is not pushed, the caller hands
+// it over in-process, as batchmr's release does.
+var ticketWakeRelease = redis.NewScript(`
+local s = redis.call('INCR', KEYS[1])
+local owner = redis.call('GET', KEYS[2] .. s)
+if not owner then return {s, 0} end
+redis.call('DEL', KEYS[2] .. s)
+if owner == ARGV[1] then return {s, 1} end
+redis.call('RPUSH', KEYS[3] .. owner, s)
+return {s, 0}`)
+
+func newTicketWake(ctx context.Context, rdb *redis.Client, key string, limit int) *ticketWake {
+	rdb.SetNX(ctx, key+":serving", limit, 0)
+	w := &ticketWake{rdb: rdb, key: key, wake: strconv.Itoa(os.Getpid()),
+		waiters: map[int64]chan struct{}{}, ready: map[int64]bool{}}
+	go w.dispatch(ctx)
+	return w
+}
+
+func (w *ticketWake) dispatch(ctx context.Context) {
+	conn := w.rdb.Conn()
+	defer conn.Close()
+	for ctx.Err() == nil {
+		_, vals, err := conn.BLMPop(ctx, time.Second, "left", 64, w.key+":wake:"+w.wake).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		for _, v := range vals {
+			t, _ := strconv.ParseInt(v, 10, 64)
+			w.deliver(t)
+		}
+		runtime.Gosched() // as batchmr's dispatcher: the new holders run first
+	}
+}
+
+// deliver hands serving number t to its waiter, or keeps it for a waiter
+// whose acquire's reply is not in yet.
+func (w *ticketWake) deliver(t int64) {
+	w.mu.Lock()
+	ch := w.waiters[t]
+	delete(w.waiters, t)
+	if ch == nil {
+		w.ready[t] = true
+	}
+	w.mu.Unlock()
+	if ch != nil {
+		ch <- struct{}{}
+	}
+}
+
+func (w *ticketWake) acquire(ctx context.Context) (func(), error) {
+	release := func() {
+		res, err := ticketWakeRelease.Run(context.Background(), w.rdb, []string{w.key + ":serving", w.key + ":owner:", w.key + ":wake:"}, w.wake).Int64Slice()
+		if err == nil && res[1] == 1 {
+			w.deliver(res[0])
+		}
+	}
+	res, err := ticketWakeAcquire.Run(ctx, w.rdb, []string{w.key + ":ticket", w.key + ":serving", w.key + ":owner:"}, w.wake).Int64Slice()
+	if err != nil {
+		return nil, err
+	}
+	if res[1] == 1 {
+		return release, nil
+	}
+	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	if w.ready[res[0]] {
+		delete(w.ready, res[0])
+		ch <- struct{}{}
+	} else {
+		w.waiters[res[0]] = ch
+	}
+	w.mu.Unlock()
+	select {
+	case <-ch:
+		return release, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }

@@ -412,6 +412,7 @@ var designs = []design{
 	{name: "token-dispatch-lua", about: "not a design: token-dispatch, released by a one-command Lua script", diagnostic: true},
 	{name: "token-dispatch-lua24", about: "not a design: token-dispatch, released by a Lua script of 25 commands", diagnostic: true},
 	{name: "token-dispatch-ticket", about: "not a design: token-dispatch, each acquire first taking a FIFO ticket by a script as batchmr's queued acquire does", diagnostic: true},
+	{name: "ticket-wake", about: "not a design: a ticket semaphore whose release script (4 commands) pushes the next ticket to its process's wake list, batchmr's wake path (fleet-wide FIFO; no leases)", diagnostic: true},
 	{name: "bound-1rtt", about: "bound, not a design: limit split over the processes, in-process hand-off after one PING"},
 	{name: "bound-local", about: "bound, not a design: limit split over the processes, in-process hand-off"},
 }
@@ -680,6 +681,8 @@ func runWorker(rdb *redis.Client) {
 			d.ticket, d.id = ticketScript, strconv.Itoa(os.Getpid())
 		}
 		acquire = d.acquire
+	case "ticket-wake":
+		acquire = newTicketWake(ctx, rdb, *prefix+":tw", *limit).acquire
 	case "bound-1rtt", "bound-local": // -limit is a multiple of -processes: see utilisationFor
 		acquire = newLocalBound(rdb, *limit / *processes, *worker == "bound-1rtt").acquire
 	case "lock-counter":
