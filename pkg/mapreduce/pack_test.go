@@ -65,6 +65,24 @@ func wantExactRun(t *testing.T, c *mapreduce.Client, id string, pages int, cnt *
 	return st
 }
 
+// runCheap runs job over pages pages of one number each to its exact end
+// (wantExactRun), and returns the run and how it packed: k pages a task
+// from page from.
+func runCheap(t *testing.T, c *mapreduce.Client, job mapreduce.Job[sumArgs, span, int, int], pages int, cnt *counts) (id string, k, from int) {
+	t.Helper()
+	ctx := context.Background()
+	id, err := job.Start(ctx, c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantExactRun(t, c, id, pages, cnt, nil)
+	k, from, err = c.Packing(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, k, from
+}
+
 func TestCheapPagesGoSeveralToATaskAndEachIsRecordedOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -75,15 +93,7 @@ func TestCheapPagesGoSeveralToATaskAndEachIsRecordedOnce(t *testing.T) {
 	c := e.client()
 	e.worker(c, 8)
 	ctx := context.Background()
-	id, err := job.Start(ctx, c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantExactRun(t, c, id, pages, cnt, nil)
-	k, from, err := c.Packing(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	id, k, from := runCheap(t, c, job, pages, cnt)
 	if k < 2 || from < mapreduce.PackSample {
 		t.Fatalf("the run packs %d pages a task from page %d: want several, once %d pages were measured", k, from, mapreduce.PackSample)
 	}
@@ -693,16 +703,7 @@ func TestASplitOfCheapPagesPacksAfterItsFirstFewHundredPages(t *testing.T) {
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	c := e.client()
 	e.workerPolling(c, 8, 100*time.Millisecond)
-	ctx := context.Background()
-	id, err := job.Start(ctx, c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantExactRun(t, c, id, pages, cnt, nil)
-	k, from, err := c.Packing(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, k, from := runCheap(t, c, job, pages, cnt)
 	// The decision comes with the feed after the probe's pages: at most
 	// one feed (256 pages) later.
 	if k < 2 || from < mapreduce.ProbePages || from > 2*mapreduce.ProbePages {

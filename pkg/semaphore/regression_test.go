@@ -130,6 +130,22 @@ func TestAGrantThatLapsedInTheWakeListIsNeverHandedOver(t *testing.T) {
 	_ = r.Release(ctx)
 }
 
+// lostAcquireReply returns a hook that holds back the reply of the first
+// acquire call that match accepts until release is called, and then loses
+// it (an i/o timeout after the script ran), and that release.
+func lostAcquireReply(match func(cmd redis.Cmder) bool) (*faultHook, func()) {
+	unblock := make(chan struct{})
+	var once sync.Once
+	var lost atomic.Bool
+	h := &faultHook{after: func(cmd redis.Cmder) {
+		if isScript(cmd, semaphore.AcquireScript) && match(cmd) && lost.CompareAndSwap(false, true) {
+			<-unblock
+			cmd.SetErr(errors.New("read tcp: i/o timeout (injected)"))
+		}
+	}}
+	return h, func() { once.Do(func() { close(unblock) }) }
+}
+
 // A waiter's first acquire call queues it, but its reply is lost (the
 // process is cut off). Before the retry, its place is granted (the wake-up
 // waits in its list, unread: the process has no dispatcher yet), the grant
@@ -140,16 +156,7 @@ func TestAGrantThatLapsedInTheWakeListIsNeverHandedOver(t *testing.T) {
 // under load, when the cut lost the queued reply.)
 func TestARetriedAcquireIsNeverHandedTheGrantOfItsLapsedPlace(t *testing.T) {
 	t.Parallel()
-	unblock := make(chan struct{})
-	var unblockOnce sync.Once
-	release := func() { unblockOnce.Do(func() { close(unblock) }) }
-	var lost atomic.Bool
-	h := &faultHook{after: func(cmd redis.Cmder) {
-		if isScript(cmd, semaphore.AcquireScript) && arg(cmd, argWaitFlag) == "1" && lost.CompareAndSwap(false, true) {
-			<-unblock
-			cmd.SetErr(errors.New("read tcp: i/o timeout (injected)"))
-		}
-	}}
+	h, release := lostAcquireReply(func(cmd redis.Cmder) bool { return arg(cmd, argWaitFlag) == "1" })
 	rdb, prefix := testenv.Redis(t)
 	const lease = 600 * time.Millisecond
 	a := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
@@ -804,16 +811,7 @@ func TestARefreshTellsAHolderRedisMarkedLostThatItsLeaseIsLost(t *testing.T) {
 // refresh), but ask again under a new token, as for a lapsed place.
 func TestARetriedAcquireIsNeverHandedItsLapsedPermit(t *testing.T) {
 	t.Parallel()
-	unblock := make(chan struct{})
-	var unblockOnce sync.Once
-	release := func() { unblockOnce.Do(func() { close(unblock) }) }
-	var lost atomic.Bool
-	h := &faultHook{after: func(cmd redis.Cmder) {
-		if isScript(cmd, semaphore.AcquireScript) && lost.CompareAndSwap(false, true) {
-			<-unblock
-			cmd.SetErr(errors.New("read tcp: i/o timeout (injected)"))
-		}
-	}}
+	h, release := lostAcquireReply(func(redis.Cmder) bool { return true })
 	rdb, prefix := testenv.Redis(t)
 	const lease = 600 * time.Millisecond
 	a := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
