@@ -220,31 +220,52 @@ func (n *drainNotice) refuse() error {
 func (s *Semaphore) enlist(w *waiter) error {
 	token := s.newToken(w.weight)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return ErrClosed
 	}
+	var stale []*Permit
 	if w.token != "" {
 		delete(s.waiters, w.token)
-		dropRequeues(w)
+		stale = dropStale(w)
 	}
 	w.token, w.heartbeat, w.known = token, time.Now(), false
 	s.waiters[token] = w
+	s.mu.Unlock()
+	for _, p := range stale {
+		s.forgetHolder(p)
+		p.lose(errGivenUp)
+	}
 	return nil
 }
 
-// dropRequeues takes out of w.ch the requeue notices still unread, keeping
-// anything else. They were for w's old token: a second refresh's notice
-// can arrive after w read the first and before it re-queued, and read
-// under the new token it would send w to the back of the queue again.
+// dropStale takes out of w.ch what was for w's old token, keeping anything
+// else, and returns the permits among it. w re-enlists because Redis said
+// the old token's place or permit is gone or lapsed (a refresh, or a
+// retried acquire), and its caller releases the old token:
+//   - a requeue notice: a second refresh's notice can arrive after w read
+//     the first and before it re-queued, and read under the new token it
+//     would send w to the back of the queue again;
+//   - a permit: the dispatcher handed the old token's grant over before
+//     Redis let it lapse, while w's acquire call was still being retried.
+//     Returned, it would guard work with a permit Redis no longer counts
+//     for it, and the new token's grant would reach nobody, its permit
+//     refreshed and held until Close.
+//
 // Called with s.mu held by w's own Acquire call, its only reader: the
 // senders send under s.mu, so nothing comes or goes meanwhile.
-func dropRequeues(w *waiter) {
+func dropStale(w *waiter) []*Permit {
+	var stale []*Permit
 	for range len(w.ch) {
-		if m := <-w.ch; !m.requeue {
+		switch m := <-w.ch; {
+		case m.requeue:
+		case m.permit != nil:
+			stale = append(stale, m.permit)
+		default:
 			w.ch <- m
 		}
 	}
+	return stale
 }
 
 func (s *Semaphore) tokenOf(w *waiter) string {

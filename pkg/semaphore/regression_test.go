@@ -827,8 +827,13 @@ func TestARetriedAcquireIsNeverHandedItsLapsedPermit(t *testing.T) {
 		p, err := a.Acquire(ctx)
 		got <- result{p, err}
 	}()
-	testenv.WaitFor(t, 5*time.Second, "a's first call to be granted", func() bool { return stats(t, other).Held == 1 })
-	first := stats(t, other).Holders[0].ID
+	var first string
+	testenv.WaitFor(t, 5*time.Second, "a's first call to be granted", func() bool {
+		if st := stats(t, other); len(st.Holders) == 1 {
+			first = st.Holders[0].ID
+		}
+		return first != ""
+	})
 	holders := prefix + ":{db}:holders"
 	testenv.WaitFor(t, 10*time.Second, "the unanswered grant to lapse in Redis", func() bool {
 		now, err := rdb.Time(ctx).Result()
@@ -861,4 +866,81 @@ func TestARetriedAcquireIsNeverHandedItsLapsedPermit(t *testing.T) {
 		t.Errorf("Release = %v, want nil", err)
 	}
 	testenv.WaitFor(t, 5*time.Second, "nothing held", func() bool { return stats(t, other).Held == 0 })
+}
+
+// As above, but the grant came by the wake list while the acquire call was
+// being retried: the dispatcher handed it over (its lease was running
+// then), the process could not refresh it, and it lapsed before the retry
+// reached Redis, which answers that the token's permit lapsed. The permit
+// handed over must not be returned: Redis no longer counts it for this
+// process, and the waiter, asking again under a new token, would leave
+// that token's grant to nobody, held and refreshed until Close.
+func TestARetriedAcquireDropsTheGrantThatLapsedWhileItRetried(t *testing.T) {
+	t.Parallel()
+	var armed, cutOff atomic.Bool
+	h, release := lostAcquireReply(func(cmd redis.Cmder) bool { return armed.Load() && arg(cmd, argWaitFlag) == "1" })
+	h.refuse = func(cmd redis.Cmder) bool { return cutOff.Load() && isScript(cmd, semaphore.RefreshScript) }
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
+	a := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	t.Cleanup(release)
+	ctx := context.Background()
+	// a's dispatcher runs from its first grant on.
+	if err := mustAcquire(t, a).Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := mustAcquire(t, other)
+	armed.Store(true)
+	type result struct {
+		p   *semaphore.Permit
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		q, err := a.Acquire(ctx)
+		got <- result{q, err}
+	}()
+	var first string
+	testenv.WaitFor(t, 5*time.Second, "a to queue", func() bool {
+		st := stats(t, other)
+		if len(st.Waiters) == 1 {
+			first = st.Waiters[0].ID
+		}
+		return first != ""
+	})
+	cutOff.Store(true)                     // a cannot refresh the grant it is about to get
+	if err := p.Release(ctx); err != nil { // grants a's place; a's dispatcher hands it over
+		t.Fatal(err)
+	}
+	holders := prefix + ":{db}:holders"
+	testenv.WaitFor(t, 10*time.Second, "a's unrefreshed grant to lapse in Redis", func() bool {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline, err := rdb.ZScore(ctx, holders, first).Result()
+		return err == nil && int64(deadline) < now.UnixMilli()
+	})
+	cutOff.Store(false)
+	release() // the queued reply is lost: a retries
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a's Acquire did not return after its retry: %+v", stats(t, other))
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.p.ID() == first {
+		t.Fatalf("Acquire returned the grant %s that lapsed while its call was retried", first)
+	}
+	if err := r.p.Release(ctx); err != nil {
+		t.Errorf("Release = %v, want nil", err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "nothing held or waiting", func() bool {
+		st := stats(t, other)
+		return st.Held == 0 && len(st.Waiters) == 0
+	})
 }
