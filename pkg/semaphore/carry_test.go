@@ -188,12 +188,19 @@ func expectEmpty(t *testing.T, s *semaphore.Semaphore, when string) {
 func (c *carryScene) acquirePending(t *testing.T, ctx context.Context, n int) (got <-chan acquired) {
 	t.Helper()
 	before := c.a.Pending()
+	got = acquireAsync(ctx, c.a, n)
+	testenv.WaitFor(t, 5*time.Second, "a waiter pending", func() bool { return c.a.Pending() == before+1 })
+	return got
+}
+
+// acquireAsync calls s.AcquireN(ctx, n) in a goroutine; got receives its
+// permit or its error.
+func acquireAsync(ctx context.Context, s *semaphore.Semaphore, n int) (got <-chan acquired) {
 	ch := make(chan acquired, 1)
 	go func() {
-		p, err := c.a.AcquireN(ctx, n)
+		p, err := s.AcquireN(ctx, n)
 		ch <- acquired{p, err}
 	}()
-	testenv.WaitFor(t, 5*time.Second, "a waiter pending", func() bool { return c.a.Pending() == before+1 })
 	return ch
 }
 

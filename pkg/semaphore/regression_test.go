@@ -646,7 +646,7 @@ func TestTheDispatchersConnectionDoesNotRaceTheClientsHandshakes(t *testing.T) {
 // waitLapsed waits until each permit's lease has run out in Redis while it
 // is still listed in holders (the semaphore's holders key). It reads the
 // key directly: any script would purge them.
-func waitLapsed(t *testing.T, rdb *redis.Client, holders string, ps ...*semaphore.Permit) {
+func waitLapsed(t *testing.T, rdb *redis.Client, holders string, tokens ...string) {
 	t.Helper()
 	ctx := context.Background()
 	testenv.WaitFor(t, 10*time.Second, "the permits' leases to run out in Redis", func() bool {
@@ -654,8 +654,8 @@ func waitLapsed(t *testing.T, rdb *redis.Client, holders string, ps ...*semaphor
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, p := range ps {
-			deadline, err := rdb.ZScore(ctx, holders, p.ID()).Result()
+		for _, tok := range tokens {
+			deadline, err := rdb.ZScore(ctx, holders, tok).Result()
 			if err != nil || int64(deadline) >= now.UnixMilli() {
 				return false
 			}
@@ -687,7 +687,7 @@ func TestAReleaseDoesNotHandOnTheReleasersOtherLapsedPermits(t *testing.T) {
 	got2 := acquireQueued(t, other, other, 2)
 	cutOff.Store(true) // a's refreshes fail from now on
 	holders, queue := prefix+":{db}:holders", prefix+":{db}:queue"
-	waitLapsed(t, rdb, holders, p1, p2)
+	waitLapsed(t, rdb, holders, p1.ID(), p2.ID())
 	if err := p1.Release(ctx); !errors.Is(err, semaphore.ErrLeaseLost) {
 		t.Errorf("p1.Release = %v, want ErrLeaseLost", err)
 	}
@@ -730,7 +730,7 @@ func TestARefreshDoesNotHandOnItsProcesssLapsedPermits(t *testing.T) {
 	first, waiting := st.Waiters[0].ID, st.Waiters[1].ID
 	cutOff.Store(true)
 	holders, queue, alive := prefix+":{db}:holders", prefix+":{db}:queue", prefix+":{db}:alive"
-	waitLapsed(t, rdb, holders, p1, p2)
+	waitLapsed(t, rdb, holders, p1.ID(), p2.ID())
 	before := rdb.ZScore(ctx, alive, waiting).Val()
 	cutOff.Store(false) // a's watchdog retries within a second
 	testenv.WaitFor(t, 5*time.Second, "a's refresh", func() bool {
@@ -818,15 +818,7 @@ func TestARetriedAcquireIsNeverHandedItsLapsedPermit(t *testing.T) {
 	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
 	t.Cleanup(release)
 	ctx := context.Background()
-	type result struct {
-		p   *semaphore.Permit
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		p, err := a.Acquire(ctx)
-		got <- result{p, err}
-	}()
+	got := acquireAsync(ctx, a, 1)
 	var first string
 	testenv.WaitFor(t, 5*time.Second, "a's first call to be granted", func() bool {
 		if st := stats(t, other); len(st.Holders) == 1 {
@@ -835,34 +827,19 @@ func TestARetriedAcquireIsNeverHandedItsLapsedPermit(t *testing.T) {
 		return first != ""
 	})
 	holders := prefix + ":{db}:holders"
-	testenv.WaitFor(t, 10*time.Second, "the unanswered grant to lapse in Redis", func() bool {
-		now, err := rdb.Time(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		deadline, err := rdb.ZScore(ctx, holders, first).Result()
-		return err == nil && int64(deadline) < now.UnixMilli()
-	})
+	waitLapsed(t, rdb, holders, first)
 	release() // the reply is lost: a retries
-	var r result
-	select {
-	case r = <-got:
-	case <-time.After(5 * time.Second):
-		t.Fatal("a's Acquire did not return after its retry")
-	}
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if r.p.ID() == first {
+	r := expectGrant(t, got, "a's Acquire, after its retry")
+	if r.ID() == first {
 		t.Fatalf("the retry handed over the lapsed permit %s, which Redis keeps marked lost", first)
 	}
 	// Over two refreshes the new permit stays live.
 	select {
-	case <-r.p.Context().Done():
-		t.Fatalf("the permit's context ended: %v", context.Cause(r.p.Context()))
+	case <-r.Context().Done():
+		t.Fatalf("the permit's context ended: %v", context.Cause(r.Context()))
 	case <-time.After(2 * lease / 3 * 2):
 	}
-	if err := r.p.Release(ctx); err != nil {
+	if err := r.Release(ctx); err != nil {
 		t.Errorf("Release = %v, want nil", err)
 	}
 	testenv.WaitFor(t, 5*time.Second, "nothing held", func() bool { return stats(t, other).Held == 0 })
@@ -892,15 +869,7 @@ func TestARetriedAcquireDropsTheGrantThatLapsedWhileItRetried(t *testing.T) {
 	}
 	p := mustAcquire(t, other)
 	armed.Store(true)
-	type result struct {
-		p   *semaphore.Permit
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		q, err := a.Acquire(ctx)
-		got <- result{q, err}
-	}()
+	got := acquireAsync(ctx, a, 1)
 	var first string
 	testenv.WaitFor(t, 5*time.Second, "a to queue", func() bool {
 		st := stats(t, other)
@@ -914,29 +883,14 @@ func TestARetriedAcquireDropsTheGrantThatLapsedWhileItRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	holders := prefix + ":{db}:holders"
-	testenv.WaitFor(t, 10*time.Second, "a's unrefreshed grant to lapse in Redis", func() bool {
-		now, err := rdb.Time(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		deadline, err := rdb.ZScore(ctx, holders, first).Result()
-		return err == nil && int64(deadline) < now.UnixMilli()
-	})
+	waitLapsed(t, rdb, holders, first)
 	cutOff.Store(false)
 	release() // the queued reply is lost: a retries
-	var r result
-	select {
-	case r = <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("a's Acquire did not return after its retry: %+v", stats(t, other))
-	}
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if r.p.ID() == first {
+	r := expectGrant(t, got, "a's Acquire, after its retry")
+	if r.ID() == first {
 		t.Fatalf("Acquire returned the grant %s that lapsed while its call was retried", first)
 	}
-	if err := r.p.Release(ctx); err != nil {
+	if err := r.Release(ctx); err != nil {
 		t.Errorf("Release = %v, want nil", err)
 	}
 	testenv.WaitFor(t, 5*time.Second, "nothing held or waiting", func() bool {
