@@ -520,19 +520,30 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 		}
 		return "not met"
 	}
-	bi := slices.IndexFunc(chosen, func(d design) bool { return d.name == "bound-1rtt" })
 	oi := slices.IndexFunc(chosen, func(d design) bool { return d.name == "batchmr" })
-	if bi >= 0 {
-		var ratios []float64
-		var each []string
-		for r := range runs[oi] {
-			x := runs[oi][r].util / runs[bi][r].util
-			ratios = append(ratios, x)
-			each = append(each, fmt.Sprintf("%.3f", x))
+	// perRound returns batchmr's utilisation over design name's, round by round,
+	// their median, and the rounds as text; ok is false if name did not run.
+	perRound := func(name string) (ratios []float64, m float64, each string, ok bool) {
+		i := slices.IndexFunc(chosen, func(d design) bool { return d.name == name })
+		if i < 0 {
+			return nil, 0, "", false
 		}
-		m := benchutil.Median(ratios)
+		var parts []string
+		for r := range runs[oi] {
+			x := runs[oi][r].util / runs[i][r].util
+			ratios = append(ratios, x)
+			parts = append(parts, fmt.Sprintf("%.3f", x))
+		}
+		return ratios, benchutil.Median(ratios), strings.Join(parts, " "), true
+	}
+	if ratios, m, each, ok := perRound("bound-1rtt"); ok {
 		fmt.Printf("- batchmr / one-PING bound, per round: median **%.3f** (rounds: %s; min %.3f, max %.3f); target ≥ 0.95: **%s**\n",
-			m, strings.Join(each, " "), slices.Min(ratios), slices.Max(ratios), verdict(m >= 0.95))
+			m, each, slices.Min(ratios), slices.Max(ratios), verdict(m >= 0.95))
+	}
+	if ratios, m, each, ok := perRound("ticket-wake"); ok {
+		// Not a target: what S1 and S3–S5 cost beyond strict FIFO itself.
+		fmt.Printf("- batchmr / ticket-wake (strict FIFO and nothing else), per round: median **%.3f** (rounds: %s; min %.3f, max %.3f)\n",
+			m, each, slices.Min(ratios), slices.Max(ratios))
 	}
 	fmt.Printf("- batchmr absolute: **%.3f** (min %.3f over the rounds); target ≥ 0.95: **%s**\n", ours,
 		slices.MinFunc(runs[oi], func(a, b runResult) int { return cmpFloat(a.util, b.util) }).util, verdict(ours >= 0.95))
