@@ -26,6 +26,15 @@ const PackSample = packSample
 // for PackSample of them to be measured.
 const ProbePages = probePages
 
+// SetProbeWait sets how long a split waits at most for its first pages to
+// be measured, until restore is called. For tests that do not run in
+// parallel.
+func SetProbeWait(d time.Duration) (restore func()) {
+	old := probeWait
+	probeWait = d
+	return func() { probeWait = old }
+}
+
 // SetPacking makes a run that has not fed a page yet pack its pages by k
 // from page from, as if its split had decided so (feed.lua).
 func (c *Client) SetPacking(ctx context.Context, id string, k, from int) error {

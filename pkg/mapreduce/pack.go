@@ -135,9 +135,16 @@ const (
 	// probePages is how many pages a split feeds a task each before it
 	// waits for packSample of them to be measured (probe).
 	probePages = 256
-	// probeWait bounds that wait: workers busy elsewhere, or none running.
-	probeWait = time.Second
+	// probeIdle ends that wait sooner: the queue has had nothing pending
+	// for this long, so workers took every task fed and may be idle, and
+	// pages still unmeasured are not cheap (cheap ones are recorded
+	// within milliseconds of being taken).
+	probeIdle = 50 * time.Millisecond
 )
+
+// probeWait bounds that wait: workers busy elsewhere, or none running. A
+// variable for the tests.
+var probeWait = time.Second
 
 // packFor returns how many pages a task should carry for pages whose Map
 // took mapUS microseconds in all over n pages, at most limit (a power of
@@ -189,9 +196,10 @@ func (c *Client) packable(ctx context.Context, job string) (bool, []string) {
 // 100 000-page run (BENCHMARKS.md). So once probePages pages went a page
 // a task, a split that may pack waits, at most probeWait and once per
 // attempt, until packSample pages are measured or one shows the pages are
-// too slow to pack, and then decides as before. Slow pages cost the wait
-// for the first of them to be recorded: their run has probePages tasks to
-// run meanwhile.
+// too slow to pack, or the workers have taken every task fed (probeIdle),
+// and then decides as before. Slow pages cost the wait for the first of
+// them to be recorded, or for the workers to take the probe's tasks:
+// either way the workers are busy meanwhile.
 func (f *feeder) probe(ctx context.Context, start int) error {
 	if f.probed || f.packLimit < 2 {
 		return nil
@@ -208,6 +216,7 @@ func (f *feeder) probe(ctx context.Context, start int) error {
 	}
 	budget := packBudget.Microseconds()
 	sleep, until := time.Millisecond, time.Now().Add(probeWait)
+	var empty time.Time // since when nothing is pending in the queue
 	for f.mapN < packSample && (f.mapN == 0 || 2*f.mapUS < budget*f.mapN) && time.Now().Before(until) {
 		select {
 		case <-ctx.Done():
@@ -215,8 +224,16 @@ func (f *feeder) probe(ctx context.Context, start int) error {
 		case <-time.After(sleep):
 		}
 		sleep = min(2*sleep, maxNap)
-		if _, _, _, _, err := f.look(ctx); err != nil { // updates mapUS and mapN
+		_, _, pending, _, err := f.look(ctx) // updates mapUS and mapN
+		switch {
+		case err != nil:
 			return err
+		case pending > 0:
+			empty = time.Time{}
+		case empty.IsZero():
+			empty = time.Now()
+		case time.Since(empty) >= probeIdle:
+			return nil
 		}
 	}
 	return nil

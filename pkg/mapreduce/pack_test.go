@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -710,4 +711,50 @@ func TestASplitOfCheapPagesPacksAfterItsFirstFewHundredPages(t *testing.T) {
 		t.Fatalf("the run packs %d pages a task from page %d: want several, from page %d to %d", k, from, mapreduce.ProbePages, 2*mapreduce.ProbePages)
 	}
 	t.Logf("packed by %d from page %d", k, from)
+}
+
+// The probe's wait ends once the workers have taken every task fed, rather
+// than at its bound: pages not measured by then are not cheap, and a fleet
+// with more slots than the probe's pages would idle meanwhile. Here no page
+// ends while the test watches, and the bound is a minute: the split must
+// feed the rest of the run all the same. (Not parallel: it sets the bound,
+// a package variable.)
+func TestAProbeWhoseTasksAreAllTakenFeedsOnWithoutWaitingForThem(t *testing.T) {
+	defer mapreduce.SetProbeWait(time.Minute)()
+	e := newEnv(t)
+	const pages = 600
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open()
+	cnt := newCounts()
+	job := sumJob("slowstart", cnt, e.opts(mapreduce.JobOptions{}))
+	inner := job.Map
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		<-gate
+		return inner(ctx, p)
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, pages+8) // a slot for every page, and the split's
+	ctx := context.Background()
+	id, err := job.Start(ctx, c, sumArgs{N: pages, PageSize: 1}, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	var queued int
+	testenv.WaitFor(t, 30*time.Second, "every page's task enqueued while none has ended", func() bool {
+		info, err := insp.GetQueueInfo(e.queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued = info.Pending + info.Active
+		return queued >= pages // and the split, active
+	})
+	open()
+	wantExactRun(t, c, id, pages, cnt, nil)
+	if k, from, err := c.Packing(ctx, id); err != nil || k > 1 {
+		t.Errorf("the run packs %d pages a task from page %d (%v): want a task a page, none measured when it decided", k, from, err)
+	}
 }
