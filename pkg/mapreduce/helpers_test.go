@@ -220,6 +220,15 @@ func sumSpan(p span) int {
 }
 
 // sumJob is a complete job: its Map sums a span, its Reduce the sums.
+// gateMap makes job's Map wait, before each page, until gate is closed.
+func gateMap(job *mapreduce.Job[sumArgs, span, int, int], gate <-chan struct{}) {
+	inner := job.Map
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		<-gate
+		return inner(ctx, p)
+	}
+}
+
 func sumJob(name string, c *counts, o mapreduce.JobOptions) mapreduce.Job[sumArgs, span, int, int] {
 	return mapreduce.Job[sumArgs, span, int, int]{
 		Name:  name,

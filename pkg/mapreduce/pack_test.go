@@ -729,11 +729,7 @@ func TestAProbeWhoseTasksAreAllTakenFeedsOnWithoutWaitingForThem(t *testing.T) {
 	defer open()
 	cnt := newCounts()
 	job := sumJob("slowstart", cnt, e.opts(mapreduce.JobOptions{}))
-	inner := job.Map
-	job.Map = func(ctx context.Context, p span) (int, error) {
-		<-gate
-		return inner(ctx, p)
-	}
+	gateMap(&job, gate)
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	c := e.client()
 	e.worker(c, pages+8) // a slot for every page, and the split's

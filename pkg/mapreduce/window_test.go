@@ -632,11 +632,7 @@ func TestASplitWhoseLastFeedsRedisLostGoesOnFromWhatRedisKept(t *testing.T) {
 		}
 		return nil
 	}
-	mapFn := job.Map
-	job.Map = func(ctx context.Context, p span) (int, error) {
-		<-mapGate
-		return mapFn(ctx, p)
-	}
+	gateMap(&job, mapGate)
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	c := e.client()
 	e.worker(c, 4)
