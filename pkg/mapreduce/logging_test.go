@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -35,6 +36,11 @@ func TestEveryPageFailureIsLoggedWithRunJobPageAttemptAndError(t *testing.T) {
 	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded || st.Failed != 2 {
 		t.Fatalf("run ended %s with %d failed pages; want succeeded (complete semantics) with 2", st.State, st.Failed)
 	}
+	// The outcome is logged once it is recorded, so a moment after wait
+	// can see it.
+	testenv.WaitFor(t, 5*time.Second, "the run's outcome logged", func() bool {
+		return slices.ContainsFunc(logs.Records(t), func(r map[string]any) bool { return r["msg"] == "mapreduce: run ended" })
+	})
 	attempts := map[float64][]float64{} // page -> attempts logged
 	ended := 0
 	for _, r := range logs.Records(t) {
