@@ -154,12 +154,20 @@ func packFor(mapUS, n int64, limit int) int {
 	if n < packSample || limit < 2 {
 		return 1
 	}
+	if tooSlowToPack(mapUS, n) {
+		return 1
+	}
 	avg := max(float64(mapUS)/float64(n), 1) // µs a page: 1 for anything faster
 	budget := float64(packBudget.Microseconds())
-	if 2*avg >= budget {
-		return 1 // a millisecond or more: a task's cost is a small part of it
-	}
 	return min(floorPow2(int(budget/avg)), limit) // a power of two, so that blocks nest
+}
+
+// tooSlowToPack reports whether pages whose Map took mapUS microseconds in
+// all over n (n > 0) average half of packBudget or more, a millisecond: a
+// task's own cost is then a small part of theirs, and packing them would
+// only cut a run's parallelism.
+func tooSlowToPack(mapUS, n int64) bool {
+	return n > 0 && 2*mapUS >= packBudget.Microseconds()*n
 }
 
 // floorPow2 is the largest power of two at most n, or 1 for n < 1.
@@ -214,10 +222,9 @@ func (f *feeder) probe(ctx context.Context, start int) error {
 	if !f.mayPack(ctx) {
 		return nil
 	}
-	budget := packBudget.Microseconds()
 	sleep, until := time.Millisecond, time.Now().Add(probeWait)
 	var empty time.Time // since when nothing is pending in the queue
-	for f.mapN < packSample && (f.mapN == 0 || 2*f.mapUS < budget*f.mapN) && time.Now().Before(until) {
+	for f.mapN < packSample && !tooSlowToPack(f.mapUS, f.mapN) && time.Now().Before(until) {
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
