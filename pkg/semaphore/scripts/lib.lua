@@ -32,7 +32,7 @@
 -- while it loads, only when its functions run: bind fills these on the
 -- first call. (The library's Lua state persists between calls; an EVALSHA
 -- script fills them on each.)
-local rcall, s_byte, s_format, s_match, to_number, m_floor
+local rcall, s_byte, s_format, s_match, s_sub, to_number, m_floor
 
 -- The state of one call, set by bind, read_clock and read_held. In a
 -- function library these outlive the call, so bind must reset every one of
@@ -69,7 +69,7 @@ end
 -- one (handoff, queue_short), then begin.
 local function bind(keys, argv)
   if not rcall then
-    rcall, s_byte, s_format, s_match = redis.call, string.byte, string.format, string.match
+    rcall, s_byte, s_format, s_match, s_sub = redis.call, string.byte, string.format, string.match, string.sub
     to_number, m_floor = tonumber, math.floor
   end
   K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE = keys[1], keys[2], keys[3], keys[4]
@@ -242,7 +242,7 @@ end
 local LOST = ':lost'
 
 local function is_lost(info) -- info: an HGET's reply, false if absent
-  return type(info) == 'string' and string.sub(info, -#LOST) == LOST
+  return type(info) == 'string' and s_sub(info, -#LOST) == LOST
 end
 
 -- purge_holders removes holders whose lease ran out (a crashed process gives
