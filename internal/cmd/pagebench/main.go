@@ -1,6 +1,8 @@
 // Command pagebench compares keyset pages with OFFSET pages on the example
 // orders table: the time to read one page at the start, the middle and the
-// end of the table, side by side.
+// end of the table, side by side; and the time to split the table by its
+// bigint key with pgsource.Split against pgsource.SplitSpans by the same
+// key and by a random uuid.
 //
 //	go run ./internal/cmd/pagebench -database-url postgres://…   (make bench runs it)
 //
@@ -19,6 +21,7 @@ import (
 
 	"github.com/batchmr/batchmr/examples/pagination/ordersreport"
 	"github.com/batchmr/batchmr/internal/benchutil"
+	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -79,6 +82,87 @@ func main() {
 		offset := timeQuery(ctx, pool, aggregate+"(SELECT amount_cents FROM orders ORDER BY id LIMIT $1 OFFSET $2) p", *pageSize, at.off)
 		fmt.Printf("| %s (row %d) | %.2f ms | %.2f ms | %.1f× |\n", at.name, at.off, ms(keyset), ms(offset), float64(offset)/float64(keyset))
 	}
+	fmt.Println()
+	splits(ctx, pool)
+}
+
+// splits times whole splits of the table, interleaved: Split by the bigint
+// id, SplitSpans by the same id, and SplitSpans by a random uuid column
+// (added here, with its unique index); then reads one middle page of each
+// kind.
+func splits(ctx context.Context, pool *pgxpool.Pool) {
+	for _, sql := range []string{
+		"ALTER TABLE orders ADD COLUMN ref uuid NOT NULL DEFAULT gen_random_uuid()",
+		"CREATE UNIQUE INDEX ON orders (ref)",
+		"VACUUM ANALYZE orders", // index-only scans, as on a table autovacuum keeps
+	} {
+		_, err := pool.Exec(ctx, sql)
+		must(err)
+	}
+	table := func(key string) pgsource.Table { return pgsource.Table{Name: "orders", Key: key, PageSize: *pageSize} }
+	var mid struct {
+		id       pgsource.KeyRange
+		idSpan   pgsource.KeySpan
+		uuidSpan pgsource.KeySpan
+	}
+	kinds := []struct {
+		name string
+		run  func() (pages int)
+	}{
+		{"`Split`, bigint id", func() (n int) {
+			must(pgsource.Split(ctx, pool, nil, table("id"), func(r pgsource.KeyRange) error {
+				if n++; n == *rows / *pageSize / 2 {
+					mid.id = r
+				}
+				return nil
+			}))
+			return n
+		}},
+		{"`SplitSpans`, bigint id", func() (n int) {
+			must(pgsource.SplitSpans(ctx, pool, nil, table("id"), func(s pgsource.KeySpan) error {
+				if n++; n == *rows / *pageSize / 2 {
+					mid.idSpan = s
+				}
+				return nil
+			}))
+			return n
+		}},
+		{"`SplitSpans`, random uuid ref", func() (n int) {
+			must(pgsource.SplitSpans(ctx, pool, nil, table("ref"), func(s pgsource.KeySpan) error {
+				if n++; n == *rows / *pageSize / 2 {
+					mid.uuidSpan = s
+				}
+				return nil
+			}))
+			return n
+		}},
+	}
+	const rounds = 5
+	times := make([][]time.Duration, len(kinds))
+	pages := make([]int, len(kinds))
+	for range rounds {
+		for i, k := range kinds {
+			t := time.Now()
+			pages[i] = k.run()
+			times[i] = append(times[i], time.Since(t))
+		}
+	}
+	fmt.Printf("## Splitting the table (median of %d interleaved splits)\n\n", rounds)
+	fmt.Println("| split | pages | time | vs `Split` |")
+	fmt.Println("|---|---|---|---|")
+	base := benchutil.Median(times[0])
+	for i, k := range kinds {
+		m := benchutil.Median(times[i])
+		fmt.Printf("| %s | %d | %.1f ms | %.2f× |\n", k.name, pages[i], ms(m), float64(m)/float64(base))
+	}
+	fmt.Println()
+	const aggregate = "SELECT count(*), coalesce(sum(amount_cents), 0)::bigint FROM orders WHERE "
+	fmt.Printf("## Reading the middle page of each split (median of %d reads)\n\n", *samples)
+	fmt.Println("| page | time |")
+	fmt.Println("|---|---|")
+	fmt.Printf("| `WHERE id > $1 AND id <= $2` | %.2f ms |\n", ms(timeQuery(ctx, pool, aggregate+"id > $1 AND id <= $2", mid.id.Args()...)))
+	fmt.Printf("| `WHERE id BETWEEN $1 AND $2` | %.2f ms |\n", ms(timeQuery(ctx, pool, aggregate+"id BETWEEN $1 AND $2", mid.idSpan.Args()...)))
+	fmt.Printf("| `WHERE ref BETWEEN $1 AND $2`, uuid | %.2f ms |\n", ms(timeQuery(ctx, pool, aggregate+"ref BETWEEN $1 AND $2", mid.uuidSpan.Args()...)))
 	fmt.Println()
 }
 

@@ -13,6 +13,23 @@
 //		...
 //	},
 //
+// Split needs an integer key. A table keyed by a uuid, text or any other
+// type Postgres orders pages with SplitSpans, whose KeySpan pages hold
+// their first and last keys, both included:
+//
+//	Split: func(ctx context.Context, a Args, emit func(pgsource.KeySpan) error) error {
+//		return pgsource.SplitSpans(ctx, pool, sem, pgsource.Table{Name: "events", Key: "id", PageSize: 5000}, emit)
+//	},
+//	Map: func(ctx context.Context, s pgsource.KeySpan) (Total, error) {
+//		rows, err := pgsource.Fetch(ctx, pool, sem, `SELECT amount FROM events WHERE id BETWEEN $1 AND $2`, s,
+//			pgx.RowTo[int64])
+//		...
+//	},
+//
+// A random key (a UUIDv4) scatters each page's rows over the whole table,
+// so a page reads more of the heap than one of an integer or time-ordered
+// key (UUIDv7) would: page by such a key where the table has one.
+//
 // Keyset pages cost the same wherever they are in the table: each is an
 // index range scan. OFFSET pages (SplitOffset, OffsetRange) re-read every
 // row before their offset, which makes a whole job quadratic; use them only

@@ -43,9 +43,10 @@ func (r OffsetRange) Args() []any { return []any{r.Limit, r.Offset} }
 type Table struct {
 	// Name is the table, optionally schema-qualified ("sales.orders").
 	Name string
-	// Key is a unique, non-null, indexed column of an integer type (bigint,
-	// int): pages are ranges of it. With duplicate keys pages may exceed
-	// PageSize. Not needed by SplitOffset.
+	// Key is a unique, non-null, indexed column: pages are ranges of it.
+	// Split needs an integer type (bigint, int); SplitSpans takes any type
+	// Postgres orders (uuid, text, a timestamp). With duplicate keys pages
+	// may exceed PageSize. Not needed by SplitOffset.
 	Key string
 	// PageSize is the number of rows per page. Required.
 	PageSize int
@@ -56,7 +57,7 @@ func (t Table) validate(needKey bool) error {
 	case t.Name == "":
 		return errors.New("pgsource: Table.Name is empty: name the table to page")
 	case needKey && t.Key == "":
-		return errors.New("pgsource: Table.Key is empty: name a unique, indexed integer column (or use SplitOffset)")
+		return errors.New("pgsource: Table.Key is empty: name a unique, indexed column (an integer for Split; any ordered type for SplitSpans), or use SplitOffset")
 	case t.PageSize < 1:
 		return fmt.Errorf("pgsource: Table.PageSize %d: use at least 1 row per page", t.PageSize)
 	}
@@ -75,7 +76,9 @@ func ident(name string) string {
 // permit of sem, like every other query of the fleet (nil: no permit; see
 // Do for what a permit guarantees); the page bounds are read in full (8
 // bytes a page) and the permit released before emit is called, so the
-// enqueues never hold it. An empty table emits nothing.
+// enqueues never hold it. An empty table emits nothing. The key must be an
+// integer column; SplitSpans pages a table by any other ordered key (a
+// uuid, text).
 //
 // In a run, each page carries its last key as its cursor
 // (mapreduce.SetSplitCursor), and a split that starts again part-way (a
@@ -95,17 +98,20 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 	}
 	key, table := ident(t.Key), ident(t.Name)
 	prefix := cursorPrefix(db, t)
-	after, resumed := resumeAfter(ctx, prefix)
+	var after int64
+	_, resumed := resumeAfter(ctx, prefix, func(c string) bool {
+		var err error
+		after, err = strconv.ParseInt(c, 10, 64)
+		return err == nil
+	})
 	where, args := "", []any{}
 	if resumed {
 		where, args = fmt.Sprintf(" WHERE %s > $1", key), []any{after}
 	}
 	var lo, last *int64
 	var bounds []int64
-	err := Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
-		// One snapshot for both queries: a row inserted between them must
-		// not fall outside every page.
-		return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	err := snapshot(ctx, db, sem, t, "Key must be an integer column; use SplitSpans for a key of another type (a uuid, text), SplitOffset for a table without one",
+		func(ctx context.Context, tx pgx.Tx) error {
 			err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s)::bigint - 1, max(%[1]s)::bigint FROM %[2]s%[3]s", key, table, where), args...).Scan(&lo, &last)
 			if err != nil || lo == nil {
 				return err
@@ -120,13 +126,8 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 			bounds, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 			return err
 		})
-	})
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "22P02" || pgErr.Code == "42846" || pgErr.Code == "22003") {
-			return fmt.Errorf("pgsource: splitting %s by %s: %w (Key must be an integer column; use SplitOffset for a table without one)", t.Name, t.Key, err)
-		}
-		return fmt.Errorf("pgsource: splitting %s by %s: %w", t.Name, t.Key, err)
+		return err
 	}
 	if lo == nil {
 		expect(ctx, 0)
@@ -142,17 +143,136 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 	expect(ctx, pages)
 	from := *lo
 	for _, hi := range bounds {
-		mapreduce.SetSplitCursor(ctx, prefix+strconv.FormatInt(hi, 10))
-		if err := emit(KeyRange{Lo: from, Hi: hi}); err != nil {
+		if err := emitPage(ctx, emit, prefix+strconv.FormatInt(hi, 10), KeyRange{Lo: from, Hi: hi}); err != nil {
 			return err
 		}
 		from = hi
 	}
 	if from < *last {
-		mapreduce.SetSplitCursor(ctx, prefix+strconv.FormatInt(*last, 10))
-		return emit(KeyRange{Lo: from, Hi: *last})
+		return emitPage(ctx, emit, prefix+strconv.FormatInt(*last, 10), KeyRange{Lo: from, Hi: *last})
 	}
 	return nil
+}
+
+// KeySpan is a keyset page of a table paged by a key of any ordered type
+// (SplitSpans): the rows whose key k satisfies First <= k <= Last, both
+// keys of the table written as Postgres writes them as text. Its query
+// reads it with "WHERE key BETWEEN $1 AND $2", or "key >= $1 AND key <=
+// $2": Postgres reads $1 and $2 as the key's type.
+type KeySpan struct {
+	First string `json:"first"` // inclusive
+	Last  string `json:"last"`  // inclusive
+}
+
+// Args returns First and Last, for $1 and $2.
+func (s KeySpan) Args() []any { return []any{s.First, s.Last} }
+
+// SplitSpans is Split for a table whose key is not an integer: a uuid,
+// text (in the column's collation), a timestamp, a date, numeric — any
+// type Postgres orders and writes as text and reads back as the same
+// value. It emits the table's pages in key order, each of PageSize rows
+// (the last one fewer), with the same single pass over the key's index,
+// the same permit, and the same resumption in a run as Split (see
+// there): each page carries its last key as its cursor. Pages are spans
+// of keys present when they were cut, first and last included, where
+// Split's pages join end to end: a row inserted between two pages while
+// the run splits is read by neither (rows inserted or deleted meanwhile
+// are read at most once), and every row present throughout is read
+// exactly once. An empty table emits nothing.
+//
+// With duplicate keys, all rows of one key fall in one page, which may
+// then exceed PageSize.
+func SplitSpans(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, emit func(KeySpan) error) error {
+	if err := t.validate(true); err != nil {
+		return err
+	}
+	key, table := ident(t.Key), ident(t.Name)
+	prefix := cursorPrefix(db, t)
+	after, resumed := resumeAfter(ctx, prefix, func(string) bool { return true })
+	where, args := "", []any{}
+	if resumed {
+		where, args = fmt.Sprintf(" WHERE %s > $1", key), []any{after}
+	}
+	var first, last *string
+	type end struct{ last, next *string }
+	var ends []end
+	err := snapshot(ctx, db, sem, t, "Key must be a column Postgres can order (a uuid, text, a timestamp, an integer)",
+		func(ctx context.Context, tx pgx.Tx) error {
+			// ORDER BY … LIMIT 1, not min and max: Postgres has no min(uuid).
+			// ORDER BY names the table's column (t.key): the key alone
+			// would name the text it is written as, sorted as text, by a
+			// scan of the whole table.
+			err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT t.%[1]s::text FROM %[2]s t%[3]s ORDER BY t.%[1]s LIMIT 1),
+				(SELECT t.%[1]s::text FROM %[2]s t%[3]s ORDER BY t.%[1]s DESC LIMIT 1)`, key, table, where), args...).Scan(&first, &last)
+			if err != nil || first == nil {
+				return err
+			}
+			// Every PageSize-th key closes a page (once, however often it
+			// occurs), and the smallest key after it opens the next: a
+			// probe of the index per page. The aliases keep the key's
+			// name, whatever it is, from capturing the outer one.
+			rows, err := tx.Query(ctx, fmt.Sprintf(`
+				SELECT ends.pgsource_k::text, (SELECT t.%[1]s FROM %[2]s t WHERE t.%[1]s > ends.pgsource_k ORDER BY t.%[1]s LIMIT 1)::text FROM (
+					SELECT DISTINCT pgsource_k FROM (SELECT %[1]s AS pgsource_k, row_number() OVER (ORDER BY %[1]s) AS pgsource_n FROM %[2]s%[3]s) numbered
+					WHERE pgsource_n %% $%[4]d = 0) ends
+				ORDER BY ends.pgsource_k`, key, table, where, len(args)+1), append(args, t.PageSize)...)
+			if err != nil {
+				return err
+			}
+			ends, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (e end, err error) {
+				return e, row.Scan(&e.last, &e.next)
+			})
+			return err
+		})
+	if err != nil {
+		return err
+	}
+	if first == nil {
+		expect(ctx, 0)
+		return nil // empty, or no row after where the split resumes
+	}
+	pages := len(ends)
+	if pages == 0 || ends[pages-1].next != nil {
+		pages++ // the last page, of fewer rows
+	}
+	expect(ctx, pages)
+	for _, e := range ends {
+		if err := emitPage(ctx, emit, prefix+*e.last, KeySpan{First: *first, Last: *e.last}); err != nil {
+			return err
+		}
+		first = e.next
+		if first == nil {
+			return nil // the last page was full
+		}
+	}
+	return emitPage(ctx, emit, prefix+*last, KeySpan{First: *first, Last: *last})
+}
+
+// snapshot runs a split's queries in fn in one read-only snapshot, under a
+// permit of sem, so that a row inserted between them cannot fall outside
+// every page. Its error names the table and key, with fix when Postgres
+// says the key's type cannot be paged so.
+func snapshot(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, fix string, fn func(context.Context, pgx.Tx) error) error {
+	err := Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
+		return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			return fn(ctx, tx)
+		})
+	})
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	// 22P02, 42846, 22003: not an integer; 42883: no ordering for the type.
+	if errors.As(err, &pgErr) && (pgErr.Code == "22P02" || pgErr.Code == "42846" || pgErr.Code == "22003" || pgErr.Code == "42883") {
+		return fmt.Errorf("pgsource: splitting %s by %s: %w (%s)", t.Name, t.Key, err, fix)
+	}
+	return fmt.Errorf("pgsource: splitting %s by %s: %w", t.Name, t.Key, err)
+}
+
+// emitPage emits page, with cursor as its split cursor in a run.
+func emitPage[P any](ctx context.Context, emit func(P) error, cursor string, page P) error {
+	mapreduce.SetSplitCursor(ctx, cursor)
+	return emit(page)
 }
 
 // cursorPrefix is what the split cursor of a page of t in db's database
@@ -166,18 +286,17 @@ func cursorPrefix(db *pgxpool.Pool, t Table) string {
 
 // resumeAfter returns the last key of the last page an earlier attempt of
 // the run's split fed, and true, when the split starts again part-way
-// after a page of this table's (prefix: cursorPrefix): a cursor of
-// another source's (a Split that pages several) leaves the split to go on
-// by position.
-func resumeAfter(ctx context.Context, prefix string) (int64, bool) {
+// after a page of this table's (prefix: cursorPrefix) whose key is valid:
+// a cursor of another source's (a Split that pages several) leaves the
+// split to go on by position.
+func resumeAfter(ctx context.Context, prefix string, valid func(key string) bool) (string, bool) {
 	c, ok := mapreduce.SplitCursor(ctx)
 	if !ok {
-		return 0, false
+		return "", false
 	}
-	v, mine := strings.CutPrefix(c, prefix)
-	after, err := strconv.ParseInt(v, 10, 64)
-	if !mine || err != nil {
-		return 0, false
+	after, mine := strings.CutPrefix(c, prefix)
+	if !mine || !valid(after) {
+		return "", false
 	}
 	mapreduce.ResumeSplit(ctx)
 	return after, true

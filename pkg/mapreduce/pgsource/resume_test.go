@@ -35,10 +35,12 @@ func ids(t *testing.T, pool *pgxpool.Pool, tables ...string) []int64 {
 	return out
 }
 
-// tablePage is a keyset page of one of several tables.
+// tablePage is a keyset page of one of several tables: a range of its id,
+// or a span of its text key k (Span).
 type tablePage struct {
 	Table string
 	pgsource.KeyRange
+	Span *pgsource.KeySpan `json:",omitempty"`
 }
 
 // handOn runs a job whose Split is split (given its attempt, from 1) on a
@@ -62,7 +64,11 @@ func handOn(t *testing.T, pool *pgxpool.Pool, split func(ctx context.Context, at
 		},
 		Map: func(ctx context.Context, p tablePage) (int, error) {
 			time.Sleep(5 * time.Millisecond)
-			got, err := pgsource.Fetch(ctx, pool, nil, "SELECT id FROM "+p.Table+" WHERE id > $1 AND id <= $2", p, pgx.RowTo[int64])
+			sql, page := "SELECT id FROM "+p.Table+" WHERE id > $1 AND id <= $2", pgsource.Page(p.KeyRange)
+			if p.Span != nil {
+				sql, page = "SELECT id FROM "+p.Table+" WHERE k BETWEEN $1 AND $2", *p.Span
+			}
+			got, err := pgsource.Fetch(ctx, pool, nil, sql, page, pgx.RowTo[int64])
 			if err != nil {
 				return 0, err
 			}
@@ -140,7 +146,7 @@ func wantEachOnce(t *testing.T, seen map[int64]int, start, end []int64) {
 // splitTable emits the pages of a table, in pages of 3 rows.
 func splitTable(ctx context.Context, pool *pgxpool.Pool, table string, emit func(tablePage) error) error {
 	return pgsource.Split(ctx, pool, nil, pgsource.Table{Name: table, Key: "id", PageSize: 3}, func(r pgsource.KeyRange) error {
-		return emit(tablePage{table, r})
+		return emit(tablePage{Table: table, KeyRange: r})
 	})
 }
 
@@ -171,6 +177,37 @@ func TestAKeysetSplitHandedOnOverAChangingTableReadsEveryRowOnce(t *testing.T) {
 	wantEachOnce(t, seen, start, ids(t, pool, "items"))
 	if seen[2100] != 1 {
 		t.Errorf("row 2100, inserted past the end while the run split, was read %d times, want once: the split that went on read the table as it was", seen[2100])
+	}
+}
+
+// SplitSpans goes on after its cursor as Split does, over a table paged by
+// a text key that changes meanwhile: rows deleted, and rows inserted
+// before the cursor, among the pages still to come, and past the end.
+func TestASpanSplitHandedOnOverAChangingTableReadsEveryRowOnce(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	table(t, pool, 2000)
+	if _, err := pool.Exec(context.Background(), `ALTER TABLE items ADD COLUMN k text;
+		UPDATE items SET k = md5(id::text); ALTER TABLE items ALTER k SET NOT NULL;
+		CREATE UNIQUE INDEX ON items (k)`); err != nil {
+		t.Fatal(err)
+	}
+	start := ids(t, pool, "items")
+	seen := handOn(t, pool, func(ctx context.Context, attempt int32, emit func(tablePage) error) error {
+		if attempt == 2 {
+			if _, err := pool.Exec(ctx, `DELETE FROM items WHERE id <= 6;
+				INSERT INTO items SELECT g, g * 3, md5(g::text) FROM generate_series(7, 2100, 7) g;
+				INSERT INTO items VALUES (5000, 0, 'zzzz')`); err != nil {
+				return err
+			}
+		}
+		return pgsource.SplitSpans(ctx, pool, nil, pgsource.Table{Name: "items", Key: "k", PageSize: 3}, func(s pgsource.KeySpan) error {
+			return emit(tablePage{Table: "items", Span: &s})
+		})
+	})
+	wantEachOnce(t, seen, start, ids(t, pool, "items"))
+	if seen[5000] != 1 {
+		t.Errorf("row 5000, inserted past the end while the run split, was read %d times, want once: the split that went on read the table as it was", seen[5000])
 	}
 }
 
