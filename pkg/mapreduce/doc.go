@@ -33,20 +33,14 @@
 // and a process without the job's Go code (cmd/scheduler) starts any job
 // that a worker announced, from JSON (StartJSON; Jobs lists them).
 //
-// To run jobs on an asynq server of your own instead of worker.Main,
-// register the client on its mux and serve the jobs' own queues:
+// To run jobs on an asynq server of your own instead of worker.Main, let
+// the client complete the server's config (ServerConfig: the jobs'
+// queues, their retry delays, outages not counted as failures, a 100 ms
+// poll where asynq's default is a second) and register it on the mux:
 //
 //	mr, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs}) // jobs: NewJobs, AddJob
-//	queues, err := mr.Queues(nil)
-//	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-//		Queues:         queues,
-//		RetryDelayFunc: mr.RetryDelay, // each job's JobOptions.Backoff
-//		IsFailure:      mr.IsFailure,  // a task handed back, or riding out an outage, is not a failure
-//		// An idle slot looks at its queues again after this long: each
-//		// step of a run that starts on idle workers waits up to about
-//		// that. asynq's default is a second; worker.Main's is 100 ms.
-//		TaskCheckInterval: 100 * time.Millisecond,
-//	})
+//	cfg, err := mr.ServerConfig(asynq.Config{Concurrency: 20})
+//	srv := asynq.NewServerFromRedisClient(rdb, cfg)
 //	mux := asynq.NewServeMux()
 //	mr.Register(mux)
 //	go mr.RunReconciler(ctx, 30*time.Second)

@@ -77,12 +77,11 @@ func Example() {
 
 	// The worker: an ordinary asynq server serving the job's own queue.
 	// (The worker package does all of this, and more, in one call.)
-	queues, err := mr.Queues(nil)
+	cfg, err := mr.ServerConfig(asynq.Config{TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
 	if err != nil {
 		panic(err)
 	}
-	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: queues,
-		RetryDelayFunc: mr.RetryDelay, IsFailure: mr.IsFailure, TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
+	srv := asynq.NewServerFromRedisClient(rdb, cfg)
 	mux := asynq.NewServeMux()
 	mr.Register(mux)
 	if err := srv.Start(mux); err != nil {

@@ -83,16 +83,18 @@ func (e *env) worker(c *mapreduce.Client, concurrency int) *asynq.Server {
 // again (asynq's default is a second, the worker command's 100 ms).
 func (e *env) workerPolling(c *mapreduce.Client, concurrency int, poll time.Duration) *asynq.Server {
 	e.t.Helper()
-	srv := asynq.NewServerFromRedisClient(e.rdb, asynq.Config{
+	cfg, err := c.ServerConfig(asynq.Config{
 		Concurrency:              concurrency,
 		Queues:                   map[string]int{e.queue: 1},
 		TaskCheckInterval:        poll,
 		DelayedTaskCheckInterval: 50 * time.Millisecond,
-		RetryDelayFunc:           c.RetryDelay,
-		IsFailure:                c.IsFailure,
 		ShutdownTimeout:          5 * time.Second,
 		LogLevel:                 asynq.FatalLevel,
 	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	srv := asynq.NewServerFromRedisClient(e.rdb, cfg)
 	mux := asynq.NewServeMux()
 	c.Register(mux)
 	if err := srv.Start(mux); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -35,9 +36,8 @@ const (
 )
 
 // Register routes batchmr's task types to c on mux, for a worker that runs
-// the jobs of c's Config.Jobs. Set the server's asynq.Config.RetryDelayFunc
-// to c.RetryDelay and IsFailure to c.IsFailure too, and serve the queues
-// that Queues returns. A task of a type batchmr does not know, or with a
+// the jobs of c's Config.Jobs, on a server whose asynq.Config ServerConfig
+// completed. A task of a type batchmr does not know, or with a
 // malformed payload, is archived at once with an error saying why (asynq
 // would retry what cannot succeed).
 func (c *Client) Register(mux *asynq.ServeMux) {
@@ -46,6 +46,70 @@ func (c *Client) Register(mux *asynq.ServeMux) {
 	mux.HandleFunc(typePages, c.processTask)
 	mux.HandleFunc(typeReduce, c.processTask)
 	mux.HandleFunc("batchmr:", c.processTask) // asynq routes by longest prefix
+}
+
+// DefaultPollInterval is how long an idle handler slot of a server that
+// ServerConfig configures waits before it looks at its queues again,
+// unless the config sets TaskCheckInterval: each step of a run that starts
+// on idle workers waits up to about that. asynq's own default is a second.
+const DefaultPollInterval = 100 * time.Millisecond
+
+// ServerConfig returns cfg completed for an asynq server that runs c's
+// jobs; pass it to asynq.NewServer (or NewServerFromRedisClient) and
+// register c on the server's mux (Register). It sets:
+//   - Queues, when cfg has none, to Queues(nil): every job's queue. Queues
+//     of cfg's own must include them: a job whose queue the server does
+//     not serve never runs, and ServerConfig returns an error naming it.
+//   - RetryDelayFunc to RetryDelay, which applies each job's Backoff and
+//     TransientBackoff. A function of cfg's own still decides for the
+//     server's other tasks (a type that does not start with "batchmr:").
+//   - IsFailure to IsFailure, so that a task handed back, or riding out
+//     an outage, does not spend a retry. A function of cfg's own still
+//     decides for every other error: a task fails when both call it one.
+//   - TaskCheckInterval, when zero, to DefaultPollInterval.
+//
+// Without RetryDelay and IsFailure a run still works, but a database or
+// Redis outage of a minute spends the job's retries and can fail the run.
+func (c *Client) ServerConfig(cfg asynq.Config) (asynq.Config, error) {
+	mine, err := c.Queues(nil)
+	if err != nil {
+		return cfg, err
+	}
+	if len(mine) == 0 {
+		return cfg, errors.New("mapreduce: ServerConfig: this client runs no job, so a server would run nothing of batchmr's: pass the jobs in mapreduce.Config.Jobs")
+	}
+	if cfg.Queues == nil {
+		cfg.Queues = mine
+	} else {
+		var missing []string
+		for _, q := range slices.Sorted(maps.Keys(mine)) {
+			if _, ok := cfg.Queues[q]; !ok {
+				missing = append(missing, q)
+			}
+		}
+		if len(missing) > 0 {
+			return cfg, fmt.Errorf("mapreduce: asynq.Config.Queues lacks %s, the queue(s) of this client's jobs: their tasks would never run here; add them, or leave Queues nil to serve Queues(nil)", strings.Join(missing, ", "))
+		}
+	}
+	if own := cfg.RetryDelayFunc; own != nil {
+		cfg.RetryDelayFunc = func(n int, err error, t *asynq.Task) time.Duration {
+			if strings.HasPrefix(t.Type(), "batchmr:") {
+				return c.RetryDelay(n, err, t)
+			}
+			return own(n, err, t)
+		}
+	} else {
+		cfg.RetryDelayFunc = c.RetryDelay
+	}
+	if own := cfg.IsFailure; own != nil {
+		cfg.IsFailure = func(err error) bool { return c.IsFailure(err) && own(err) }
+	} else {
+		cfg.IsFailure = c.IsFailure
+	}
+	if cfg.TaskCheckInterval == 0 {
+		cfg.TaskCheckInterval = DefaultPollInterval
+	}
+	return cfg, nil
 }
 
 // Queues returns the asynq queues of the jobs c runs, each with weight 1
@@ -138,7 +202,7 @@ const handBackDelay = 5 * time.Second
 // JobOptions.Backoff to its tasks, and JobOptions.TransientBackoff to a
 // task retrying a transient error; a task handed back because this worker
 // does not run its job is offered again after 5s; other tasks get
-// asynq.DefaultRetryDelayFunc. Set it as the worker's
+// asynq.DefaultRetryDelayFunc. ServerConfig sets it as the worker's
 // asynq.Config.RetryDelayFunc.
 func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	if errors.Is(err, errNotHosted) {
@@ -165,7 +229,7 @@ func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 // back because this worker does not run its job, or is stopping before the
 // task got its permit (semaphore.Drain), nor one retrying a transient
 // error within JobOptions.TransientRetries: asynq then retries it without
-// spending one of its retries. Set it as the worker's
+// spending one of its retries. ServerConfig sets it as the worker's
 // asynq.Config.IsFailure.
 func (c *Client) IsFailure(err error) bool {
 	if _, ok := errors.AsType[*errTransientRetry](err); ok {

@@ -12,7 +12,7 @@ import (
 )
 
 // defaultPollInterval is Config.PollInterval's default.
-const defaultPollInterval = 100 * time.Millisecond
+const defaultPollInterval = mapreduce.DefaultPollInterval
 
 // Config configures a worker. In Main every field has a command-line flag
 // and an environment variable, but Prefix (BATCHMR_PREFIX only), Logger

@@ -139,17 +139,19 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	if err != nil {
 		return nil, fmt.Errorf("worker: --weight: %w", err)
 	}
-	w.srv = asynq.NewServerFromRedisClient(w.rdb, asynq.Config{
+	scfg, err := mr.ServerConfig(asynq.Config{
 		Concurrency:       cfg.Concurrency,
 		TaskCheckInterval: cfg.PollInterval,
 		Queues:            queues,
-		RetryDelayFunc:    mr.RetryDelay,
-		IsFailure:         mr.IsFailure,
 		ShutdownTimeout:   cfg.ShutdownTimeout,
 		BaseContext:       func() context.Context { return NewContext(context.Background(), w.env) },
 		Logger:            asynqLogger{log},
 		LogLevel:          asynqLevel(log),
 	})
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	w.srv = asynq.NewServerFromRedisClient(w.rdb, scfg)
 	if ln != nil {
 		sems := make([]*semaphore.Semaphore, 0, len(w.env.Semaphores))
 		for _, name := range slices.Sorted(maps.Keys(w.env.Semaphores)) {

@@ -46,23 +46,20 @@ func Host(t testing.TB, rdb *redis.Client, o Options, jobs ...mapreduce.AnyJob) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	queues, err := mr.Queues(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for q := range queues {
-		testenv.RemoveQueue(t, rdb, q)
-	}
-	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+	cfg, err := mr.ServerConfig(asynq.Config{
 		Concurrency:              o.Concurrency,
-		Queues:                   queues,
 		TaskCheckInterval:        10 * time.Millisecond,
 		DelayedTaskCheckInterval: 50 * time.Millisecond,
-		RetryDelayFunc:           mr.RetryDelay,
-		IsFailure:                mr.IsFailure,
 		ShutdownTimeout:          2 * time.Second,
 		LogLevel:                 asynq.FatalLevel,
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q := range cfg.Queues {
+		testenv.RemoveQueue(t, rdb, q)
+	}
+	srv := asynq.NewServerFromRedisClient(rdb, cfg)
 	mux := asynq.NewServeMux()
 	mr.Register(mux)
 	if err := srv.Start(mux); err != nil {

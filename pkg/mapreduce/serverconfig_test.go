@@ -1,0 +1,107 @@
+package mapreduce_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// A server that ServerConfig completed serves the jobs' queues, polls
+// every 100 ms, and keeps the server's own retry policy for its other
+// tasks, while batchmr's tasks ride out an outage without spending a
+// retry, even where the server's own IsFailure calls every error one.
+func TestServerConfigKeepsTheServersOwnPolicyForItsOtherTasks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	f := &flaky{calls: map[int]int{}}
+	outage := &pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"}
+	e.addJob(e.jobs.Add(flakyJob("outage", f, 2, outage, e.opts(mapreduce.JobOptions{
+		MapRetries:       -1, // none: a counted failure fails the run
+		TransientBackoff: func(int) time.Duration { return 20 * time.Millisecond },
+	}))))
+	c := e.client()
+	if cfg, err := c.ServerConfig(asynq.Config{}); err != nil || cfg.TaskCheckInterval != mapreduce.DefaultPollInterval || len(cfg.Queues) != 1 || cfg.Queues[e.queue] != 1 {
+		t.Fatalf("ServerConfig of an empty config: poll %v, queues %v, %v; want %v and %s", cfg.TaskCheckInterval, cfg.Queues, err, mapreduce.DefaultPollInterval, e.queue)
+	}
+	other := e.queue + ":other"
+	var mu sync.Mutex
+	var delayed []string // the task types the server's own RetryDelayFunc was asked about
+	cfg, err := c.ServerConfig(asynq.Config{
+		Concurrency:              4,
+		Queues:                   map[string]int{e.queue: 1, other: 1},
+		DelayedTaskCheckInterval: 50 * time.Millisecond,
+		LogLevel:                 asynq.FatalLevel,
+		RetryDelayFunc: func(n int, err error, task *asynq.Task) time.Duration {
+			mu.Lock()
+			delayed = append(delayed, task.Type())
+			mu.Unlock()
+			return 10 * time.Millisecond
+		},
+		IsFailure: func(error) bool { return true },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := asynq.NewServerFromRedisClient(e.rdb, cfg)
+	mux := asynq.NewServeMux()
+	c.Register(mux)
+	var sends sync.WaitGroup
+	sends.Add(2)
+	mux.HandleFunc("report:email", func(context.Context, *asynq.Task) error {
+		sends.Done()
+		return errors.New("smtp: try again") // fails once, then the retry
+	})
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ac := asynq.NewClientFromRedisClient(e.rdb)
+	if _, err := ac.Enqueue(asynq.NewTask("report:email", nil), asynq.Queue(other), asynq.MaxRetry(1)); err != nil {
+		t.Fatal(err)
+	}
+	id := mustStart(t, c, "outage", sumArgs{N: 200, PageSize: 100}, mapreduce.StartOptions{})
+	st := wait(t, c, id, 30*time.Second)
+	if st.State != mapreduce.StateSucceeded || st.Failed != 0 {
+		t.Fatalf("run ended %s with %d failed pages (%s); want succeeded: an outage's errors spent retries", st.State, st.Failed, st.Error)
+	}
+	done := make(chan struct{})
+	go func() { sends.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the other task was not retried within 10 s: the server's own RetryDelayFunc (10 ms) was not used for it")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(delayed, ",") != "report:email" {
+		t.Errorf("the server's own RetryDelayFunc was asked about %v; want only the other task, once", delayed)
+	}
+}
+
+// A config whose queues leave out a job's queue is refused, naming it:
+// that job's tasks would never run.
+func TestServerConfigRefusesQueuesWithoutTheJobsQueue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.addJob(e.jobs.Add(sumJob("sums", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	_, err := e.client().ServerConfig(asynq.Config{Queues: map[string]int{"default": 1}})
+	if err == nil || !strings.Contains(err.Error(), "lacks "+e.queue) || !strings.Contains(err.Error(), "leave Queues nil") {
+		t.Errorf("ServerConfig without the job's queue: %v; want an error naming %s and the fix", err, e.queue)
+	}
+	// asynq serves "default" when Queues is empty: a client without jobs
+	// would run nothing of its own there.
+	none, err := mapreduce.New(e.rdb, mapreduce.Config{Prefix: e.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := none.ServerConfig(asynq.Config{}); err == nil || !strings.Contains(err.Error(), "Config.Jobs") {
+		t.Errorf("ServerConfig of a client without jobs: %v; want an error saying to pass Config.Jobs", err)
+	}
+}
