@@ -10,7 +10,6 @@ import (
 
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // A server that ServerConfig completed serves the jobs' queues, polls
@@ -21,7 +20,6 @@ func TestServerConfigKeepsTheServersOwnPolicyForItsOtherTasks(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	f := &flaky{calls: map[int]int{}}
-	outage := &pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"}
 	e.addJob(e.jobs.Add(flakyJob("outage", f, 2, outage, e.opts(mapreduce.JobOptions{
 		MapRetries:       -1, // none: a counted failure fails the run
 		TransientBackoff: func(int) time.Duration { return 20 * time.Millisecond },

@@ -76,6 +76,9 @@ func (f *flaky) call(lo int) int {
 	return f.calls[lo]
 }
 
+// outage is the error a page's query gets while Postgres restarts.
+var outage = &pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"}
+
 // flakyJob sums spans; each page's first failFirst calls fail with err.
 func flakyJob(name string, f *flaky, failFirst int, err error, o mapreduce.JobOptions) mapreduce.Job[sumArgs, span, int, int] {
 	j := sumJob(name, newCounts(), o)
@@ -95,7 +98,6 @@ func TestTransientPageErrorsAreRetriedWithoutSpendingTheJobsRetries(t *testing.T
 	t.Parallel()
 	e := newEnv(t)
 	f := &flaky{calls: map[int]int{}}
-	outage := &pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"}
 	e.addJob(e.jobs.Add(flakyJob("outage", f, 3, outage, e.opts(mapreduce.JobOptions{
 		MapRetries:       -1,
 		TransientBackoff: func(int) time.Duration { return 20 * time.Millisecond },

@@ -107,34 +107,14 @@ func splits(ctx context.Context, pool *pgxpool.Pool) {
 	}
 	kinds := []struct {
 		name string
-		run  func() (pages int)
+		run  func(pages *int) error
 	}{
-		{"`Split`, bigint id", func() (n int) {
-			must(pgsource.Split(ctx, pool, nil, table("id"), func(r pgsource.KeyRange) error {
-				if n++; n == *rows / *pageSize / 2 {
-					mid.id = r
-				}
-				return nil
-			}))
-			return n
+		{"`Split`, bigint id", func(n *int) error { return pgsource.Split(ctx, pool, nil, table("id"), keepMiddle(n, &mid.id)) }},
+		{"`SplitSpans`, bigint id", func(n *int) error {
+			return pgsource.SplitSpans(ctx, pool, nil, table("id"), keepMiddle(n, &mid.idSpan))
 		}},
-		{"`SplitSpans`, bigint id", func() (n int) {
-			must(pgsource.SplitSpans(ctx, pool, nil, table("id"), func(s pgsource.KeySpan) error {
-				if n++; n == *rows / *pageSize / 2 {
-					mid.idSpan = s
-				}
-				return nil
-			}))
-			return n
-		}},
-		{"`SplitSpans`, random uuid ref", func() (n int) {
-			must(pgsource.SplitSpans(ctx, pool, nil, table("ref"), func(s pgsource.KeySpan) error {
-				if n++; n == *rows / *pageSize / 2 {
-					mid.uuidSpan = s
-				}
-				return nil
-			}))
-			return n
+		{"`SplitSpans`, random uuid ref", func(n *int) error {
+			return pgsource.SplitSpans(ctx, pool, nil, table("ref"), keepMiddle(n, &mid.uuidSpan))
 		}},
 	}
 	const rounds = 5
@@ -143,7 +123,7 @@ func splits(ctx context.Context, pool *pgxpool.Pool) {
 	for range rounds {
 		for i, k := range kinds {
 			t := time.Now()
-			pages[i] = k.run()
+			must(k.run(&pages[i]))
 			times[i] = append(times[i], time.Since(t))
 		}
 	}
@@ -164,6 +144,18 @@ func splits(ctx context.Context, pool *pgxpool.Pool) {
 	fmt.Printf("| `WHERE id BETWEEN $1 AND $2` | %.2f ms |\n", ms(timeQuery(ctx, pool, aggregate+"id BETWEEN $1 AND $2", mid.idSpan.Args()...)))
 	fmt.Printf("| `WHERE ref BETWEEN $1 AND $2`, uuid | %.2f ms |\n", ms(timeQuery(ctx, pool, aggregate+"ref BETWEEN $1 AND $2", mid.uuidSpan.Args()...)))
 	fmt.Println()
+}
+
+// keepMiddle returns an emit function that counts the pages in *pages,
+// from 0, and keeps the middle one of the table in *mid.
+func keepMiddle[P any](pages *int, mid *P) func(P) error {
+	*pages = 0
+	return func(p P) error {
+		if *pages++; *pages == *rows / *pageSize / 2 {
+			*mid = p
+		}
+		return nil
+	}
 }
 
 // timeQuery runs sql samples times, checks both forms read a full page,
