@@ -362,7 +362,7 @@ func TestPermitsGetAndSetAnySemaphoreAndRefuseUnknownOnes(t *testing.T) {
 	f.host([]string{"db", "cache"}, sumJob("sum", nil))
 	s := newScheduler(t, f)
 
-	if out, errs, code := s.run("permits", "set", "db", "5"); code != 0 || strings.TrimSpace(out) != "semaphore db: limit 5" || errs != "" {
+	if out, errs, code := s.run("permits", "set", "db", "5"); code != 0 || strings.TrimSpace(out) != "semaphore db: limit 5 (was none), held 0, 0 waiting" || errs != "" {
 		t.Errorf("permits set db 5: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	if out, _, code := s.run("permits", "get", "db"); code != 0 || !strings.HasPrefix(out, "semaphore db: limit 5, held 0, 0 waiting") {
@@ -395,18 +395,18 @@ func TestPermitsGetAndSetAnySemaphoreAndRefuseUnknownOnes(t *testing.T) {
 	}
 	// With --new, a limit set by hand makes a semaphore exist before any
 	// worker uses it.
-	if out, errs, code := s.run("permits", "set", "later", "3", "--new"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore later: limit 3" {
+	if out, errs, code := s.run("permits", "set", "later", "3", "--new"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore later: limit 3 (was none), held 0, 0 waiting" {
 		t.Errorf("permits set later 3 --new: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	// "db", every worker's database semaphore, needs no --new: its limit
 	// is set before the workers start (make demo does).
 	db := s.with("BATCHMR_PREFIX=" + f.prefix + "-nodb")
-	if out, errs, code := db.run("permits", "set", "db", "3"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore db: limit 3" {
+	if out, errs, code := db.run("permits", "set", "db", "3"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore db: limit 3 (was none), held 0, 0 waiting" {
 		t.Errorf("permits set db 3 before any worker: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	// Once it has a limit, it is known: no --new needed to change it.
-	if _, errs, code := s.run("permits", "set", "later", "4"); code != 0 || errs != "" {
-		t.Errorf("permits set later 4: exit %d, stderr %q", code, errs)
+	if out, errs, code := s.run("permits", "set", "later", "4"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore later: limit 4 (was 3), held 0, 0 waiting" {
+		t.Errorf("permits set later 4: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	if out, errs, code := s.run("permits", "get", "later"); code != 0 || !strings.HasPrefix(out, "semaphore later: limit 4") {
 		t.Errorf("permits get later: exit %d, stdout %q, stderr %q", code, out, errs)
@@ -493,6 +493,20 @@ func TestPermitsGetSummarisesEachProcessUnlessVerbose(t *testing.T) {
 	}
 	if code != 0 || holds != 3 || waits != 3 || !strings.Contains(out, "LONGEST HOLD") {
 		t.Errorf("permits get db --verbose: exit %d, %d holders and %d waiters listed, want the summary and 3 of each:\n%s", code, holds, waits, out)
+	}
+
+	// Lowered below the permits held, set says that nobody is granted one
+	// until holders finish, and that the request of weight 2 was refused;
+	// raised, it shows the two left granted at once.
+	out, errs, code = s.run("permits", "set", "db", "1")
+	if got := lines(out); code != 0 || errs != "" || len(got) != 3 || got[0] != "semaphore db: limit 1 (was 3), held 3, 2 waiting" ||
+		!strings.HasPrefix(got[1], "1 queued request(s) weighed more than 1 and were refused") ||
+		!strings.Contains(got[2], "nobody is granted a permit until fewer than 1 are held") {
+		t.Errorf("permits set db 1 with 3 held: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	out, errs, code = s.run("permits", "set", "db", "7")
+	if code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore db: limit 7 (was 1), held 5, 0 waiting" {
+		t.Errorf("permits set db 7 with 3 held and 2 waiting: exit %d, stdout %q, stderr %q; want both granted at once", code, out, errs)
 	}
 }
 

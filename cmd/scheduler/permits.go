@@ -93,18 +93,44 @@ func permits(ctx context.Context, args []string) int {
 		defer s.Close()
 		// "db" is every worker's database semaphore: setting it before the
 		// workers start is the usual first step, never a typo.
-		if inUse := announcedSemaphores(ctx, c); !*isNew && pos[1] != app.SemaphoreName && stats(ctx, c, pos[1]).Limit == 0 && !slices.Contains(inUse, pos[1]) {
+		before := stats(ctx, c, pos[1])
+		if inUse := announcedSemaphores(ctx, c); !*isNew && pos[1] != app.SemaphoreName && before.Limit == 0 && !slices.Contains(inUse, pos[1]) {
 			app.Fail("permits set %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
 				"or add --new to set the limit of a semaphore before any worker uses it", pos[1], pos[1], inUseText(inUse))
 		}
 		if err := s.SetLimit(ctx, n); err != nil {
 			app.Fail("permits set %s: %v", pos[1], err)
 		}
-		fmt.Printf("semaphore %s: limit %d\n", pos[1], n)
+		printSet(os.Stdout, before, stats(ctx, c, pos[1]))
 	default:
 		app.Usage("permits %q: use get or set", pos[0])
 	}
 	return 0
+}
+
+// printSet says what setting the limit did, from the semaphore's stats
+// before and after: the limit it replaced, what is held and waiting now,
+// the queued requests it refused for weighing more than the new limit, and,
+// to whoever lowered it below the permits held, that nobody is granted one
+// until enough holders finish.
+func printSet(out io.Writer, before, st semaphore.Stats) {
+	from := "none"
+	if before.Limit > 0 {
+		from = strconv.Itoa(before.Limit)
+	}
+	fmt.Fprintf(out, "semaphore %s: limit %d (was %s), held %d, %d waiting\n", st.Name, st.Limit, from, st.Held, len(st.Waiters))
+	heavy := 0
+	for _, w := range before.Waiters {
+		if w.Weight > st.Limit {
+			heavy++
+		}
+	}
+	if heavy > 0 {
+		fmt.Fprintf(out, "%d queued request(s) weighed more than %d and were refused: their Acquire returns ErrExceedsLimit\n", heavy, st.Limit)
+	}
+	if st.Held > st.Limit {
+		fmt.Fprintf(out, "%d permits are held, more than the limit: their holders finish, and nobody is granted a permit until fewer than %d are held\n", st.Held, st.Limit)
+	}
 }
 
 // inUseText lists the semaphores live workers use, for a message.
