@@ -116,6 +116,9 @@ func followToEnd(ctx context.Context, c *conn, id string) int {
 	if st.Error != "" {
 		fmt.Fprintf(os.Stderr, "error: %s\n", st.Error)
 	}
+	if next := retryHint(st); next != "" {
+		fmt.Fprintf(os.Stderr, "next: %s\n", next)
+	}
 	if st.Result != nil {
 		fmt.Printf("%s\n", st.Result)
 	}
@@ -123,6 +126,17 @@ func followToEnd(ctx context.Context, c *conn, id string) int {
 		return 1
 	}
 	return 0
+}
+
+// retryHint says how to run a failed or cancelled run again, or "".
+func retryHint(st *mapreduce.Status) string {
+	switch st.State {
+	case mapreduce.StateFailed:
+		return "fix what failed it, then: scheduler retry " + st.ID + " (runs again only the pages that did not succeed)"
+	case mapreduce.StateCancelled:
+		return "to finish it: scheduler retry " + st.ID + " (runs only the pages that did not succeed)"
+	}
+	return ""
 }
 
 // rootCause is the innermost error of a chain: "connection refused"

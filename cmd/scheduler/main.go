@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"github.com/batchmr/batchmr/internal/app"
@@ -84,6 +85,9 @@ func main() {
 	case "version", "--version", "-version":
 		fmt.Printf("scheduler: batchmr %s, %s\n", app.BuildVersion(), runtime.Version())
 	default:
+		if strings.HasPrefix(cmd, "-") {
+			app.Usage("unknown command %q: the command comes first and its flags after it, e.g. scheduler jobs --redis-url redis://host:6379/0", cmd)
+		}
 		app.Usage("unknown command %q", cmd)
 	}
 	os.Exit(code)

@@ -184,8 +184,8 @@ func TestStatusShowsARunAndCancelStopsIt(t *testing.T) {
 	if got := f.state(id); got != mapreduce.StateCancelled {
 		t.Errorf("after cancel the run is %s", got)
 	}
-	if out, _, _ := s.run("status", id); !strings.Contains(out, "state    cancelled") {
-		t.Errorf("status after cancel: %q", out)
+	if out, _, _ := s.run("status", id); !strings.Contains(out, "state    cancelled") || !strings.Contains(out, "next     to finish it: scheduler retry "+id) {
+		t.Errorf("status after cancel: %q; want cancelled, naming scheduler retry", out)
 	}
 
 	done, err := f.mr.StartJSON(ctx, "sum", []byte(`{"n": 2, "page_size": 1}`), mapreduce.StartOptions{})
@@ -395,17 +395,21 @@ func TestPermitsGetAndSetAnySemaphoreAndRefuseUnknownOnes(t *testing.T) {
 	}
 	// With --new, a limit set by hand makes a semaphore exist before any
 	// worker uses it.
-	if out, errs, code := s.run("permits", "set", "later", "3", "--new"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore later: limit 3 (was none), held 0, 0 waiting" {
+	if out, errs, code := s.run("permits", "set", "later", "3", "--new"); code != 0 || !strings.Contains(errs, "no live worker under BATCHMR_PREFIX=") || strings.TrimSpace(out) != "semaphore later: limit 3 (was none), held 0, 0 waiting" {
 		t.Errorf("permits set later 3 --new: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	// "db", every worker's database semaphore, needs no --new: its limit
-	// is set before the workers start (make demo does).
+	// is set before the workers start (make demo does). As no live worker
+	// uses it under that prefix, set says so: under the wrong prefix, the
+	// running fleet would not see the change.
 	db := s.with("BATCHMR_PREFIX=" + f.prefix + "-nodb")
-	if out, errs, code := db.run("permits", "set", "db", "3"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore db: limit 3 (was none), held 0, 0 waiting" {
+	if out, errs, code := db.run("permits", "set", "db", "3"); code != 0 || !oneLine(errs) ||
+		!strings.Contains(errs, `no live worker under BATCHMR_PREFIX="`+f.prefix+`-nodb" uses semaphore db`) || !strings.Contains(errs, "check BATCHMR_PREFIX") ||
+		strings.TrimSpace(out) != "semaphore db: limit 3 (was none), held 0, 0 waiting" {
 		t.Errorf("permits set db 3 before any worker: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	// Once it has a limit, it is known: no --new needed to change it.
-	if out, errs, code := s.run("permits", "set", "later", "4"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore later: limit 4 (was 3), held 0, 0 waiting" {
+	if out, errs, code := s.run("permits", "set", "later", "4"); code != 0 || !strings.Contains(errs, "no live worker under") || strings.TrimSpace(out) != "semaphore later: limit 4 (was 3), held 0, 0 waiting" {
 		t.Errorf("permits set later 4: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	if out, errs, code := s.run("permits", "get", "later"); code != 0 || !strings.HasPrefix(out, "semaphore later: limit 4") {
@@ -723,6 +727,10 @@ func TestBadInputGetsOneLineAndANonZeroExit(t *testing.T) {
 		{[]string{"serve", "--schedule", "sum=@daily", "--log-level", "verbose"}, 2, `--log-level "verbose" (env LOG_LEVEL): use debug, info, warn or error`},
 		{[]string{"serve", "--schedule", "sum=@daily", "--log-format", "xml"}, 2, `--log-format "xml" (env LOG_FORMAT): use text or json`},
 		{[]string{"ui", "--log-level", "loud"}, 2, `--log-level "loud" (env LOG_LEVEL): use debug, info, warn or error`},
+		{[]string{"ui", "--listen", "47813"}, 2, `give HOST:PORT, e.g. 127.0.0.1:8080`},
+		{[]string{"--redis-url", "redis://x:1/0", "jobs"}, 2, "the command comes first and its flags after it, e.g. scheduler jobs --redis-url"},
+		{[]string{"permits", "set", "db"}, 2, "missing N, the new limit"},
+		{[]string{"permits", "set"}, 2, "missing NAME and N"},
 	} {
 		_, errs, code := s.run(tc.args...)
 		if code != tc.code || !strings.Contains(errs, tc.want) || !oneLine(errs) {

@@ -82,7 +82,7 @@ func permits(ctx context.Context, args []string) int {
 			printStats(os.Stdout, st, *verbose, workers, now)
 		}
 	case "set":
-		want(pos, 3, 3, "NAME and N")
+		want(pos, 3, 3, map[int]string{1: "NAME and N", 2: "N, the new limit"}[len(pos)])
 		n, err := strconv.Atoi(pos[2])
 		if err != nil || n < 1 {
 			app.Usage("permits set %s %s: N must be a whole number of at least 1", pos[1], pos[2])
@@ -94,9 +94,15 @@ func permits(ctx context.Context, args []string) int {
 		// "db" is every worker's database semaphore: setting it before the
 		// workers start is the usual first step, never a typo.
 		before := stats(ctx, c, pos[1])
-		if inUse := announcedSemaphores(ctx, c); !*isNew && pos[1] != app.SemaphoreName && before.Limit == 0 && !slices.Contains(inUse, pos[1]) {
+		inUse := announcedSemaphores(ctx, c)
+		if !*isNew && pos[1] != app.SemaphoreName && before.Limit == 0 && !slices.Contains(inUse, pos[1]) {
 			app.Fail("permits set %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
 				"or add --new to set the limit of a semaphore before any worker uses it", pos[1], pos[1], inUseText(inUse))
+		}
+		if !slices.Contains(inUse, pos[1]) {
+			// Set before the workers start, as intended; or, under the
+			// wrong prefix, a change no running worker sees.
+			fmt.Fprintf(os.Stderr, "scheduler: no live worker under BATCHMR_PREFIX=%q uses semaphore %s: the limit is for workers that start under this prefix; if you meant a running fleet, check BATCHMR_PREFIX\n", app.Prefix, pos[1])
 		}
 		if err := s.SetLimit(ctx, n); err != nil {
 			app.Fail("permits set %s: %v", pos[1], err)

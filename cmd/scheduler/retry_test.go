@@ -42,15 +42,19 @@ func TestRetryResumesAFailedRunAndRefusesRunsItCannotResume(t *testing.T) {
 	s := newScheduler(t, f)
 	ctx := context.Background()
 
-	id, err := f.mr.StartJSON(ctx, "sum", []byte(`{"n": 100, "page_size": 10}`), mapreduce.StartOptions{})
-	if err != nil {
-		t.Fatal(err)
+	out, errs, code := s.run("run", "sum", "--args", `{"n": 100, "page_size": 10}`, "--wait")
+	id := strings.TrimSpace(out)
+	if code != 1 || !strings.Contains(errs, id+" failed in") || !strings.Contains(errs, "\nnext: fix what failed it, then: scheduler retry "+id+" (") {
+		t.Errorf("run --wait of a run that fails: exit %d, stdout %q, stderr %q; want exit 1, its ID, and scheduler retry named", code, out, errs)
 	}
 	if st, err := f.mr.Wait(ctx, id); err != nil || st.State != mapreduce.StateFailed || st.Failed != 3 {
 		t.Fatalf("the run during the outage: %+v, %v; want failed with 3 failed pages", st, err)
 	}
+	if out, _, _ := s.run("status", id); !strings.Contains(out, "next     fix what failed it, then: scheduler retry "+id+" (") {
+		t.Errorf("status of the failed run: %q; want it to name scheduler retry %s", out, id)
+	}
 	down.Store(false)
-	out, errs, code := s.run("retry", id, "--wait")
+	out, errs, code = s.run("retry", id, "--wait")
 	want := []string{"resuming " + id + " (failed): 3 of 10 pages run again (3 failed, 0 unfinished); 7 done pages are kept", "5050"}
 	if got := lines(out); code != 0 || len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("retry --wait: exit %d, stdout %q, stderr %q; want exit 0 and stdout %q", code, out, errs, want)
@@ -58,8 +62,8 @@ func TestRetryResumesAFailedRunAndRefusesRunsItCannotResume(t *testing.T) {
 	if !strings.Contains(errs, id+" succeeded in") || !strings.Contains(errs, "(since retry 1): 10/10 done") {
 		t.Errorf("retry --wait: stderr %q does not say the run succeeded since its retry", errs)
 	}
-	if out, _, _ := s.run("status", id); !strings.Contains(out, "state    succeeded") || !strings.Contains(out, "(retry 1)") {
-		t.Errorf("status of the retried run: %q; want succeeded, retried once", out)
+	if out, _, _ := s.run("status", id); !strings.Contains(out, "state    succeeded") || !strings.Contains(out, "(retry 1)") || strings.Contains(out, "next") {
+		t.Errorf("status of the retried run: %q; want succeeded, retried once, and no next step", out)
 	}
 	out, _, _ = s.run("status", id, "--json")
 	var st struct {

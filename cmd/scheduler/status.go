@@ -71,6 +71,9 @@ func status(ctx context.Context, args []string) int {
 	if st.Result != nil {
 		fmt.Printf("result   %s\n", st.Result)
 	}
+	if next := retryHint(st); next != "" {
+		fmt.Printf("next     %s\n", next)
+	}
 	return 0
 }
 

@@ -74,6 +74,9 @@ func ui(ctx context.Context, args []string) int {
 	defer con.Close()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
+		if _, _, serr := net.SplitHostPort(*listen); serr != nil {
+			app.Usage("ui --listen %q: %v: give HOST:PORT, e.g. 127.0.0.1:8080, or :8080 for every interface", *listen, serr)
+		}
 		app.Fail("ui: %v: choose another --listen address", err)
 	}
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !isLoopback(host) && token == "" && !*readOnly {

@@ -154,7 +154,7 @@ func Postgres(ctx context.Context, url, appName string, maxConns int, tracer ...
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("--database-url: %w", err)
+		return nil, fmt.Errorf("--database-url (env DATABASE_URL): %w: give a URL such as postgres://user:password@host:5432/dbname?sslmode=disable", err)
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	// A cancelled query is cancelled on the server and its connection

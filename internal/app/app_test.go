@@ -42,6 +42,10 @@ func TestConnectErrorsTellAServerThatRefusedFromOneThatDoesNotAnswer(t *testing.
 	if _, err = app.Postgres(ctx, "postgres://postgres@127.0.0.1:1/x?connect_timeout=2", "app-test", 1); err == nil || !strings.Contains(err.Error(), "cannot reach") {
 		t.Errorf("Postgres on a closed port: %v; want 'cannot reach'", err)
 	}
+	// host:port alone, as for Redis: not a URL pgx can read.
+	if _, err = app.Postgres(ctx, "localhost:5432", "app-test", 1); err == nil || !strings.Contains(err.Error(), "give a URL such as postgres://user:password@host:5432/dbname") {
+		t.Errorf("a DATABASE_URL of host:port: %v; want an error showing a URL's form", err)
+	}
 
 	// The test server runs without TLS: a URL that requires it reaches a
 	// server that is up, and the fix is the URL's sslmode.

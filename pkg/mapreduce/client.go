@@ -144,7 +144,7 @@ func jobOf(runID string) (string, bool) {
 func (c *Client) keys(runID string) (runKeys, error) {
 	job, ok := jobOf(runID)
 	if !ok {
-		return runKeys{}, fmt.Errorf("%q is not a run ID: run IDs look like <job>:<key>, as Start returns them", runID)
+		return runKeys{}, fmt.Errorf("%q is not a run ID: run IDs look like <job>:<key>, as Start returns them and scheduler runs lists them", runID)
 	}
 	// The kind comes before the run ID: IDs may contain ':', and a kind
 	// after it could make one run's key another run's ("k:results").
