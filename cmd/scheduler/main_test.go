@@ -126,7 +126,7 @@ func TestRunWithAKeyStartsOneRunPerKey(t *testing.T) {
 	if out, errs, code := s.run(args...); code != 0 || strings.TrimSpace(out) != "sum:tick-1" {
 		t.Fatalf("run --key: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
-	if out, errs, code := s.run(args...); code != 0 || strings.TrimSpace(out) != "sum:tick-1" || !strings.Contains(errs, "run sum:tick-1 already exists") {
+	if out, errs, code := s.run(args...); code != 0 || strings.TrimSpace(out) != "sum:tick-1" || !strings.Contains(errs, "run sum:tick-1 already exists (--key tick-1 names it), so these --args were not used") {
 		t.Errorf("second run --key: exit %d, stdout %q, stderr %q; want the same ID and 'already exists'", code, out, errs)
 	}
 	if runs, _ := f.mr.Runs(context.Background(), "sum"); len(runs) != 1 {

@@ -22,6 +22,13 @@ checked against the fields the job's workers announced, and the run is
 created with a warning: it waits until a worker runs the job, whose split
 checks the arguments again.
 
+A job allows one active run at a time unless it sets
+JobOptions.AllowOverlap: while one is active, run exits 1 naming it (wait
+for it, or 'scheduler cancel' it). --key names the run, for a start that
+must happen once (a cron tick, a deploy step): a second start with the same
+key gets the same run, whose ID is printed with a note on stderr, and its
+--args are not used.
+
 With --wait, follow the run — a live progress bar on a terminal, a line
 per change otherwise — print its result and exit 0 only if it succeeded.
 If Redis becomes unreachable meanwhile, the run goes on and so does the
@@ -70,9 +77,9 @@ func run(ctx context.Context, args []string) int {
 	switch {
 	case errors.Is(err, mapreduce.ErrRunExists):
 		if *wait {
-			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists; following it\n", id)
+			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists (--key %s names it), so these --args were not used; following it\n", id, *key)
 		} else {
-			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists\n", id)
+			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists (--key %s names it), so these --args were not used; start with another --key for a new run\n", id, *key)
 		}
 	case errors.Is(err, mapreduce.ErrInvalidArgs):
 		// A worker's answer repeats what the error wraps: say it once.
