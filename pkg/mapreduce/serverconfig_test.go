@@ -93,6 +93,10 @@ func TestServerConfigRefusesQueuesWithoutTheJobsQueue(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "lacks "+e.queue) || !strings.Contains(err.Error(), "leave Queues nil") {
 		t.Errorf("ServerConfig without the job's queue: %v; want an error naming %s and the fix", err, e.queue)
 	}
+	// asynq drops a queue of weight 0.
+	if _, err := e.client().ServerConfig(asynq.Config{Queues: map[string]int{e.queue: 0, "default": 1}}); err == nil || !strings.Contains(err.Error(), "weight below 1") {
+		t.Errorf("ServerConfig with the job's queue at weight 0: %v; want an error naming the weight", err)
+	}
 	// asynq serves "default" when Queues is empty: a client without jobs
 	// would run nothing of its own there.
 	none, err := mapreduce.New(e.rdb, mapreduce.Config{Prefix: e.prefix})
@@ -101,5 +105,39 @@ func TestServerConfigRefusesQueuesWithoutTheJobsQueue(t *testing.T) {
 	}
 	if _, err := none.ServerConfig(asynq.Config{}); err == nil || !strings.Contains(err.Error(), "Config.Jobs") {
 		t.Errorf("ServerConfig of a client without jobs: %v; want an error saying to pass Config.Jobs", err)
+	}
+}
+
+// A server's own IsFailure, written for its other tasks, does not decide
+// for batchmr's: a page that keeps failing with an error the server's
+// function does not count still spends the job's retries and fails its
+// run, instead of running for ever.
+func TestServerConfigLetsOnlyBatchmrCountItsTasksFailures(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	f := &flaky{calls: map[int]int{}}
+	e.addJob(e.jobs.Add(flakyJob("timeouts", f, 1000, context.DeadlineExceeded, e.opts(mapreduce.JobOptions{MapRetries: 1}))))
+	c := e.client()
+	cfg, err := c.ServerConfig(asynq.Config{Concurrency: 2, DelayedTaskCheckInterval: 50 * time.Millisecond, LogLevel: asynq.FatalLevel,
+		IsFailure: func(err error) bool { return !errors.Is(err, context.DeadlineExceeded) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := asynq.NewServerFromRedisClient(e.rdb, cfg)
+	mux := asynq.NewServeMux()
+	c.Register(mux)
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	id := mustStart(t, c, "timeouts", sumArgs{N: 10, PageSize: 10}, mapreduce.StartOptions{})
+	st := wait(t, c, id, 30*time.Second)
+	if st.State != mapreduce.StateFailed || st.Failed != 1 {
+		t.Fatalf("run ended %s with %d failed pages; want failed, its one page failed after its retries", st.State, st.Failed)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := f.calls[0]; n != 2 {
+		t.Errorf("Map ran %d times, want 2: once and one retry (MapRetries 1)", n)
 	}
 }

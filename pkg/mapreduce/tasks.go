@@ -65,7 +65,7 @@ const DefaultPollInterval = 100 * time.Millisecond
 //     server's other tasks (a type that does not start with "batchmr:").
 //   - IsFailure to IsFailure, so that a task handed back, or riding out
 //     an outage, does not spend a retry. A function of cfg's own still
-//     decides for every other error: a task fails when both call it one.
+//     decides for the server's other tasks.
 //   - TaskCheckInterval, when zero, to DefaultPollInterval.
 //
 // Without RetryDelay and IsFailure a run still works, but a database or
@@ -83,12 +83,13 @@ func (c *Client) ServerConfig(cfg asynq.Config) (asynq.Config, error) {
 	} else {
 		var missing []string
 		for _, q := range slices.Sorted(maps.Keys(mine)) {
-			if _, ok := cfg.Queues[q]; !ok {
+			// asynq drops a queue of weight below 1.
+			if w, ok := cfg.Queues[q]; !ok || w < 1 {
 				missing = append(missing, q)
 			}
 		}
 		if len(missing) > 0 {
-			return cfg, fmt.Errorf("mapreduce: asynq.Config.Queues lacks %s, the queue(s) of this client's jobs: their tasks would never run here; add them, or leave Queues nil to serve Queues(nil)", strings.Join(missing, ", "))
+			return cfg, fmt.Errorf("mapreduce: asynq.Config.Queues lacks %s, the queue(s) of this client's jobs, or gives them a weight below 1: their tasks would never run here; add them with a weight of at least 1, or leave Queues nil to serve Queues(nil)", strings.Join(missing, ", "))
 		}
 	}
 	if own := cfg.RetryDelayFunc; own != nil {
@@ -102,7 +103,16 @@ func (c *Client) ServerConfig(cfg asynq.Config) (asynq.Config, error) {
 		cfg.RetryDelayFunc = c.RetryDelay
 	}
 	if own := cfg.IsFailure; own != nil {
-		cfg.IsFailure = func(err error) bool { return c.IsFailure(err) && own(err) }
+		// asynq gives IsFailure the error alone: batchmr's tasks' errors
+		// are known by their wrapper (processTask), and only IsFailure
+		// decides for them, so that the server's own function cannot
+		// keep a job's retries from running out.
+		cfg.IsFailure = func(err error) bool {
+			if _, ok := errors.AsType[*taskError](err); ok {
+				return c.IsFailure(err)
+			}
+			return own(err)
+		}
 	} else {
 		cfg.IsFailure = c.IsFailure
 	}
@@ -165,8 +175,18 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 		logFailure(ctx, t, err)
 		c.noteError(ctx, t, err)
 	}
-	return err
+	if err != nil {
+		return &taskError{err}
+	}
+	return nil
 }
+
+// taskError is the error of a task of batchmr's, as processTask returns
+// it to asynq: ServerConfig's IsFailure knows batchmr's tasks by it.
+type taskError struct{ err error }
+
+func (e *taskError) Error() string { return e.err.Error() }
+func (e *taskError) Unwrap() error { return e.err }
 
 // lastErrorMax is how much of a step's error its run keeps (LastError).
 const lastErrorMax = 500

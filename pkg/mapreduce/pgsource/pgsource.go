@@ -110,11 +110,20 @@ func Split(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Ta
 	}
 	var lo, last *int64
 	var bounds []int64
+	var typ string
 	err := snapshot(ctx, db, sem, t, "Key must be an integer column; use SplitSpans for a key of another type (a uuid, text), SplitOffset for a table without one",
 		func(ctx context.Context, tx pgx.Tx) error {
-			err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s)::bigint - 1, max(%[1]s)::bigint FROM %[2]s%[3]s", key, table, where), args...).Scan(&lo, &last)
-			if err != nil || lo == nil {
+			err := tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%[1]s)::bigint - 1, max(%[1]s)::bigint, pg_typeof(min(%[1]s))::text FROM %[2]s%[3]s", key, table, where), args...).Scan(&lo, &last, &typ)
+			if err != nil {
 				return err
+			}
+			// A numeric or float key would be rounded to bigint, and rows
+			// between two rounded bounds lost.
+			if typ != "smallint" && typ != "integer" && typ != "bigint" {
+				return fmt.Errorf("the key is of type %s, not an integer, and would be rounded: use SplitSpans, which pages any type Postgres orders", typ)
+			}
+			if lo == nil {
+				return nil
 			}
 			// Every PageSize-th key closes a page; the largest key the last.
 			rows, err := tx.Query(ctx, fmt.Sprintf(`
@@ -255,6 +264,16 @@ func SplitSpans(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore,
 func snapshot(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, fix string, fn func(context.Context, pgx.Tx) error) error {
 	err := Do(ctx, db, sem, func(ctx context.Context, conn *pgx.Conn) error {
 		return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			// A row whose key is NULL is in no range of keys: refuse
+			// rather than leave it out. (An index probe: btree indexes
+			// hold NULLs.)
+			var nulls bool
+			if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE %s IS NULL)", ident(t.Name), ident(t.Key))).Scan(&nulls); err != nil {
+				return err
+			}
+			if nulls {
+				return errors.New("the key is NULL in some rows, which no page would hold: page by a NOT NULL column, or give those rows keys")
+			}
 			return fn(ctx, tx)
 		})
 	})

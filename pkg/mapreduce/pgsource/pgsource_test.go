@@ -189,6 +189,19 @@ func TestBadTablesGetErrorsThatNameTheFix(t *testing.T) {
 			t.Errorf("SplitSpans(%+v): %v, want an error saying %q", tc.t, err, tc.want)
 		}
 	}
+	// A nullable key with a NULL: that row would be in no page.
+	_, _ = pool.Exec(ctx, `CREATE TABLE nullable (id bigint UNIQUE, k text UNIQUE); INSERT INTO nullable VALUES (1, 'a'), (2, 'b'), (NULL, NULL)`)
+	if err := pgsource.Split(ctx, pool, nil, pgsource.Table{Name: "nullable", Key: "id", PageSize: 10}, none); err == nil || !strings.Contains(err.Error(), "the key is NULL in some rows") {
+		t.Errorf("Split by a key with a NULL: %v; want an error saying so", err)
+	}
+	if err := pgsource.SplitSpans(ctx, pool, nil, pgsource.Table{Name: "nullable", Key: "k", PageSize: 10}, func(pgsource.KeySpan) error { return nil }); err == nil || !strings.Contains(err.Error(), "the key is NULL in some rows") {
+		t.Errorf("SplitSpans by a key with a NULL: %v; want an error saying so", err)
+	}
+	// A numeric key is not an integer one: Split would round it.
+	_, _ = pool.Exec(ctx, `CREATE TABLE decimals (k numeric PRIMARY KEY); INSERT INTO decimals VALUES (1.4), (1.6), (2.4)`)
+	if err := pgsource.Split(ctx, pool, nil, pgsource.Table{Name: "decimals", Key: "k", PageSize: 10}, none); err == nil || !strings.Contains(err.Error(), "of type numeric, not an integer") || !strings.Contains(err.Error(), "use SplitSpans") {
+		t.Errorf("Split by a numeric key: %v; want an error naming the type and SplitSpans", err)
+	}
 	_, _ = pool.Exec(ctx, `CREATE TABLE docs (doc json NOT NULL); INSERT INTO docs VALUES ('{}')`)
 	err := pgsource.SplitSpans(ctx, pool, nil, pgsource.Table{Name: "docs", Key: "doc", PageSize: 1}, func(pgsource.KeySpan) error { return nil })
 	if want := "Key must be a column Postgres can order"; err == nil || !strings.Contains(err.Error(), want) {
