@@ -190,7 +190,15 @@ func (s KeySpan) Args() []any { return []any{s.First, s.Last} }
 // exactly once. An empty table emits nothing.
 //
 // With duplicate keys, all rows of one key fall in one page, which may
-// then exceed PageSize.
+// then exceed PageSize. A key with a NULL is refused: that row would be in
+// no page.
+//
+// Keys travel as text, from the split's connection to the pages'
+// queries, so every connection of the fleet must write and read the key's
+// type alike: Postgres's defaults do (a DateStyle or extra_float_digits
+// changed on some connections would not). Each page's next key is an index
+// probe, so the key's index must be in the column's own collation (as a
+// primary key's is), or a split reads the whole table once per page.
 func SplitSpans(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, t Table, emit func(KeySpan) error) error {
 	if err := t.validate(true); err != nil {
 		return err
