@@ -83,20 +83,31 @@ func (e *env) worker(c *mapreduce.Client, concurrency int) *asynq.Server {
 // again (asynq's default is a second, the worker command's 100 ms).
 func (e *env) workerPolling(c *mapreduce.Client, concurrency int, poll time.Duration) *asynq.Server {
 	e.t.Helper()
-	cfg, err := c.ServerConfig(asynq.Config{
+	return e.serve(c, asynq.Config{
 		Concurrency:              concurrency,
 		Queues:                   map[string]int{e.queue: 1},
 		TaskCheckInterval:        poll,
 		DelayedTaskCheckInterval: 50 * time.Millisecond,
 		ShutdownTimeout:          5 * time.Second,
 		LogLevel:                 asynq.FatalLevel,
-	})
+	}, nil)
+}
+
+// serve starts an asynq server on cfg, as c.ServerConfig completes it,
+// that runs c's tasks, and more's handlers if given; it stops when the
+// test ends.
+func (e *env) serve(c *mapreduce.Client, cfg asynq.Config, more func(*asynq.ServeMux)) *asynq.Server {
+	e.t.Helper()
+	cfg, err := c.ServerConfig(cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	srv := asynq.NewServerFromRedisClient(e.rdb, cfg)
 	mux := asynq.NewServeMux()
 	c.Register(mux)
+	if more != nil {
+		more(mux)
+	}
 	if err := srv.Start(mux); err != nil {
 		e.t.Fatal(err)
 	}

@@ -31,7 +31,9 @@ func TestServerConfigKeepsTheServersOwnPolicyForItsOtherTasks(t *testing.T) {
 	other := e.queue + ":other"
 	var mu sync.Mutex
 	var delayed []string // the task types the server's own RetryDelayFunc was asked about
-	cfg, err := c.ServerConfig(asynq.Config{
+	var sends sync.WaitGroup
+	sends.Add(2)
+	e.serve(c, asynq.Config{
 		Concurrency:              4,
 		Queues:                   map[string]int{e.queue: 1, other: 1},
 		DelayedTaskCheckInterval: 50 * time.Millisecond,
@@ -43,23 +45,12 @@ func TestServerConfigKeepsTheServersOwnPolicyForItsOtherTasks(t *testing.T) {
 			return 10 * time.Millisecond
 		},
 		IsFailure: func(error) bool { return true },
+	}, func(mux *asynq.ServeMux) {
+		mux.HandleFunc("report:email", func(context.Context, *asynq.Task) error {
+			sends.Done()
+			return errors.New("smtp: try again") // fails once, then the retry
+		})
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := asynq.NewServerFromRedisClient(e.rdb, cfg)
-	mux := asynq.NewServeMux()
-	c.Register(mux)
-	var sends sync.WaitGroup
-	sends.Add(2)
-	mux.HandleFunc("report:email", func(context.Context, *asynq.Task) error {
-		sends.Done()
-		return errors.New("smtp: try again") // fails once, then the retry
-	})
-	if err := srv.Start(mux); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
 	ac := asynq.NewClientFromRedisClient(e.rdb)
 	if _, err := ac.Enqueue(asynq.NewTask("report:email", nil), asynq.Queue(other), asynq.MaxRetry(1)); err != nil {
 		t.Fatal(err)
@@ -118,18 +109,8 @@ func TestServerConfigLetsOnlyBatchmrCountItsTasksFailures(t *testing.T) {
 	f := &flaky{calls: map[int]int{}}
 	e.addJob(e.jobs.Add(flakyJob("timeouts", f, 1000, context.DeadlineExceeded, e.opts(mapreduce.JobOptions{MapRetries: 1}))))
 	c := e.client()
-	cfg, err := c.ServerConfig(asynq.Config{Concurrency: 2, DelayedTaskCheckInterval: 50 * time.Millisecond, LogLevel: asynq.FatalLevel,
-		IsFailure: func(err error) bool { return !errors.Is(err, context.DeadlineExceeded) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := asynq.NewServerFromRedisClient(e.rdb, cfg)
-	mux := asynq.NewServeMux()
-	c.Register(mux)
-	if err := srv.Start(mux); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	e.serve(c, asynq.Config{Concurrency: 2, DelayedTaskCheckInterval: 50 * time.Millisecond, LogLevel: asynq.FatalLevel,
+		IsFailure: func(err error) bool { return !errors.Is(err, context.DeadlineExceeded) }}, nil)
 	id := mustStart(t, c, "timeouts", sumArgs{N: 10, PageSize: 10}, mapreduce.StartOptions{})
 	st := wait(t, c, id, 30*time.Second)
 	if st.State != mapreduce.StateFailed || st.Failed != 1 {
