@@ -60,14 +60,18 @@ var errNoEnv = errors.New("not called from a job run by a batchmr worker (worker
 // Database returns the worker's Postgres pool and the semaphore whose
 // permits every query of the fleet takes ("db"), for a job's Split, Map or
 // Reduce. It returns an error naming the fix when ctx is not a worker's,
-// the worker has no database, or it has no "db" semaphore.
+// the worker has no database, or it has no "db" semaphore. The error of a
+// worker without a database is transient (mapreduce.Transient): returned
+// by the step, it is retried, likely on a worker that has one, without
+// spending the job's retries, so that one worker started without
+// DATABASE_URL does not fail the runs that healthy workers share with it.
 func Database(ctx context.Context) (*pgxpool.Pool, *semaphore.Semaphore, error) {
 	env, ok := FromContext(ctx)
 	if !ok {
 		return nil, nil, fmt.Errorf("worker.Database: %w", errNoEnv)
 	}
 	if env.DB == nil {
-		return nil, nil, errors.New("worker.Database: this worker has no database: pass --database-url or set DATABASE_URL (Config.DatabaseURL)")
+		return nil, nil, mapreduce.Transient(errors.New("worker.Database: this worker has no database: pass --database-url or set DATABASE_URL (Config.DatabaseURL), and set RequireDatabase so that it refuses to start without"))
 	}
 	sem, err := env.semaphore(DBSemaphore)
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"iter"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
@@ -16,8 +18,10 @@ import (
 	"github.com/batchmr/batchmr/examples/pagination/ordersreport"
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/batchmr/batchmr/pkg/worker"
+	"github.com/jackc/pgx/v5"
 )
 
 // proc is a worker process whose stderr the test reads.
@@ -271,5 +275,84 @@ func TestRunRefusesBadConfigsAndStopsCleanlyWithItsContext(t *testing.T) {
 	}
 	if ws, _ := mr.Workers(ctx); len(ws) != 0 {
 		t.Errorf("workers after Run returned: %+v, want none", ws)
+	}
+}
+
+// A worker started without a database fails no page of a job that needs
+// one: its worker.Database error is transient, so the page is retried
+// without spending the job's retries (here: none), and a worker with a
+// database runs it.
+func TestAWorkerWithoutADatabaseLeavesItsPagesToOnesThatHaveOne(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, prefix := testenv.Redis(t)
+	const name = "needs-db"
+	testenv.JobQueue(t, rdb, prefix, name)
+	job := mapreduce.Job[int, int, int, int]{
+		Name: name,
+		Split: func(ctx context.Context, n int, emit func(int) error) error {
+			for i := range n {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: func(ctx context.Context, p int) (int, error) {
+			db, sem, err := worker.Database(ctx)
+			if err != nil {
+				return 0, err
+			}
+			got, err := pgsource.Fetch(ctx, db, sem, "SELECT $1::int + $2::int", pgsource.KeyRange{Lo: int64(p), Hi: 0}, pgx.RowTo[int32])
+			if err != nil {
+				return 0, err
+			}
+			return int(got[0]), nil
+		},
+		Reduce: func(ctx context.Context, _ int, pages iter.Seq2[mapreduce.PageResult[int, int], error]) (int, error) {
+			sum := 0
+			for p, err := range pages {
+				if err != nil {
+					return 0, err
+				}
+				sum += p.Result
+			}
+			return sum, nil
+		},
+		Options: mapreduce.JobOptions{MapRetries: -1, TransientBackoff: func(int) time.Duration { return 20 * time.Millisecond }},
+	}
+	run := func(cfg worker.Config) {
+		wctx, stop := context.WithCancel(ctx)
+		stopped := make(chan error, 1)
+		go func() { stopped <- worker.Run(wctx, cfg, job) }()
+		t.Cleanup(func() {
+			stop()
+			if err := <-stopped; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	cfg := worker.Config{RedisURL: testenv.RedisURL(t), Prefix: prefix, Concurrency: 2, PollInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	run(cfg) // no database: it starts with a warning
+	mr := mustClient(t, rdb, prefix)
+	id, err := job.Start(ctx, mr, 20, mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 20*time.Second, "a page's attempt on the worker without a database", func() bool {
+		st, err := mr.Status(ctx, id)
+		return err == nil && strings.Contains(st.LastError.Error, "has no database")
+	})
+	cfg.DatabaseURL = testenv.DatabaseURL(t)
+	run(cfg)
+	wait, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	st, err := mr.Wait(wait, id)
+	if err != nil || st.State != mapreduce.StateSucceeded || st.Failed != 0 {
+		t.Fatalf("run %s: %+v, %v; want succeeded with no failed page", id, st, err)
+	}
+	if got, err := job.Result(st); err != nil || got != 190 {
+		t.Errorf("result %d, %v; want 190 (0 + … + 19)", got, err)
 	}
 }
