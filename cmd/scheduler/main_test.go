@@ -710,6 +710,7 @@ func TestBadInputGetsOneLineAndANonZeroExit(t *testing.T) {
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
 		{[]string{"run"}, 2, "missing JOB"},
 		{[]string{"run", "sum", "--bogus"}, 2, "-bogus"},
+		{[]string{"run", "sum", "--page_size", "5"}, 2, `flag provided but not defined: -page_size: a job's arguments go in --args, as JSON`},
 		{[]string{"run", "sum", "--args", `{"n": 1`}, 2, "is not JSON"},
 		{[]string{"run", "sum", "--args", `{n: 1}`}, 2, "is not JSON (invalid character 'n' looking for beginning of object key string, at byte 2): keys and strings take double quotes"},
 		{[]string{"status", "not-a-run"}, 1, "<job>:<key>"},

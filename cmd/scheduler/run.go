@@ -47,6 +47,7 @@ func run(ctx context.Context, args []string) int {
 	argsJSON := fs.String("args", "", "the run's arguments, as JSON (default: none, the zero value)")
 	key := fs.String("key", "", "names the run: runs started with the same key are one run (default: new)")
 	wait := fs.Bool("wait", false, "follow the run until it ends; exit 0 only if it succeeded")
+	app.UnknownFlagHint = `a job's arguments go in --args, as JSON: --args '{"page_size": 1000}'`
 	pos := parse(fs, runUsage, args)
 	want(pos, 1, 1, "JOB (a job of the catalogue: see 'scheduler jobs')")
 	job := pos[0]

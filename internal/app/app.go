@@ -261,7 +261,9 @@ func BuildVersion() string {
 	for _, d := range bi.Deps {
 		if d.Path == module {
 			v = d.Version
-			if d.Replace != nil && d.Replace.Version != "" {
+			if d.Replace != nil {
+				// A directory (a checkout) has no version: "devel", as
+				// a build of batchmr's own commands says.
 				v = d.Replace.Version
 			}
 		}
@@ -358,9 +360,16 @@ func Parse(fs *flag.FlagSet, usage string, args []string) {
 		os.Exit(0)
 	}
 	if err != nil {
+		if hint := UnknownFlagHint; hint != "" && strings.HasPrefix(err.Error(), "flag provided but not defined") {
+			Usage("%v: %s", err, hint)
+		}
 		Usage("%v", err)
 	}
 }
+
+// UnknownFlagHint, if set, follows Parse's error for a flag the command
+// does not define: what such a flag most likely meant.
+var UnknownFlagHint string
 
 // WorkerOf names the live worker among workers that a semaphore handle's
 // process (semaphore.ProcessStats.Process) belongs to, by its host and

@@ -186,7 +186,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	log.Info("worker: started", "worker", info.ID, "jobs", registry.Names(), "queues", queues,
 		"concurrency", cfg.Concurrency, "permits", limits, "permits_if_unset", cfg.Permits)
 	if cfg.DatabaseURL == "" {
-		log.Warn("worker: this worker has no database (--database-url, DATABASE_URL): a job that calls worker.Database fails the pages it takes here; " +
+		log.Warn("worker: this worker has no database (--database-url, DATABASE_URL): a job that calls worker.Database hands the pages it takes here back to the queue, as transient failures; " +
 			"if its jobs query Postgres, give it one, and set Config.RequireDatabase so that it refuses to start without")
 	}
 	return w, nil
