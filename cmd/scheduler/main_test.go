@@ -126,8 +126,18 @@ func TestRunWithAKeyStartsOneRunPerKey(t *testing.T) {
 	if out, errs, code := s.run(args...); code != 0 || strings.TrimSpace(out) != "sum:tick-1" {
 		t.Fatalf("run --key: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
-	if out, errs, code := s.run(args...); code != 0 || strings.TrimSpace(out) != "sum:tick-1" || !strings.Contains(errs, "run sum:tick-1 already exists (--key tick-1 names it), so these --args were not used") {
+	if out, errs, code := s.run(args...); code != 0 || strings.TrimSpace(out) != "sum:tick-1" || !strings.Contains(errs, "run sum:tick-1 already exists (--key tick-1 names it): no new run was started") {
 		t.Errorf("second run --key: exit %d, stdout %q, stderr %q; want the same ID and 'already exists'", code, out, errs)
+	}
+	// The same arguments written otherwise are the same: the same run.
+	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{ "page_size": 1, "n": 3 }`); code != 0 || strings.TrimSpace(out) != "sum:tick-1" {
+		t.Errorf("run --key with the same arguments reordered: exit %d, stdout %q, stderr %q; want the same run", code, out, errs)
+	}
+	// Other arguments under the same key are refused: they would be
+	// silently dropped.
+	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"n": 4, "page_size": 1}`); code != 1 || out != "" || !oneLine(errs) ||
+		!strings.Contains(errs, "already exists (--key tick-1 names it) with other arguments") || !strings.Contains(errs, `"n": 4`) || !strings.Contains(errs, "use another --key") {
+		t.Errorf("run --key with other arguments: exit %d, stdout %q, stderr %q; want exit 1 showing both and the fix", code, out, errs)
 	}
 	if runs, _ := f.mr.Runs(context.Background(), "sum"); len(runs) != 1 {
 		t.Errorf("two starts with one key made %d runs", len(runs))

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"reflect"
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
@@ -26,8 +28,8 @@ A job allows one active run at a time unless it sets
 JobOptions.AllowOverlap: while one is active, run exits 1 naming it (wait
 for it, or 'scheduler cancel' it). --key names the run, for a start that
 must happen once (a cron tick, a deploy step): a second start with the same
-key gets the same run, whose ID is printed with a note on stderr, and its
---args are not used.
+key, and the same --args or none, gets the same run, whose ID is printed
+with a note on stderr; one with other --args is refused, showing both.
 
 With --wait, follow the run — a live progress bar on a terminal, a line
 per change otherwise — print its result and exit 0 only if it succeeded.
@@ -77,10 +79,13 @@ func run(ctx context.Context, args []string) int {
 	id, err := c.mr.StartJSON(ctx, job, a, mapreduce.StartOptions{Key: *key})
 	switch {
 	case errors.Is(err, mapreduce.ErrRunExists):
+		if st, serr := c.mr.Status(ctx, id); serr == nil && *argsJSON != "" && !sameJSON(st.Args, a) {
+			app.Fail("run %s already exists (--key %s names it) with other arguments, %s, than these, %s: use another --key for a run of these", id, *key, st.Args, a)
+		}
 		if *wait {
-			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists (--key %s names it), so these --args were not used; following it\n", id, *key)
+			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists (--key %s names it); following it\n", id, *key)
 		} else {
-			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists (--key %s names it), so these --args were not used; start with another --key for a new run\n", id, *key)
+			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists (--key %s names it): no new run was started; use another --key for one\n", id, *key)
 		}
 	case errors.Is(err, mapreduce.ErrInvalidArgs):
 		// A worker's answer repeats what the error wraps: say it once.
@@ -100,4 +105,14 @@ func run(ctx context.Context, args []string) int {
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// sameJSON reports whether a and b are JSON documents of the same value,
+// however spaced or ordered.
+func sameJSON(a, b []byte) bool {
+	var va, vb any
+	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
+		return bytes.Equal(a, b)
+	}
+	return reflect.DeepEqual(va, vb)
 }

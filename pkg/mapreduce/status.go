@@ -80,6 +80,9 @@ type Status struct {
 	// Result is the encoded value Reduce returned (JSON unless the job has
 	// another Codec): decode it with the job's Job.Result.
 	Result []byte
+	// Args are the run's arguments as Start stored them (JSON unless the
+	// job has another Codec).
+	Args []byte
 
 	nonce     string // part of the run's task IDs
 	splitTask string // the last part of the ID of the run's split task
@@ -97,6 +100,7 @@ func parseStatus(id string, h map[string]string) *Status {
 		Failed:    atoi(h["failed"]),
 		Retries:   atoi(h["retries"]),
 		Error:     h["error"],
+		Args:      []byte(h["args"]),
 		nonce:     h["nonce"],
 		splitTask: h["split_task"],
 		resume:    atoi(h["resume"]),
