@@ -99,22 +99,41 @@ func jobs(ctx context.Context, args []string) int {
 	}
 	var warned bool
 	for _, j := range all {
-		var warning string
+		var warnings []string
 		switch {
 		case len(j.Workers) == 0:
-			warning = noWorker(j.Name)
+			warnings = append(warnings, noWorker(j.Name))
 		case len(j.Disagree) > 0:
-			warning = versionsDiffer(j)
-		default:
-			continue
+			warnings = append(warnings, versionsDiffer(j))
 		}
-		if !warned {
-			fmt.Println()
-			warned = true
+		warnings = append(warnings, withoutDatabase(j)...)
+		for _, warning := range warnings {
+			if !warned {
+				fmt.Println()
+				warned = true
+			}
+			fmt.Println(warning)
 		}
-		fmt.Println(warning)
 	}
 	return 0
+}
+
+// withoutDatabase warns of the live workers of job j that have no database
+// (no "db" semaphore, which a worker opens with its DATABASE_URL) while
+// others of j's have one: the job queries Postgres, and the pages those
+// workers take go back to the queue.
+func withoutDatabase(j mapreduce.JobInfo) []string {
+	hasDB := func(w mapreduce.WorkerInfo) bool { return slices.Contains(w.Semaphores, app.SemaphoreName) }
+	if !slices.ContainsFunc(j.Workers, hasDB) {
+		return nil
+	}
+	var out []string
+	for _, w := range j.Workers {
+		if !hasDB(w) {
+			out = append(out, fmt.Sprintf("WARNING: worker %s runs %s without a database, where other workers of it have one: the pages it takes go back to the queue, slowing its runs; give it DATABASE_URL (and RequireDatabase)", w.ID, j.Name))
+		}
+	}
+	return out
 }
 
 // versionsDiffer is the warning for a job whose live workers run other

@@ -866,3 +866,24 @@ func TestRunWaitAndStatusShowAStepsFailedAttempt(t *testing.T) {
 		t.Errorf("status --json: %v, %s; want last_error with the split's", err, out)
 	}
 }
+
+// A worker that runs a job without a database, where others of the job
+// have one, is named: the pages it takes go back to the queue.
+func TestJobsWarnsOfAWorkerWithoutTheDatabaseItsJobsUse(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.host([]string{"db"}, sumJob("sum", nil))
+	bare, _ := f.host(nil, sumJob("sum", nil))
+	f.host(nil, sumJob("nodb", nil)) // no worker of it has one: nothing to say
+	s := newScheduler(t, f)
+	out, errs, code := s.run("jobs")
+	var warnings []string
+	for _, l := range lines(out) {
+		if strings.Contains(l, "without a database") {
+			warnings = append(warnings, l)
+		}
+	}
+	if code != 0 || len(warnings) != 1 || !strings.Contains(warnings[0], "worker "+bare.ID+" runs sum without a database") || !strings.Contains(warnings[0], "DATABASE_URL") {
+		t.Errorf("jobs: exit %d, warnings %q (stderr %q); want one, naming worker %s and job sum", code, warnings, errs, bare.ID)
+	}
+}
