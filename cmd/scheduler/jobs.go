@@ -118,20 +118,20 @@ func jobs(ctx context.Context, args []string) int {
 	return 0
 }
 
-// withoutDatabase warns of the live workers of job j that have no database
-// (no "db" semaphore, which a worker opens with its DATABASE_URL) while
-// others of j's have one: the job queries Postgres, and the pages those
-// workers take go back to the queue.
+// withoutDatabase warns of the live workers of job j that say they have no
+// database while others of j's say they have one: if the job queries
+// Postgres, the pages those workers take go back to the queue. Workers
+// that say nothing (servers of one's own) are left out.
 func withoutDatabase(j mapreduce.JobInfo) []string {
-	hasDB := func(w mapreduce.WorkerInfo) bool { return slices.Contains(w.Semaphores, app.SemaphoreName) }
-	if !slices.ContainsFunc(j.Workers, hasDB) {
+	says := func(has bool) func(mapreduce.WorkerInfo) bool {
+		return func(w mapreduce.WorkerInfo) bool { return w.Database != nil && *w.Database == has }
+	}
+	if !slices.ContainsFunc(j.Workers, says(true)) {
 		return nil
 	}
 	var out []string
-	for _, w := range j.Workers {
-		if !hasDB(w) {
-			out = append(out, fmt.Sprintf("WARNING: worker %s runs %s without a database, where other workers of it have one: the pages it takes go back to the queue, slowing its runs; give it DATABASE_URL (and RequireDatabase)", w.ID, j.Name))
-		}
+	for _, w := range slices.DeleteFunc(slices.Clone(j.Workers), func(w mapreduce.WorkerInfo) bool { return !says(false)(w) }) {
+		out = append(out, fmt.Sprintf("WARNING: worker %s runs %s without a database, where other workers of it have one: if %s calls worker.Database, the pages it takes there go back to the queue, slowing its runs; give it DATABASE_URL (and RequireDatabase)", w.ID, j.Name, j.Name))
 	}
 	return out
 }

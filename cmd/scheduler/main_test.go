@@ -18,6 +18,7 @@ import (
 
 	"github.com/batchmr/batchmr/internal/schedules"
 	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/testenv/testhost"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
@@ -129,15 +130,15 @@ func TestRunWithAKeyStartsOneRunPerKey(t *testing.T) {
 	if out, errs, code := s.run(args...); code != 0 || strings.TrimSpace(out) != "sum:tick-1" || !strings.Contains(errs, "run sum:tick-1 already exists (--key tick-1 names it): no new run was started") {
 		t.Errorf("second run --key: exit %d, stdout %q, stderr %q; want the same ID and 'already exists'", code, out, errs)
 	}
-	// The same arguments written otherwise are the same: the same run.
-	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{ "page_size": 1, "n": 3 }`); code != 0 || strings.TrimSpace(out) != "sum:tick-1" {
-		t.Errorf("run --key with the same arguments reordered: exit %d, stdout %q, stderr %q; want the same run", code, out, errs)
+	// The same arguments written otherwise are the same: no warning.
+	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{ "page_size": 1, "n": 3 }`); code != 0 || strings.TrimSpace(out) != "sum:tick-1" || strings.Contains(errs, "warning") {
+		t.Errorf("run --key with the same arguments reordered: exit %d, stdout %q, stderr %q; want the same run and no warning", code, out, errs)
 	}
-	// Other arguments under the same key are refused: they would be
-	// silently dropped.
-	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"n": 4, "page_size": 1}`); code != 1 || out != "" || !oneLine(errs) ||
-		!strings.Contains(errs, "already exists (--key tick-1 names it) with other arguments") || !strings.Contains(errs, `"n": 4`) || !strings.Contains(errs, "use another --key") {
-		t.Errorf("run --key with other arguments: exit %d, stdout %q, stderr %q; want exit 1 showing both and the fix", code, out, errs)
+	// Other arguments under the same key get the same run, and a warning
+	// showing both: they were not used.
+	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"n": 4, "page_size": 1}`); code != 0 || strings.TrimSpace(out) != "sum:tick-1" ||
+		!strings.Contains(errs, "warning: run sum:tick-1 has other arguments") || !strings.Contains(errs, `"n": 4`) || !strings.Contains(errs, "use another --key") {
+		t.Errorf("run --key with other arguments: exit %d, stdout %q, stderr %q; want the same run, and a warning showing both and the fix", code, out, errs)
 	}
 	if runs, _ := f.mr.Runs(context.Background(), "sum"); len(runs) != 1 {
 		t.Errorf("two starts with one key made %d runs", len(runs))
@@ -872,9 +873,15 @@ func TestRunWaitAndStatusShowAStepsFailedAttempt(t *testing.T) {
 func TestJobsWarnsOfAWorkerWithoutTheDatabaseItsJobsUse(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
-	f.host([]string{"db"}, sumJob("sum", nil))
-	bare, _ := f.host(nil, sumJob("sum", nil))
-	f.host(nil, sumJob("nodb", nil)) // no worker of it has one: nothing to say
+	with, without := true, false
+	host := func(db *bool, job mapreduce.AnyJob) mapreduce.WorkerInfo {
+		info, _ := testhost.Host(t, f.rdb, testhost.Options{Prefix: f.prefix, Database: db, Logger: quiet}, job)
+		return info
+	}
+	host(&with, sumJob("sum", nil))
+	bare := host(&without, sumJob("sum", nil))
+	host(nil, sumJob("sum", nil))       // says nothing: left out
+	host(&without, sumJob("nodb", nil)) // no worker of it has one: nothing to say
 	s := newScheduler(t, f)
 	out, errs, code := s.run("jobs")
 	var warnings []string

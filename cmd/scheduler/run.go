@@ -28,8 +28,8 @@ A job allows one active run at a time unless it sets
 JobOptions.AllowOverlap: while one is active, run exits 1 naming it (wait
 for it, or 'scheduler cancel' it). --key names the run, for a start that
 must happen once (a cron tick, a deploy step): a second start with the same
-key, and the same --args or none, gets the same run, whose ID is printed
-with a note on stderr; one with other --args is refused, showing both.
+key gets the same run, whose ID is printed with a note on stderr, and a
+warning showing both when its --args differ: they are not used.
 
 With --wait, follow the run — a live progress bar on a terminal, a line
 per change otherwise — print its result and exit 0 only if it succeeded.
@@ -79,8 +79,11 @@ func run(ctx context.Context, args []string) int {
 	id, err := c.mr.StartJSON(ctx, job, a, mapreduce.StartOptions{Key: *key})
 	switch {
 	case errors.Is(err, mapreduce.ErrRunExists):
+		// A warning, not a refusal: arguments that mean the same may be
+		// written otherwise (a default spelled out, {} for none), and a
+		// repeated start under a key must not fail for that.
 		if st, serr := c.mr.Status(ctx, id); serr == nil && *argsJSON != "" && !sameJSON(st.Args, a) {
-			app.Fail("run %s already exists (--key %s names it) with other arguments, %s, than these, %s: use another --key for a run of these", id, *key, st.Args, a)
+			fmt.Fprintf(os.Stderr, "scheduler: warning: run %s has other arguments, %s, than these, %s, which were not used: use another --key for a run of these\n", id, st.Args, a)
 		}
 		if *wait {
 			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists (--key %s names it); following it\n", id, *key)

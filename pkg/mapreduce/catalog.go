@@ -91,6 +91,11 @@ type WorkerInfo struct {
 	Queues  map[string]int `json:"queues,omitempty"`
 	// Semaphores are the fleet-wide semaphores the worker's jobs use.
 	Semaphores []string `json:"semaphores,omitempty"`
+	// Database says whether the worker has a database, as pkg/worker's
+	// do (nil: the worker does not say, as a server of one's own need
+	// not): 'scheduler jobs' names a worker of a job without one whose
+	// other workers have one.
+	Database *bool `json:"database,omitempty"`
 	// Version is free text: the user's build, for telling deploys apart.
 	Version string `json:"version,omitempty"`
 	// Shapes holds, for each job the worker runs, a digest of its

@@ -33,6 +33,10 @@ var (
 	// worker or another) without spending a retry: the worker does not run
 	// the task's job, or it is stopping and the step had not got its first
 	// permit. An Observer's step ends with it then; it is not a failure.
+	// A Split, Map or Reduce may return an error wrapping it when this
+	// worker cannot do the step and another may (worker.Database does, on
+	// a worker without a database): the step is offered again 2.5–7.5 s
+	// later, however often that happens, spending no retry.
 	ErrHandedBack = errors.New("handed back")
 	// ErrRunCancelled is the cause of the context of a Split, Map or
 	// Reduce whose run was cancelled, and what emit returns then.

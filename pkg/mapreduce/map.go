@@ -199,7 +199,7 @@ func (c *Client) mapOne(wctx context.Context, r jobRunner, run string, pg fedPag
 // attempt too.
 func (c *Client) settleFailures(ctx, rctx context.Context, k runKeys, first int, failures []pageFailure, o JobOptions) (finals, retry []pageFailure, err error) {
 	transient := func(f pageFailure) bool {
-		return IsTransient(f.err) || errors.Is(f.err, semaphore.ErrDraining) || semaphore.Drained(ctx)
+		return IsTransient(f.err) || errors.Is(f.err, semaphore.ErrDraining) || semaphore.Drained(ctx) || errors.Is(f.err, ErrHandedBack)
 	}
 	var rest []pageFailure
 	for _, f := range failures {

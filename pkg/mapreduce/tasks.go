@@ -221,11 +221,12 @@ const handBackDelay = 5 * time.Second
 // RetryDelay is an asynq.RetryDelayFunc that applies each job's
 // JobOptions.Backoff to its tasks, and JobOptions.TransientBackoff to a
 // task retrying a transient error; a task handed back because this worker
-// does not run its job is offered again after 5s; other tasks get
+// does not run its job, or because its code returned an error wrapping
+// ErrHandedBack, is offered again after 2.5–7.5 s; other tasks get
 // asynq.DefaultRetryDelayFunc. ServerConfig sets it as the worker's
 // asynq.Config.RetryDelayFunc.
 func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
-	if errors.Is(err, errNotHosted) {
+	if errors.Is(err, errNotHosted) || errors.Is(err, errElsewhere) {
 		return handBackDelay/2 + rand.N(handBackDelay)
 	}
 	if errors.Is(err, errStopping) {
@@ -247,7 +248,8 @@ func (c *Client) RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 
 // IsFailure is an asynq.Config.IsFailure that does not count a task handed
 // back because this worker does not run its job, or is stopping before the
-// task got its permit (semaphore.Drain), nor one retrying a transient
+// task got its permit (semaphore.Drain), or its code returned an error
+// wrapping ErrHandedBack, nor one retrying a transient
 // error within JobOptions.TransientRetries: asynq then retries it without
 // spending one of its retries. ServerConfig sets it as the worker's
 // asynq.Config.IsFailure.
@@ -255,8 +257,12 @@ func (c *Client) IsFailure(err error) bool {
 	if _, ok := errors.AsType[*errTransientRetry](err); ok {
 		return false
 	}
-	return err != nil && !errors.Is(err, errNotHosted) && !errors.Is(err, errStopping)
+	return err != nil && !errors.Is(err, ErrHandedBack)
 }
+
+// errElsewhere marks a step whose code handed it back (an error wrapping
+// ErrHandedBack): this worker cannot do it, another may.
+var errElsewhere = fmt.Errorf("this worker cannot do the step, another may: %w", ErrHandedBack)
 
 // errNotHosted marks a task of a job this worker does not run.
 var errNotHosted = fmt.Errorf("this worker does not run the task's job: %w", ErrHandedBack)

@@ -138,6 +138,12 @@ func defaultTransientBackoff(n int) time.Duration {
 // for the count, which lives in Redis so that it survives the task moving
 // between workers.
 func (c *Client) transientRetry(ctx context.Context, k runKeys, step string, err error, o JobOptions) error {
+	if errors.Is(err, ErrHandedBack) {
+		// The step's code says this worker cannot do it (worker.Database
+		// on a worker without a database): another may, so it spends no
+		// retry, transient or not, however often it comes back.
+		return fmt.Errorf("%w: %w", errElsewhere, err)
+	}
 	if errors.Is(err, semaphore.ErrDraining) || semaphore.Drained(ctx) {
 		// The step waited for its first permit of a semaphore this process
 		// drains as it stops: it never began its work, and another worker

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"strings"
 	"sync"
 	"testing"
@@ -144,5 +145,59 @@ func TestTransientErrorsBeyondTransientRetriesFailThePage(t *testing.T) {
 		if n != 3 {
 			t.Errorf("page at %d: Map called %d times, want 3 (the first try and 2 transient retries)", lo, n)
 		}
+	}
+}
+
+// A Split, Map or Reduce that returns an error wrapping ErrHandedBack
+// (this worker cannot do the step, another may) is offered again,
+// spending no retry of either kind: with none, the run still succeeds,
+// each step having been handed back once.
+func TestAStepHandedBackByItsCodeSpendsNoRetry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var mu sync.Mutex
+	calls := map[string]int{}
+	first := func(step string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		calls[step]++
+		return calls[step] == 1
+	}
+	elsewhere := fmt.Errorf("no database here: %w", mapreduce.ErrHandedBack)
+	j := sumJob("elsewhere", newCounts(), e.opts(mapreduce.JobOptions{MapRetries: -1, StepRetries: -1, TransientRetries: -1}))
+	split, mapf, reduce := j.Split, j.Map, j.Reduce
+	j.Split = func(ctx context.Context, a sumArgs, emit func(span) error) error {
+		if first("split") {
+			return elsewhere
+		}
+		return split(ctx, a, emit)
+	}
+	j.Map = func(ctx context.Context, p span) (int, error) {
+		if first(fmt.Sprint("page ", p.Lo)) {
+			return 0, elsewhere
+		}
+		return mapf(ctx, p)
+	}
+	j.Reduce = func(ctx context.Context, a sumArgs, pages iter.Seq2[mapreduce.PageResult[span, int], error]) (int, error) {
+		if first("reduce") {
+			return 0, elsewhere
+		}
+		return reduce(ctx, a, pages)
+	}
+	e.addJob(e.jobs.Add(j))
+	c := e.client()
+	e.worker(c, 4)
+	id := mustStart(t, c, "elsewhere", sumArgs{N: 30, PageSize: 10}, mapreduce.StartOptions{})
+	st := wait(t, c, id, 60*time.Second)
+	if st.State != mapreduce.StateSucceeded || st.Failed != 0 {
+		t.Fatalf("run ended %s with %d failed pages (%s); want succeeded: a step handed back spent a retry", st.State, st.Failed, st.Error)
+	}
+	if got, want := resultOf(t, c, st), 30*29/2; got != want {
+		t.Errorf("result %d, want %d", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls["split"] != 2 || calls["reduce"] != 2 || calls["page 0"] != 2 || calls["page 20"] != 2 {
+		t.Errorf("calls %v; want each step twice: handed back, then run", calls)
 	}
 }

@@ -25,13 +25,14 @@ type Config struct {
 	RedisURL string
 	// DatabaseURL locates the Postgres the jobs query (--database-url,
 	// DATABASE_URL). Empty: the worker has no database, and
-	// worker.Database returns an error, failing the pages it takes.
+	// worker.Database hands the steps that call it back to the queue.
 	DatabaseURL string
 	// RequireDatabase makes the worker refuse to start without a
 	// DatabaseURL. Set it (worker.MainWith) when the jobs query Postgres:
-	// a worker started without one would take pages only to fail them,
-	// faster than its healthy peers take theirs, and fail whole runs.
-	// Without it, such a worker starts with a warning.
+	// a worker started without one would take pages only to hand them
+	// back, each offered again 2.5–7.5 s later, which slows the runs it
+	// shares with healthy workers (and stalls them if no worker has a
+	// database). Without it, such a worker starts with a warning.
 	RequireDatabase bool
 	// ApplicationName names the worker's database connections in
 	// pg_stat_activity (--application-name, WORKER_APPLICATION_NAME).

@@ -61,17 +61,19 @@ var errNoEnv = errors.New("not called from a job run by a batchmr worker (worker
 // permits every query of the fleet takes ("db"), for a job's Split, Map or
 // Reduce. It returns an error naming the fix when ctx is not a worker's,
 // the worker has no database, or it has no "db" semaphore. The error of a
-// worker without a database is transient (mapreduce.Transient): returned
-// by the step, it is retried, likely on a worker that has one, without
-// spending the job's retries, so that one worker started without
-// DATABASE_URL does not fail the runs that healthy workers share with it.
+// worker without a database wraps mapreduce.ErrHandedBack: returned by the
+// step, it hands the step back, to be offered again 2.5–7.5 s later, to
+// this worker or one that has a database, spending no retry. So a worker
+// started without DATABASE_URL slows the runs that healthy workers share
+// with it, but fails none; with no worker that has a database, the runs
+// stall, their last error naming the fix.
 func Database(ctx context.Context) (*pgxpool.Pool, *semaphore.Semaphore, error) {
 	env, ok := FromContext(ctx)
 	if !ok {
 		return nil, nil, fmt.Errorf("worker.Database: %w", errNoEnv)
 	}
 	if env.DB == nil {
-		return nil, nil, mapreduce.Transient(errors.New("worker.Database: this worker has no database: pass --database-url or set DATABASE_URL (Config.DatabaseURL), and set RequireDatabase so that it refuses to start without"))
+		return nil, nil, fmt.Errorf("worker.Database: this worker has no database: pass --database-url or set DATABASE_URL (Config.DatabaseURL), and set RequireDatabase so that it refuses to start without: %w", mapreduce.ErrHandedBack)
 	}
 	sem, err := env.semaphore(DBSemaphore)
 	if err != nil {

@@ -171,6 +171,8 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	info := mr.NewWorkerInfo()
 	info.Queues = queues
 	info.Semaphores = slices.Sorted(maps.Keys(cfg.Permits))
+	hasDB := w.env.DB != nil
+	info.Database = &hasDB
 	info.Version = cfg.Version
 	if info.Version == "" {
 		info.Version = "batchmr " + app.BuildVersion()
@@ -186,7 +188,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	log.Info("worker: started", "worker", info.ID, "jobs", registry.Names(), "queues", queues,
 		"concurrency", cfg.Concurrency, "permits", limits, "permits_if_unset", cfg.Permits)
 	if cfg.DatabaseURL == "" {
-		log.Warn("worker: this worker has no database (--database-url, DATABASE_URL): a job that calls worker.Database hands the pages it takes here back to the queue, as transient failures; " +
+		log.Warn("worker: this worker has no database (--database-url, DATABASE_URL): a job that calls worker.Database hands the pages it takes here back to the queue, to be offered again 2.5–7.5 s later; " +
 			"if its jobs query Postgres, give it one, and set Config.RequireDatabase so that it refuses to start without")
 	}
 	return w, nil

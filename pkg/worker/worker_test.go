@@ -279,9 +279,8 @@ func TestRunRefusesBadConfigsAndStopsCleanlyWithItsContext(t *testing.T) {
 }
 
 // A worker started without a database fails no page of a job that needs
-// one: its worker.Database error is transient, so the page is retried
-// without spending the job's retries (here: none), and a worker with a
-// database runs it.
+// one: its worker.Database error hands the page back, spending no retry
+// (here the job has none), and a worker with a database runs it.
 func TestAWorkerWithoutADatabaseLeavesItsPagesToOnesThatHaveOne(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -319,7 +318,8 @@ func TestAWorkerWithoutADatabaseLeavesItsPagesToOnesThatHaveOne(t *testing.T) {
 			}
 			return sum, nil
 		},
-		Options: mapreduce.JobOptions{MapRetries: -1, TransientBackoff: func(int) time.Duration { return 20 * time.Millisecond }},
+		// No retries of either kind: only a hand-back keeps a page alive.
+		Options: mapreduce.JobOptions{MapRetries: -1, TransientRetries: -1},
 	}
 	run := func(cfg worker.Config) {
 		wctx, stop := context.WithCancel(ctx)

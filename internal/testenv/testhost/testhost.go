@@ -24,6 +24,7 @@ type Options struct {
 	Prefix      string   // the deployment's key prefix (testenv.Redis's)
 	Concurrency int      // tasks at once; default 4
 	Semaphores  []string // the semaphores the announcement names
+	Database    *bool    // what the announcement says of the worker's database (nil: nothing)
 	Logger      *slog.Logger
 }
 
@@ -67,6 +68,7 @@ func Host(t testing.TB, rdb *redis.Client, o Options, jobs ...mapreduce.AnyJob) 
 	}
 	info = mr.NewWorkerInfo()
 	info.Semaphores = o.Semaphores
+	info.Database = o.Database
 	ctx, cancel := context.WithCancel(context.Background())
 	announced := make(chan struct{})
 	go func() {
