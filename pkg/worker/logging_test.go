@@ -201,34 +201,22 @@ func TestAQueryWithoutAPermitOnTheWorkersPoolIsWarnedOf(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	const name = "unguarded"
 	testenv.JobQueue(t, rdb, prefix, name)
-	job := mapreduce.Job[int, int, int, int]{
-		Name: name,
-		Split: func(ctx context.Context, n int, emit func(int) error) error {
-			for i := range n {
-				if err := emit(i); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
-		Map: func(ctx context.Context, p int) (int, error) {
-			db, sem, err := worker.Database(ctx)
-			if err != nil {
-				return 0, err
-			}
-			// Guarded: no warning.
-			if _, err := pgsource.Fetch(ctx, db, sem, "SELECT $1::int + $2::int", pgsource.KeyRange{Lo: 1, Hi: 2}, pgx.RowTo[int32]); err != nil {
-				return 0, err
-			}
-			if p%2 == 0 {
-				return p, nil
-			}
-			var n int
-			err = db.QueryRow(ctx, "SELECT 'unguarded'::text, $1::int", p).Scan(new(string), &n)
-			return n, err
-		},
-		Options: mapreduce.JobOptions{Backoff: func(int, error) time.Duration { return 10 * time.Millisecond }},
-	}
+	job := pagesJob(name, func(ctx context.Context, p int) (int, error) {
+		db, sem, err := worker.Database(ctx)
+		if err != nil {
+			return 0, err
+		}
+		// Guarded: no warning.
+		if _, err := pgsource.Fetch(ctx, db, sem, "SELECT $1::int + $2::int", pgsource.KeyRange{Lo: 1, Hi: 2}, pgx.RowTo[int32]); err != nil {
+			return 0, err
+		}
+		if p%2 == 0 {
+			return p, nil
+		}
+		var n int
+		err = db.QueryRow(ctx, "SELECT 'unguarded'::text, $1::int", p).Scan(new(string), &n)
+		return n, err
+	}, mapreduce.JobOptions{Backoff: func(int, error) time.Duration { return 10 * time.Millisecond }})
 	var logs testenv.LogBuffer
 	id := runToSuccess(t, worker.Config{RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Prefix: prefix,
 		Concurrency: 2, PollInterval: 20 * time.Millisecond, Permits: map[string]int{"db": 2},
@@ -248,6 +236,34 @@ func TestAQueryWithoutAPermitOnTheWorkersPoolIsWarnedOf(t *testing.T) {
 	if msg := w["msg"].(string); !strings.Contains(msg, `semaphore "db"`) || !strings.Contains(msg, "pgsource.Do") ||
 		w["run"] != id || w["job"] != name || w["step"] != "map" || !strings.Contains(w["sql"].(string), "'unguarded'") || w["queries_without_a_permit"] != 1.0 {
 		t.Errorf("the warning %v: want the semaphore, the fix, the page's run, job and step, the query and a count of 1", w)
+	}
+}
+
+// pagesJob is a job whose Split emits pages 0..n-1 for n, each mapped by
+// mapf, and whose Reduce sums their results.
+func pagesJob(name string, mapf func(ctx context.Context, p int) (int, error), o mapreduce.JobOptions) mapreduce.Job[int, int, int, int] {
+	return mapreduce.Job[int, int, int, int]{
+		Name: name,
+		Split: func(ctx context.Context, n int, emit func(int) error) error {
+			for i := range n {
+				if err := emit(i); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Map: mapf,
+		Reduce: func(ctx context.Context, _ int, pages iter.Seq2[mapreduce.PageResult[int, int], error]) (int, error) {
+			sum := 0
+			for p, err := range pages {
+				if err != nil {
+					return 0, err
+				}
+				sum += p.Result
+			}
+			return sum, nil
+		},
+		Options: o,
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"iter"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -287,40 +286,18 @@ func TestAWorkerWithoutADatabaseLeavesItsPagesToOnesThatHaveOne(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	const name = "needs-db"
 	testenv.JobQueue(t, rdb, prefix, name)
-	job := mapreduce.Job[int, int, int, int]{
-		Name: name,
-		Split: func(ctx context.Context, n int, emit func(int) error) error {
-			for i := range n {
-				if err := emit(i); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
-		Map: func(ctx context.Context, p int) (int, error) {
-			db, sem, err := worker.Database(ctx)
-			if err != nil {
-				return 0, err
-			}
-			got, err := pgsource.Fetch(ctx, db, sem, "SELECT $1::int + $2::int", pgsource.KeyRange{Lo: int64(p), Hi: 0}, pgx.RowTo[int32])
-			if err != nil {
-				return 0, err
-			}
-			return int(got[0]), nil
-		},
-		Reduce: func(ctx context.Context, _ int, pages iter.Seq2[mapreduce.PageResult[int, int], error]) (int, error) {
-			sum := 0
-			for p, err := range pages {
-				if err != nil {
-					return 0, err
-				}
-				sum += p.Result
-			}
-			return sum, nil
-		},
-		// No retries of either kind: only a hand-back keeps a page alive.
-		Options: mapreduce.JobOptions{MapRetries: -1, TransientRetries: -1},
-	}
+	// No retries of either kind: only a hand-back keeps a page alive.
+	job := pagesJob(name, func(ctx context.Context, p int) (int, error) {
+		db, sem, err := worker.Database(ctx)
+		if err != nil {
+			return 0, err
+		}
+		got, err := pgsource.Fetch(ctx, db, sem, "SELECT $1::int + $2::int", pgsource.KeyRange{Lo: int64(p), Hi: 0}, pgx.RowTo[int32])
+		if err != nil {
+			return 0, err
+		}
+		return int(got[0]), nil
+	}, mapreduce.JobOptions{MapRetries: -1, TransientRetries: -1})
 	run := func(cfg worker.Config) {
 		wctx, stop := context.WithCancel(ctx)
 		stopped := make(chan error, 1)
