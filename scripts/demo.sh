@@ -57,7 +57,7 @@ say "seeding $rows orders"
 "$dir/pagination" seed --rows "$rows"
 
 say "setting the fleet's database permits to $permits"
-"$dir/scheduler" permits set db "$permits"
+"$dir/scheduler" permits set db "$permits" --new # before the workers start, as meant
 
 say "starting $workers workers (logs in $dir/worker-N.log)"
 for i in $(seq 1 "$workers"); do

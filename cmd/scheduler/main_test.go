@@ -406,7 +406,7 @@ func TestPermitsGetAndSetAnySemaphoreAndRefuseUnknownOnes(t *testing.T) {
 	}
 	// With --new, a limit set by hand makes a semaphore exist before any
 	// worker uses it.
-	if out, errs, code := s.run("permits", "set", "later", "3", "--new"); code != 0 || !strings.Contains(errs, "no live worker under BATCHMR_PREFIX=") || strings.TrimSpace(out) != "semaphore later: limit 3 (was none), held 0, 0 waiting" {
+	if out, errs, code := s.run("permits", "set", "later", "3", "--new"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore later: limit 3 (was none), held 0, 0 waiting" {
 		t.Errorf("permits set later 3 --new: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	// "db", every worker's database semaphore, needs no --new: its limit
@@ -418,6 +418,10 @@ func TestPermitsGetAndSetAnySemaphoreAndRefuseUnknownOnes(t *testing.T) {
 		!strings.Contains(errs, `no live worker under BATCHMR_PREFIX="`+f.prefix+`-nodb" uses semaphore db`) || !strings.Contains(errs, "check BATCHMR_PREFIX") ||
 		strings.TrimSpace(out) != "semaphore db: limit 3 (was none), held 0, 0 waiting" {
 		t.Errorf("permits set db 3 before any worker: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	// --new says a limit set before any worker is meant: no warning.
+	if out, errs, code := db.run("permits", "set", "db", "4", "--new"); code != 0 || errs != "" || strings.TrimSpace(out) != "semaphore db: limit 4 (was 3), held 0, 0 waiting" {
+		t.Errorf("permits set db 4 --new before any worker: exit %d, stdout %q, stderr %q; want no warning", code, out, errs)
 	}
 	// Once it has a limit, it is known: no --new needed to change it.
 	if out, errs, code := s.run("permits", "set", "later", "4"); code != 0 || !strings.Contains(errs, "no live worker under") || strings.TrimSpace(out) != "semaphore later: limit 4 (was 3), held 0, 0 waiting" {

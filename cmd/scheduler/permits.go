@@ -48,7 +48,7 @@ func permits(ctx context.Context, args []string) int {
 	fs := flag.NewFlagSet("permits", flag.ContinueOnError)
 	url := redisFlag(fs)
 	verbose := fs.Bool("verbose", false, "get: list every permit held and every request queued too")
-	isNew := fs.Bool("new", false, "set: the semaphore is new, used by no live worker yet (without it, such a name is refused as a likely typo)")
+	isNew := fs.Bool("new", false, "set: the semaphore is new, used by no live worker yet (without it, such a name is refused as a likely typo, and db is set with a warning)")
 	pos := parse(fs, permitsUsage, args)
 	if len(pos) == 0 {
 		app.Usage("missing get or set")
@@ -99,10 +99,10 @@ func permits(ctx context.Context, args []string) int {
 			app.Fail("permits set %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
 				"or add --new to set the limit of a semaphore before any worker uses it", pos[1], pos[1], inUseText(inUse))
 		}
-		if !slices.Contains(inUse, pos[1]) {
-			// Set before the workers start, as intended; or, under the
-			// wrong prefix, a change no running worker sees.
-			fmt.Fprintf(os.Stderr, "scheduler: no live worker under BATCHMR_PREFIX=%q uses semaphore %s: the limit is for workers that start under this prefix; if you meant a running fleet, check BATCHMR_PREFIX\n", app.Prefix, pos[1])
+		if !*isNew && !slices.Contains(inUse, pos[1]) {
+			// Set before the workers start, as intended (--new says so);
+			// or, under the wrong prefix, a change no running worker sees.
+			fmt.Fprintf(os.Stderr, "scheduler: no live worker under BATCHMR_PREFIX=%q uses semaphore %s: the limit is for workers that start under this prefix (--new says that is meant); if you meant a running fleet, check BATCHMR_PREFIX\n", app.Prefix, pos[1])
 		}
 		if err := s.SetLimit(ctx, n); err != nil {
 			app.Fail("permits set %s: %v", pos[1], err)
