@@ -75,6 +75,7 @@ type Client struct {
 	swept   map[string]sweep // job → where the reconciler stands in its runs
 
 	bigResultWarned atomic.Int64 // unix ns of the last warning of a large result
+	handBackWarned  atomic.Int64 // unix ns of the last warning of a step its code handed back
 }
 
 // New returns a Client that keeps runs in rdb and enqueues tasks through

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hibiken/asynq"
 )
@@ -106,6 +107,20 @@ func logFailure(ctx context.Context, t *asynq.Task, err error) {
 		msg = "mapreduce: " + step + " failed for good: it is not retried"
 	}
 	Logger(ctx).LogAttrs(ctx, slog.LevelWarn, msg, slog.Any("error", err))
+}
+
+// logHandBack logs that t's code handed it back (errElsewhere): at warn at
+// most once a minute per Client, else at debug, as a worker without a
+// database hands back every page it takes, and a big run has many.
+func (c *Client) logHandBack(ctx context.Context, t *asynq.Task, err error) {
+	level := slog.LevelDebug
+	msg := "mapreduce: " + stepName(t) + " handed back: this worker cannot do it; it is offered again in 2.5–7.5 s"
+	now, last := time.Now().UnixNano(), c.handBackWarned.Load()
+	if now-last >= int64(time.Minute) && c.handBackWarned.CompareAndSwap(last, now) {
+		level = slog.LevelWarn
+		msg += " (more in the next minute at debug)"
+	}
+	Logger(ctx).LogAttrs(ctx, level, msg, slog.Any("error", err))
 }
 
 // stepName names what task t does in log messages: "page" for a map

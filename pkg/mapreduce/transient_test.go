@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -185,7 +186,12 @@ func TestAStepHandedBackByItsCodeSpendsNoRetry(t *testing.T) {
 		return reduce(ctx, a, pages)
 	}
 	e.addJob(e.jobs.Add(j))
-	c := e.client()
+	var logs testenv.LogBuffer
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
+		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.worker(c, 4)
 	id := mustStart(t, c, "elsewhere", sumArgs{N: 30, PageSize: 10}, mapreduce.StartOptions{})
 	st := wait(t, c, id, 60*time.Second)
@@ -199,5 +205,18 @@ func TestAStepHandedBackByItsCodeSpendsNoRetry(t *testing.T) {
 	defer mu.Unlock()
 	if calls["split"] != 2 || calls["reduce"] != 2 || calls["page 0"] != 2 || calls["page 20"] != 2 {
 		t.Errorf("calls %v; want each step twice: handed back, then run", calls)
+	}
+	// Five hand-backs within a minute: one warning, the others at debug.
+	levels := map[string]int{}
+	for _, r := range logs.Records(t) {
+		if msg, _ := r["msg"].(string); strings.Contains(msg, "handed back: this worker cannot do it") {
+			levels[r["level"].(string)]++
+			if e, _ := r["error"].(string); !strings.Contains(e, "no database here") {
+				t.Errorf("hand-back logged with error %q; want the step's own", e)
+			}
+		}
+	}
+	if levels["WARN"] != 1 || levels["DEBUG"] != 4 {
+		t.Errorf("hand-backs logged at %v; want 1 warning and 4 at debug", levels)
 	}
 }
