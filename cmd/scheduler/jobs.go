@@ -119,19 +119,11 @@ func jobs(ctx context.Context, args []string) int {
 }
 
 // withoutDatabase warns of the live workers of job j that say they have no
-// database while others of j's say they have one: if the job queries
-// Postgres, the pages those workers take go back to the queue. Workers
-// that say nothing (servers of one's own) are left out.
+// database while others of j's say they have one (JobInfo.WithoutDatabase).
 func withoutDatabase(j mapreduce.JobInfo) []string {
-	says := func(has bool) func(mapreduce.WorkerInfo) bool {
-		return func(w mapreduce.WorkerInfo) bool { return w.Database != nil && *w.Database == has }
-	}
-	if !slices.ContainsFunc(j.Workers, says(true)) {
-		return nil
-	}
 	var out []string
-	for _, w := range slices.DeleteFunc(slices.Clone(j.Workers), func(w mapreduce.WorkerInfo) bool { return !says(false)(w) }) {
-		out = append(out, fmt.Sprintf("WARNING: worker %s runs %s without a database, where other workers of it have one: if %s calls worker.Database, the pages it takes there go back to the queue, slowing its runs; give it DATABASE_URL (and RequireDatabase)", w.ID, j.Name, j.Name))
+	for _, id := range j.WithoutDatabase() {
+		out = append(out, fmt.Sprintf("WARNING: worker %s runs %s without a database, where other workers of it have one: if %s calls worker.Database, the pages it takes there go back to the queue, slowing its runs; give it DATABASE_URL (and RequireDatabase)", id, j.Name, j.Name))
 	}
 	return out
 }

@@ -79,7 +79,16 @@ func (f *fleet) semaphore(name string, limit int) *semaphore.Semaphore {
 // until the test ends. It returns once the catalogue lists the worker.
 func (f *fleet) host(concurrency int, sems []string, jobs ...mapreduce.AnyJob) {
 	f.t.Helper()
-	testhost.Host(f.t, f.rdb, testhost.Options{Prefix: f.prefix, Concurrency: concurrency, Semaphores: sems, Logger: quiet}, jobs...)
+	f.hostWith(testhost.Options{Concurrency: concurrency, Semaphores: sems}, jobs...)
+}
+
+// hostWith is host with the worker's options (the fleet's prefix and a
+// quiet logger filled in).
+func (f *fleet) hostWith(o testhost.Options, jobs ...mapreduce.AnyJob) mapreduce.WorkerInfo {
+	f.t.Helper()
+	o.Prefix, o.Logger = f.prefix, quiet
+	info, _ := testhost.Host(f.t, f.rdb, o, jobs...)
+	return info
 }
 
 // workArgs are the arguments of the tests' job: N pages of SleepMS each.

@@ -17,6 +17,7 @@ import (
 	"github.com/batchmr/batchmr/internal/console"
 	"github.com/batchmr/batchmr/internal/schedules"
 	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/testenv/testhost"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -375,6 +376,18 @@ func TestJobsPageShowsEachJobsWorkersAndNextTick(t *testing.T) {
 	_, body = f.get("/jobs")
 	if !strings.Contains(body, "Two versions of this job run") || strings.Count(body, "Two versions") != 1 {
 		t.Errorf("the jobs page does not warn, once, of adhoc's two versions:\n%s", body)
+	}
+	if strings.Contains(body, "Without a database") {
+		t.Errorf("the jobs page warns of a worker without a database while none says so:\n%s", body)
+	}
+
+	// Of two workers of nightly, one says it has a database, one not.
+	with, without := true, false
+	f.hostWith(testhost.Options{Concurrency: 1, Database: &with}, workJob("nightly", nil, nil))
+	bare := f.hostWith(testhost.Options{Concurrency: 1, Database: &without}, workJob("nightly", nil, nil))
+	_, body = f.get("/jobs")
+	if !strings.Contains(body, "Without a database, where other workers of this job have one: "+bare.ID+".") || strings.Count(body, "Without a database") != 1 {
+		t.Errorf("the jobs page does not name, once, nightly's worker %s without a database:\n%s", bare.ID, body)
 	}
 }
 

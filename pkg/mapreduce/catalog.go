@@ -71,6 +71,27 @@ type JobInfo struct {
 	Disagree []string `json:"-"`
 }
 
+// WithoutDatabase returns the IDs of the job's live workers that say they
+// have no database (WorkerInfo.Database) while others of its workers say
+// they have one: if the job calls worker.Database, the pages those take
+// are handed back to the queue, which slows its runs. Workers that say
+// nothing are left out.
+func (i JobInfo) WithoutDatabase() []string {
+	says := func(has bool) func(WorkerInfo) bool {
+		return func(w WorkerInfo) bool { return w.Database != nil && *w.Database == has }
+	}
+	if !slices.ContainsFunc(i.Workers, says(true)) {
+		return nil
+	}
+	var out []string
+	for _, w := range i.Workers {
+		if says(false)(w) {
+			out = append(out, w.ID)
+		}
+	}
+	return out
+}
+
 // shape is a digest of what the job is (not when it was announced, nor
 // who runs it), for telling two versions of a job apart.
 func (i JobInfo) shape() string {
