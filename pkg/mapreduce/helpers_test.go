@@ -71,6 +71,19 @@ func (e *env) clientOn(rdb *redis.Client) *mapreduce.Client {
 	return c
 }
 
+// loggedClient returns a client of the env's registry that logs, from
+// level up, as JSON to the buffer it returns.
+func (e *env) loggedClient(level slog.Level) (*mapreduce.Client, *testenv.LogBuffer) {
+	e.t.Helper()
+	logs := &testenv.LogBuffer{}
+	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
+		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c, logs
+}
+
 // worker starts an asynq server on the env's queue that runs c's tasks,
 // with short intervals so that tests run fast; it stops when the test ends.
 func (e *env) worker(c *mapreduce.Client, concurrency int) *asynq.Server {

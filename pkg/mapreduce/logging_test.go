@@ -25,12 +25,7 @@ func TestEveryPageFailureIsLoggedWithRunJobPageAttemptAndError(t *testing.T) {
 	e.addJob(e.jobs.Add(flakyJob("logged", f, 1000, errors.New("row 7 is malformed"), e.opts(mapreduce.JobOptions{
 		MapRetries: 1, Semantics: mapreduce.CompleteSemantics,
 	}))))
-	var logs testenv.LogBuffer
-	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
-		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, logs := e.loggedClient(slog.LevelInfo)
 	e.worker(c, 2)
 	id := mustStart(t, c, "logged", sumArgs{N: 20, PageSize: 10}, mapreduce.StartOptions{})
 	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded || st.Failed != 2 {
@@ -98,12 +93,7 @@ func TestALargeResultIsWarnedOfAndAnOversizedOneFailsItsPageNamingTheFix(t *test
 		Options: e.opts(mapreduce.JobOptions{MapRetries: 3, Semantics: mapreduce.CompleteSemantics}),
 	}
 	e.addJob(mapreduce.AddJob(e.jobs, job))
-	var logs testenv.LogBuffer
-	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
-		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, logs := e.loggedClient(slog.LevelWarn)
 	e.worker(c, 3)
 	id := mustStart(t, c, "big", 3, mapreduce.StartOptions{})
 	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded || st.Done != 2 || st.Failed != 1 {

@@ -186,12 +186,7 @@ func TestAStepHandedBackByItsCodeSpendsNoRetry(t *testing.T) {
 		return reduce(ctx, a, pages)
 	}
 	e.addJob(e.jobs.Add(j))
-	var logs testenv.LogBuffer
-	c, err := mapreduce.New(e.rdb, mapreduce.Config{Jobs: e.jobs, Prefix: e.prefix,
-		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, logs := e.loggedClient(slog.LevelDebug)
 	e.worker(c, 4)
 	id := mustStart(t, c, "elsewhere", sumArgs{N: 30, PageSize: 10}, mapreduce.StartOptions{})
 	st := wait(t, c, id, 60*time.Second)
