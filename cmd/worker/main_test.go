@@ -161,13 +161,14 @@ func TestBadFlagsAreOneLineNamingTheFlagAndExitTwo(t *testing.T) {
 		t.Errorf("worker with Redis unreachable: %v, %q; want exit 1 and one line, prefixed once", err, out)
 	}
 	// orders-report queries Postgres: without a database the worker does
-	// not start, rather than fail every page it would take.
+	// not start, rather than hand back every page it would take; a
+	// setting that is missing exits 2, as REDIS_URL does.
 	cmd = exec.Command(bin)
 	cmd.Env = append(os.Environ(), "REDIS_URL=redis://127.0.0.1:1/0", "DATABASE_URL=")
 	out, err = cmd.CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 ||
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 ||
 		!strings.Contains(string(out), "no database: pass --database-url or set DATABASE_URL") {
-		t.Errorf("worker without a database: %v, %q; want exit 1 and one line naming the fix", err, out)
+		t.Errorf("worker without a database: %v, %q; want exit 2 and one line naming the fix", err, out)
 	}
 	if out, err := exec.Command(bin, "--version").Output(); err != nil || !strings.HasPrefix(string(out), "worker: batchmr ") {
 		t.Errorf("worker --version: %v, %q; want exit 0 and the batchmr version", err, out)

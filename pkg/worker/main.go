@@ -73,7 +73,13 @@ func Main(jobs ...mapreduce.AnyJob) { MainWith(nil, jobs...) }
 func MainWith(configure func(*Config), jobs ...mapreduce.AnyJob) {
 	cfg := configFromFlags(os.Args[1:], jobs)
 	if configure != nil {
-		configure(&cfg) // start validates what it left
+		configure(&cfg)
+		// What configure set is checked as the flags were: a missing
+		// DATABASE_URL under RequireDatabase exits 2 with its fix, as a
+		// missing REDIS_URL does.
+		if err := cfg.withDefaults().validate(); err != nil {
+			app.Usage("%v", strings.TrimPrefix(err.Error(), "worker: "))
+		}
 	}
 	// A SIGTERM while connecting is a clean stop too.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
