@@ -163,10 +163,11 @@ func TestStatusShowsARunAndCancelStopsIt(t *testing.T) {
 		ID, Job, State      string
 		Total, Done, Failed int
 		Created             time.Time
+		Args                map[string]int
 	}
 	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || st.ID != id || st.Job != "held" ||
-		st.State != "mapping" || st.Total != 2 || st.Done != 0 || st.Created.IsZero() {
-		t.Fatalf("status --json: exit %d, %q, stderr %q (%v); want the run mapping 0/2 pages", code, out, errs, err)
+		st.State != "mapping" || st.Total != 2 || st.Done != 0 || st.Created.IsZero() || st.Args["n"] != 4 || st.Args["page_size"] != 2 {
+		t.Fatalf("status --json: exit %d, %q, stderr %q (%v); want the run mapping 0/2 pages, with its args", code, out, errs, err)
 	}
 	if out, _, _ := s.run("status", id); !regexp.MustCompile(`(?m)^changed  \S+ \(\d+s ago\)$`).MatchString(out) {
 		t.Errorf("status of an active run: %q, want when it last changed", out)
@@ -195,7 +196,8 @@ func TestStatusShowsARunAndCancelStopsIt(t *testing.T) {
 	if got := f.state(id); got != mapreduce.StateCancelled {
 		t.Errorf("after cancel the run is %s", got)
 	}
-	if out, _, _ := s.run("status", id); !strings.Contains(out, "state    cancelled") || !strings.Contains(out, "next     to finish it: scheduler retry "+id) {
+	if out, _, _ := s.run("status", id); !strings.Contains(out, "state    cancelled") || !strings.Contains(out, "next     to finish it: scheduler retry "+id) ||
+		!strings.Contains(out, "\nargs     {") {
 		t.Errorf("status after cancel: %q; want cancelled, naming scheduler retry", out)
 	}
 

@@ -46,6 +46,9 @@ func status(ctx context.Context, args []string) int {
 		return 0
 	}
 	fmt.Printf("run      %s\njob      %s\nstate    %s\npages    %s\n", st.ID, st.Job, st.State, progress(st))
+	if json.Valid(st.Args) {
+		fmt.Printf("args     %s\n", st.Args)
+	}
 	if idle, stalled := st.Stalled(now); stalled {
 		fmt.Printf("changed  %s (%s ago: nothing recorded since; unless its pages take this long, look at 'last err', the workers' logs and /readyz, and the database's pg_stat_activity)\n",
 			st.Updated.Format(time.RFC3339), idle.Round(time.Second))
@@ -108,6 +111,8 @@ type jsonStatus struct {
 	Error             string          `json:"error,omitempty"`
 	LastError         *jsonStepError  `json:"last_error,omitempty"`
 	Result            json.RawMessage `json:"result,omitempty"`
+	// Args: the run's arguments, when they are JSON.
+	Args json.RawMessage `json:"args,omitempty"`
 }
 
 // jsonStepError is Status.LastError.
@@ -151,6 +156,9 @@ func printJSON(st *mapreduce.Status, now time.Time) {
 	}
 	if json.Valid(st.Result) {
 		js.Result = st.Result
+	}
+	if json.Valid(st.Args) {
+		js.Args = st.Args
 	}
 	writeJSON(js)
 }
