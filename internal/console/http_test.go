@@ -118,6 +118,9 @@ func TestJobErrorsAndResultsFromRedisAreEscaped(t *testing.T) {
 		if path != "/runs" && !strings.Contains(body, `&lt;script&gt;alert(&#34;pwned&#34;)&lt;/script&gt;`) {
 			t.Errorf("GET %s does not show the page's error, escaped:\n%s", path, body)
 		}
+		if path != "/runs" && !strings.Contains(body, `<code id="args">{&#34;n&#34;:3`) {
+			t.Errorf("GET %s does not show the run's arguments:\n%s", path, body)
+		}
 	}
 }
 
