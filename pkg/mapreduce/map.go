@@ -197,9 +197,38 @@ func (c *Client) mapOne(wctx context.Context, r jobRunner, run string, pg fedPag
 // retries left, the task takes a transient retry, which spends none of
 // the job's retries (transientRetry); else they are final on their last
 // attempt too.
+//
+// A page whose code handed it back (handedBack) is never final and spends
+// no retry: it runs again with the task, whatever becomes of the others,
+// and the task's error wraps only theirs, so that a real failure beside it
+// is still counted. Alone, the task is handed back (errElsewhere).
 func (c *Client) settleFailures(ctx, rctx context.Context, k runKeys, first int, failures []pageFailure, o JobOptions) (finals, retry []pageFailure, err error) {
+	var back []pageFailure
+	failures = slices.DeleteFunc(slices.Clone(failures), func(f pageFailure) bool {
+		if handedBack(f.err) {
+			back = append(back, f)
+			return true
+		}
+		return false
+	})
+	finals, retry, err = c.settleCounted(ctx, rctx, k, first, failures, o)
+	if len(back) == 0 {
+		return finals, retry, err
+	}
+	retry = append(retry, back...)
+	if err == nil || errors.Is(err, asynq.SkipRetry) {
+		// Nothing else runs again (the others succeeded, or failed for
+		// good and are recorded so): the task is handed back for these.
+		err = fmt.Errorf("%w: %v", errElsewhere, back[0].err)
+	}
+	return finals, retry, err
+}
+
+// settleCounted is settleFailures for the pages that did not hand
+// themselves back.
+func (c *Client) settleCounted(ctx, rctx context.Context, k runKeys, first int, failures []pageFailure, o JobOptions) (finals, retry []pageFailure, err error) {
 	transient := func(f pageFailure) bool {
-		return IsTransient(f.err) || errors.Is(f.err, semaphore.ErrDraining) || semaphore.Drained(ctx) || errors.Is(f.err, ErrHandedBack)
+		return IsTransient(f.err) || errors.Is(f.err, semaphore.ErrDraining) || semaphore.Drained(ctx)
 	}
 	var rest []pageFailure
 	for _, f := range failures {

@@ -260,7 +260,7 @@ func (c *Client) IsFailure(err error) bool {
 	if _, ok := errors.AsType[*errTransientRetry](err); ok {
 		return false
 	}
-	return err != nil && !errors.Is(err, ErrHandedBack)
+	return err != nil && !errors.Is(err, errNotHosted) && !errors.Is(err, errStopping) && !errors.Is(err, errElsewhere)
 }
 
 // errElsewhere marks a step whose code handed it back (an error wrapping

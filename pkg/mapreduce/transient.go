@@ -12,6 +12,7 @@ import (
 	"github.com/batchmr/batchmr/internal/backoff"
 	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/batchmr/batchmr/pkg/semaphore"
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -129,6 +130,13 @@ func defaultTransientBackoff(n int) time.Duration {
 	return backoff.Jitter(d)
 }
 
+// handedBack reports whether err is a step's code handing the step back:
+// it wraps ErrHandedBack, and not asynq.SkipRetry, which wins (a step that
+// says it can never succeed fails, wherever it runs).
+func handedBack(err error) bool {
+	return errors.Is(err, ErrHandedBack) && !errors.Is(err, asynq.SkipRetry)
+}
+
 // transientRetry decides what a handler does with err, a failure of the
 // task's user code: if err is transient and the task has transient retries
 // left, or the step was waiting for a permit as this worker stops
@@ -138,11 +146,12 @@ func defaultTransientBackoff(n int) time.Duration {
 // for the count, which lives in Redis so that it survives the task moving
 // between workers.
 func (c *Client) transientRetry(ctx context.Context, k runKeys, step string, err error, o JobOptions) error {
-	if errors.Is(err, ErrHandedBack) {
+	if handedBack(err) {
 		// The step's code says this worker cannot do it (worker.Database
 		// on a worker without a database): another may, so it spends no
-		// retry, transient or not, however often it comes back.
-		return fmt.Errorf("%w: %w", errElsewhere, err)
+		// retry, transient or not, however often it comes back. (Its text
+		// only: the task's error must wrap nothing else.)
+		return fmt.Errorf("%w: %v", errElsewhere, err)
 	}
 	if errors.Is(err, semaphore.ErrDraining) || semaphore.Drained(ctx) {
 		// The step waited for its first permit of a semaphore this process
