@@ -41,7 +41,7 @@ func handBackFirst(job *mapreduce.Job[sumArgs, span, int, int], fails func(lo, n
 	}
 }
 
-var noDatabase = fmt.Errorf("no database here: %w", mapreduce.ErrHandedBack)
+var errNoDatabase = fmt.Errorf("no database here: %w", mapreduce.ErrHandedBack)
 
 // In a task of several pages, a page that hands itself back is never
 // recorded as failed, whatever its neighbours' failures: here one fails
@@ -56,7 +56,7 @@ func TestAPageHandedBackBesideAFinalFailureRunsAgain(t *testing.T) {
 		case lo == 3 && n == 1:
 			return mapreduce.Transient(errors.New("the database restarted"))
 		case lo == 5 && n == 1:
-			return noDatabase
+			return errNoDatabase
 		}
 		return nil
 	})
@@ -90,7 +90,7 @@ func TestAPageFailingBesideAHandedBackOneSpendsItsRetries(t *testing.T) {
 		case lo == 3:
 			return errors.New("page 3 is bad")
 		case lo == 5 && n <= 4:
-			return noDatabase
+			return errNoDatabase
 		}
 		return nil
 	})
