@@ -14,9 +14,9 @@ import (
 	"github.com/hibiken/asynq"
 )
 
-// handBackFirst makes job's Map fail as fails says for a page's nth call
+// failPages makes job's Map fail as fails says for a page's nth call
 // (from 1), or run it; it returns the calls made, by page.
-func handBackFirst(job *mapreduce.Job[sumArgs, span, int, int], fails func(lo, n int) error) func() map[int]int {
+func failPages(job *mapreduce.Job[sumArgs, span, int, int], fails func(lo, n int) error) func() map[int]int {
 	var mu sync.Mutex
 	calls := map[int]int{}
 	inner := job.Map
@@ -41,6 +41,20 @@ func handBackFirst(job *mapreduce.Job[sumArgs, span, int, int], fails func(lo, n
 	}
 }
 
+// runWithPage3Failed runs job over 8 pages in one task, and fails t unless
+// the run succeeds (complete semantics) within timeout with one failed
+// page, which the callers make page 3.
+func runWithPage3Failed(t *testing.T, e *env, job mapreduce.Job[sumArgs, span, int, int], timeout time.Duration) {
+	t.Helper()
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	id := packedRun(t, e, c, job.Name, 8, 8)
+	e.worker(c, 2)
+	if st := wait(t, c, id, timeout); st.State != mapreduce.StateSucceeded || st.Failed != 1 {
+		t.Fatalf("run ended %s with %d failed pages (%s); want succeeded with page 3 failed", st.State, st.Failed, st.Error)
+	}
+}
+
 var errNoDatabase = fmt.Errorf("no database here: %w", mapreduce.ErrHandedBack)
 
 // In a task of several pages, a page that hands itself back is never
@@ -51,7 +65,7 @@ func TestAPageHandedBackBesideAFinalFailureRunsAgain(t *testing.T) {
 	e := newEnv(t)
 	cnt := newCounts()
 	job := sumJob("hb-final", cnt, e.opts(mapreduce.JobOptions{MapRetries: -1, TransientRetries: -1, Semantics: mapreduce.CompleteSemantics}))
-	calls := handBackFirst(&job, func(lo, n int) error {
+	calls := failPages(&job, func(lo, n int) error {
 		switch {
 		case lo == 3 && n == 1:
 			return mapreduce.Transient(errors.New("the database restarted"))
@@ -60,14 +74,7 @@ func TestAPageHandedBackBesideAFinalFailureRunsAgain(t *testing.T) {
 		}
 		return nil
 	})
-	e.addJob(mapreduce.AddJob(e.jobs, job))
-	c := e.client()
-	id := packedRun(t, e, c, "hb-final", 8, 8)
-	e.worker(c, 2)
-	st := wait(t, c, id, 30*time.Second)
-	if st.State != mapreduce.StateSucceeded || st.Failed != 1 {
-		t.Fatalf("run ended %s with %d failed pages (%s); want succeeded with page 3 failed", st.State, st.Failed, st.Error)
-	}
+	runWithPage3Failed(t, e, job, 30*time.Second)
 	for _, pr := range cnt.reduced {
 		if (pr.Err != nil) != (pr.Index == 3) {
 			t.Errorf("page %d: error %v; want only page 3 failed", pr.Index, pr.Err)
@@ -85,7 +92,7 @@ func TestAPageFailingBesideAHandedBackOneSpendsItsRetries(t *testing.T) {
 	e := newEnv(t)
 	cnt := newCounts()
 	job := sumJob("hb-counted", cnt, e.opts(mapreduce.JobOptions{MapRetries: 1, Semantics: mapreduce.CompleteSemantics}))
-	calls := handBackFirst(&job, func(lo, n int) error {
+	calls := failPages(&job, func(lo, n int) error {
 		switch {
 		case lo == 3:
 			return errors.New("page 3 is bad")
@@ -94,14 +101,7 @@ func TestAPageFailingBesideAHandedBackOneSpendsItsRetries(t *testing.T) {
 		}
 		return nil
 	})
-	e.addJob(mapreduce.AddJob(e.jobs, job))
-	c := e.client()
-	id := packedRun(t, e, c, "hb-counted", 8, 8)
-	e.worker(c, 2)
-	st := wait(t, c, id, 90*time.Second)
-	if st.State != mapreduce.StateSucceeded || st.Failed != 1 {
-		t.Fatalf("run ended %s with %d failed pages (%s); want succeeded with page 3 failed", st.State, st.Failed, st.Error)
-	}
+	runWithPage3Failed(t, e, job, 90*time.Second)
 	if n := calls()[3]; n != 2 {
 		t.Errorf("page 3 (always failing, MapRetries 1) mapped %d times, want 2", n)
 	}
