@@ -77,19 +77,21 @@ type JobInfo struct {
 // are handed back to the queue, which slows its runs. Workers that say
 // nothing are left out.
 func (i JobInfo) WithoutDatabase() []string {
-	says := func(has bool) func(WorkerInfo) bool {
-		return func(w WorkerInfo) bool { return w.Database != nil && *w.Database == has }
-	}
-	if !slices.ContainsFunc(i.Workers, says(true)) {
-		return nil
-	}
-	var out []string
+	var with bool
+	var without []string
 	for _, w := range i.Workers {
-		if says(false)(w) {
-			out = append(out, w.ID)
+		switch {
+		case w.Database == nil: // says nothing
+		case *w.Database:
+			with = true
+		default:
+			without = append(without, w.ID)
 		}
 	}
-	return out
+	if !with {
+		return nil
+	}
+	return without
 }
 
 // shape is a digest of what the job is (not when it was announced, nor

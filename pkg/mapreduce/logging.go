@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -32,7 +33,7 @@ const (
 // attributes at once, which cost a no-op page more than its Map.
 func (c *Client) stepLogger(ctx context.Context, t *asynq.Task) *slog.Logger {
 	return slog.New(&lazyHandler{base: c.log.Handler(), attrs: func() []slog.Attr {
-		step, _ := strings.CutPrefix(t.Type(), "batchmr:")
+		step, _ := strings.CutPrefix(t.Type(), typePrefix)
 		attrs := make([]slog.Attr, 0, 6)
 		var p mapPayload // split and reduce payloads are its first fields
 		if json.Unmarshal(t.Payload(), &p) == nil && p.Run != "" {
@@ -115,12 +116,19 @@ func logFailure(ctx context.Context, t *asynq.Task, err error) {
 func (c *Client) logHandBack(ctx context.Context, t *asynq.Task, err error) {
 	level := slog.LevelDebug
 	msg := "mapreduce: " + stepName(t) + " handed back: this worker cannot do it; it is offered again in 2.5–7.5 s"
-	now, last := time.Now().UnixNano(), c.handBackWarned.Load()
-	if now-last >= int64(time.Minute) && c.handBackWarned.CompareAndSwap(last, now) {
+	if onceAMinute(&c.handBackWarned) {
 		level = slog.LevelWarn
 		msg += " (more in the next minute at debug)"
 	}
 	Logger(ctx).LogAttrs(ctx, level, msg, slog.Any("error", err))
+}
+
+// onceAMinute reports whether a minute has passed since it last reported
+// true for last (unix ns), and marks now if so: one caller of several at
+// once gets true. For warnings that would otherwise repeat per page.
+func onceAMinute(last *atomic.Int64) bool {
+	prev := last.Load()
+	return time.Since(time.Unix(0, prev)) >= time.Minute && last.CompareAndSwap(prev, time.Now().UnixNano())
 }
 
 // stepName names what task t does in log messages: "page" for a map
@@ -129,7 +137,7 @@ func stepName(t *asynq.Task) string {
 	if t.Type() == typeMap {
 		return "page"
 	}
-	step, _ := strings.CutPrefix(t.Type(), "batchmr:")
+	step, _ := strings.CutPrefix(t.Type(), typePrefix)
 	return step
 }
 

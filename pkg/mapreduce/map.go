@@ -203,15 +203,15 @@ func (c *Client) mapOne(wctx context.Context, r jobRunner, run string, pg fedPag
 // and the task's error wraps only theirs, so that a real failure beside it
 // is still counted. Alone, the task is handed back (errElsewhere).
 func (c *Client) settleFailures(ctx, rctx context.Context, k runKeys, first int, failures []pageFailure, o JobOptions) (finals, retry []pageFailure, err error) {
-	var back []pageFailure
-	failures = slices.DeleteFunc(slices.Clone(failures), func(f pageFailure) bool {
+	var back, counted []pageFailure
+	for _, f := range failures {
 		if handedBack(f.err) {
 			back = append(back, f)
-			return true
+		} else {
+			counted = append(counted, f)
 		}
-		return false
-	})
-	finals, retry, err = c.settleCounted(ctx, rctx, k, first, failures, o)
+	}
+	finals, retry, err = c.settleCounted(ctx, rctx, k, first, counted, o)
 	if len(back) == 0 {
 		return finals, retry, err
 	}
@@ -219,7 +219,7 @@ func (c *Client) settleFailures(ctx, rctx context.Context, k runKeys, first int,
 	if err == nil || errors.Is(err, asynq.SkipRetry) {
 		// Nothing else runs again (the others succeeded, or failed for
 		// good and are recorded so): the task is handed back for these.
-		err = fmt.Errorf("%w: %v", errElsewhere, back[0].err)
+		err = elsewhere(back[0].err)
 	}
 	return finals, retry, err
 }
@@ -398,8 +398,7 @@ func (c *Client) checkResultSize(ctx context.Context, n int) error {
 		return &malformedError{fmt.Errorf("the result of Map is %.1f MiB encoded, over the %d MiB a page's result may take in Redis, where it stays until the run's retention ends: "+
 			"write large output to a store of your own (a table, object storage) and return a reference to it", float64(n)/(1<<20), maxResultBytes>>20)}
 	}
-	if last := c.bigResultWarned.Load(); n > warnResultBytes && time.Since(time.Unix(0, last)) >= time.Minute &&
-		c.bigResultWarned.CompareAndSwap(last, time.Now().UnixNano()) {
+	if n > warnResultBytes && onceAMinute(&c.bigResultWarned) {
 		Logger(ctx).Warn("mapreduce: a page's result is large: Redis keeps every page's result until the run's retention ends; "+
 			"write large output to a store of your own and return a reference to it", "result_bytes", n)
 	}

@@ -26,8 +26,11 @@ import (
 // again under the same ID after the first one expired gets new task IDs,
 // while asynq may still keep the first one's tasks.
 const (
-	typeSplit = "batchmr:split"
-	typeMap   = "batchmr:map"
+	// typePrefix starts every batchmr task type: Register routes by it,
+	// and ServerConfig tells batchmr's tasks from a server's others by it.
+	typePrefix = "batchmr:"
+	typeSplit  = "batchmr:split"
+	typeMap    = "batchmr:map"
 	// typePages is a map task of several pages (pack.go). It has a type
 	// of its own so that a worker of a release before packing, which would
 	// run only the first page, archives it with an error instead.
@@ -45,7 +48,7 @@ func (c *Client) Register(mux *asynq.ServeMux) {
 	mux.HandleFunc(typeMap, c.processTask)
 	mux.HandleFunc(typePages, c.processTask)
 	mux.HandleFunc(typeReduce, c.processTask)
-	mux.HandleFunc("batchmr:", c.processTask) // asynq routes by longest prefix
+	mux.HandleFunc(typePrefix, c.processTask) // asynq routes by longest prefix
 }
 
 // DefaultPollInterval is how long an idle handler slot of a server that
@@ -94,7 +97,7 @@ func (c *Client) ServerConfig(cfg asynq.Config) (asynq.Config, error) {
 	}
 	if own := cfg.RetryDelayFunc; own != nil {
 		cfg.RetryDelayFunc = func(n int, err error, t *asynq.Task) time.Duration {
-			if strings.HasPrefix(t.Type(), "batchmr:") {
+			if strings.HasPrefix(t.Type(), typePrefix) {
 				return c.RetryDelay(n, err, t)
 			}
 			return own(n, err, t)

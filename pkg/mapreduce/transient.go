@@ -137,6 +137,13 @@ func handedBack(err error) bool {
 	return errors.Is(err, ErrHandedBack) && !errors.Is(err, asynq.SkipRetry)
 }
 
+// elsewhere is the error that hands a step back for err, which its code
+// returned (handedBack): it keeps err's text only, as the task's error
+// must wrap nothing but errElsewhere.
+func elsewhere(err error) error {
+	return fmt.Errorf("%w: %v", errElsewhere, err)
+}
+
 // transientRetry decides what a handler does with err, a failure of the
 // task's user code: if err is transient and the task has transient retries
 // left, or the step was waiting for a permit as this worker stops
@@ -149,9 +156,8 @@ func (c *Client) transientRetry(ctx context.Context, k runKeys, step string, err
 	if handedBack(err) {
 		// The step's code says this worker cannot do it (worker.Database
 		// on a worker without a database): another may, so it spends no
-		// retry, transient or not, however often it comes back. (Its text
-		// only: the task's error must wrap nothing else.)
-		return fmt.Errorf("%w: %v", errElsewhere, err)
+		// retry, transient or not, however often it comes back.
+		return elsewhere(err)
 	}
 	if errors.Is(err, semaphore.ErrDraining) || semaphore.Drained(ctx) {
 		// The step waited for its first permit of a semaphore this process

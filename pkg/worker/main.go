@@ -74,12 +74,12 @@ func MainWith(configure func(*Config), jobs ...mapreduce.AnyJob) {
 	cfg := configFromFlags(os.Args[1:], jobs)
 	if configure != nil {
 		configure(&cfg)
-		// What configure set is checked as the flags were: a missing
-		// DATABASE_URL under RequireDatabase exits 2 with its fix, as a
-		// missing REDIS_URL does.
-		if err := cfg.withDefaults().validate(); err != nil {
-			app.Usage("%v", strings.TrimPrefix(err.Error(), "worker: "))
-		}
+	}
+	// Checked once, after configure, which may set what the flags left
+	// out (a RedisURL of its own) or ask for more (RequireDatabase): a
+	// missing setting exits 2 with its fix, whichever gave it.
+	if err := cfg.withDefaults().validate(); err != nil {
+		app.Usage("%v", strings.TrimPrefix(err.Error(), "worker: "))
 	}
 	// A SIGTERM while connecting is a clean stop too.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -164,9 +164,6 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 		if !slices.Contains(names, job) {
 			app.Usage("--weight %s=%d: this worker runs no job %q (it runs: %s)", job, n, job, strings.Join(names, ", "))
 		}
-	}
-	if err := cfg.withDefaults().validate(); err != nil {
-		app.Usage("%v", strings.TrimPrefix(err.Error(), "worker: "))
 	}
 	return cfg
 }
