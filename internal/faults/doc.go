@@ -27,7 +27,7 @@
 //	Redis kill -9, restarted 3 s later (AOF)    resumes ≤ 2 s; costs ≤ outage + 10 s
 //	Redis cut from the workers for 8 s          resumes ≤ 2 s; costs ≤ cut + 10 s
 //	Redis blackholed for 8 s, pages of four     resumes ≤ 2 s; costs ≤ outage + 10 s;
-//	  short permits each (carried enqueues)       ≥ 100 carrying calls
+//	  short permits each (carried enqueues)       ≥ 25 carrying calls
 //	Redis down for 10 s (kill -9, AOF)          resumes ≤ 2 s; costs ≤ outage + 10 s
 //	Postgres restarted (fast shutdown)          resumes ≤ 10 s; costs ≤ outage + 20 s
 //	Postgres crashed and down for 60 s          resumes ≤ 10 s; costs ≤ outage + 20 s

@@ -58,6 +58,7 @@ func TestAnEightSecondBlackholeBetweenWorkersAndRedisCostsAtMostItsLengthPlusTen
 		f := newFleet(t, fleetConfig{Proxy: true})
 		a := defaultRun()
 		a.Queries, a.SleepMS = 4, a.SleepMS/4
+		f.baseline(a) // measured once per process: the count below is the faulted run's alone
 		carries := f.countCalls("batchmr_sem_carry_")
 		f.throughRun(a, redisFault, func() {
 			f.proxy.Blackhole()
@@ -65,16 +66,18 @@ func TestAnEightSecondBlackholeBetweenWorkersAndRedisCostsAtMostItsLengthPlusTen
 			f.proxy.Restore()
 		})
 		n := carries()
-		t.Logf("Redis ran %d carrying calls of the semaphore (baseline and faulted run)", n)
+		t.Logf("Redis ran %d carrying calls of the semaphore in the faulted run", n)
 		if n < minCarries {
-			t.Errorf("Redis ran %d carrying calls over both runs, want at least %d: the scenario no longer drives carried enqueues", n, minCarries)
+			t.Errorf("Redis ran %d carrying calls in the faulted run, want at least %d: the scenario no longer drives carried enqueues", n, minCarries)
 		}
 	})
 }
 
-// minCarries is the fewest carrying calls the blackhole scenario's two
-// runs must make.
-const minCarries = 100
+// minCarries is the fewest carrying calls the blackhole scenario's
+// faulted run must make: 57–91 in runs of 400 pages on the development
+// VM. (It counted the undisturbed run too, which only the first scenario
+// of a test process measures, so with -count a later one fell short.)
+const minCarries = 25
 
 // Redis down for 10 s mid-run (killed, then started again with its AOF).
 func TestARunSurvivesATenSecondRedisOutageAndResumesWithinTwoSeconds(t *testing.T) {
