@@ -177,7 +177,9 @@ func TestStatusShowsARunAndCancelStopsIt(t *testing.T) {
 	if err := f.rdb.HSet(ctx, f.prefix+":{held}:run:"+id, "updated", ms).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if out, _, _ := s.run("status", id); !strings.Contains(out, "(2m0s ago: nothing recorded since;") || !strings.Contains(out, "pg_stat_activity") {
+	// 2m0s, or a second or two more on a loaded machine: the status is
+	// read by a new process, after the mark was set.
+	if out, _, _ := s.run("status", id); !regexp.MustCompile(`\(2m[0-5]s ago: nothing recorded since;`).MatchString(out) || !strings.Contains(out, "pg_stat_activity") {
 		t.Errorf("status of a run unchanged for 2m: %q, want it said, with where to look", out)
 	}
 	if out, _, _ := s.run("status", id, "--json"); !strings.Contains(out, `"stalled": true`) || !strings.Contains(out, `"updated": `) {
@@ -603,15 +605,17 @@ func TestThePublishedNextTickIsNeverInThePast(t *testing.T) {
 		if err != nil || len(list) != 1 {
 			t.Fatalf("the published schedules: %v (%v), want sum's", list, err)
 		}
-		if late := time.Since(list[0].Next); late > 500*time.Millisecond {
+		// Republished as each tick fires, a few ms after it; before, it
+		// went stale for up to the 5 s between publications. 1.5 s leaves
+		// a loaded machine's late timer and process its slack.
+		if late := time.Since(list[0].Next); late > 1500*time.Millisecond {
 			t.Fatalf("the published next tick %v passed %v ago", list[0].Next, late.Round(time.Millisecond))
 		}
 	}
 }
 
-// Two replicas serving the same schedule start one run per tick: with a
-// worker finishing each run before the next tick, three ticks make three
-// runs, not six.
+// Two replicas serving the same schedule start one run per tick: each
+// fires every tick, and one of them starts its run.
 func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
@@ -636,8 +640,39 @@ func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 	})
 	out, _, _ := s.run("runs", "sum")
 	runs := lines(out)[1:]
-	if len(runs) < 3 || len(runs) > 4 {
-		t.Fatalf("two replicas over ~3.5 ticks made %d runs, want 3 or 4 (one per tick):\n%s", len(runs), out)
+	// Counted against the ticks the replicas logged, not against the
+	// clock: on a loaded machine a replica starts, and stops, a tick or
+	// two later than the test's sleep says.
+	started := map[string]int{} // tick → replicas that started its run
+	both := map[string]int{}    // tick → replicas that fired it
+	tickOf := regexp.MustCompile(`tick=(\S+)`)
+	for _, p := range replicas {
+		for _, l := range lines(p.stderr.String()) {
+			m := tickOf.FindStringSubmatch(l)
+			switch {
+			case m == nil:
+			case strings.Contains(l, "scheduler: started a run"):
+				started[m[1]]++
+				both[m[1]]++
+			case strings.Contains(l, "started by another replica"), strings.Contains(l, "the tick's run exists"):
+				both[m[1]]++
+			}
+		}
+	}
+	for tick, n := range started {
+		if n != 1 {
+			t.Errorf("%d replicas started a run for the tick %s, want one", n, tick)
+		}
+	}
+	shared := 0
+	for _, n := range both {
+		if n == 2 {
+			shared++
+		}
+	}
+	if shared < 2 || len(runs) != len(started) {
+		t.Fatalf("two replicas made %d runs for %d ticks, %d of which both fired, want one run per tick and at least two ticks both fired:\n%s\nreplica 0:\n%s\nreplica 1:\n%s",
+			len(runs), len(started), shared, out, replicas[0].stderr, replicas[1].stderr)
 	}
 	tick := regexp.MustCompile(`^sum:\d{8}T\d{6}Z\s+succeeded\s+2/2 done`)
 	for _, r := range runs {

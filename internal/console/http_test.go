@@ -601,11 +601,12 @@ func TestARunThatStoppedMovingShowsStalledInsteadOfAnETA(t *testing.T) {
 	if err := f.rdb.HSet(context.Background(), f.prefix+":{stalling}:run:"+id, "updated", ms).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, body := f.get(runPath(id)); !strings.Contains(body, `id="stalled"`) || !strings.Contains(body, "nothing recorded for 2m0s") ||
+	// 2m0s, or a second or two more on a loaded machine.
+	if _, body := f.get(runPath(id)); !strings.Contains(body, `id="stalled"`) || !regexp.MustCompile(`nothing recorded for 2m[0-5]s`).MatchString(body) ||
 		strings.Contains(body, "ETA") {
 		t.Errorf("the run's page: want it stalled for 2m0s, without an ETA:\n%s", body)
 	}
-	if _, body := f.get("/runs"); !strings.Contains(body, `title="nothing recorded for 2m0s">stalled</span>`) {
+	if _, body := f.get("/runs"); !regexp.MustCompile(`title="nothing recorded for 2m[0-5]s">stalled</span>`).MatchString(body) {
 		t.Errorf("the runs page: want the run marked stalled:\n%s", body)
 	}
 }

@@ -276,7 +276,9 @@ func TestReadyzFollowsRedisWhileHealthzStaysUp(t *testing.T) {
 	px.Blackhole()
 	began := time.Now()
 	code, body = get(t, base+"/readyz")
-	if took := time.Since(began); code != http.StatusServiceUnavailable || !strings.Contains(body, "redis: no answer within 1s") || took > 1500*time.Millisecond {
+	// The body proves the 1 s bound fired; the time only rules out
+	// go-redis's 3 s read timeout, with slack for a loaded machine.
+	if took := time.Since(began); code != http.StatusServiceUnavailable || !strings.Contains(body, "redis: no answer within 1s") || took > 2500*time.Millisecond {
 		t.Errorf("/readyz with Redis hanging: %d %q after %v; want 503 naming Redis within about 1s", code, body, took)
 	}
 	px.Cut()
