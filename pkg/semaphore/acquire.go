@@ -165,7 +165,10 @@ func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retr
 				s.giveUp(w)
 				return true, err
 			}
-			// Should the first call still land, its place goes too.
+			// Should the first call still land (its reply was lost on the
+			// way), it finds the tombstone this give-back leaves and
+			// takes nothing (bury, scripts/lib.lua); it was sent once
+			// (sentOnce), so no copy of it lands after that.
 			old := token
 			s.spawn(func() { s.releaseDetached(old) })
 			token, retry = s.tokenOf(w), false
@@ -409,8 +412,7 @@ var errGivenUp = errors.New("acquire gave up")
 // holder's lease deadline was sent; zero means the grant's deadline is the
 // waiter's heartbeat deadline. A notice for a token that no longer waits is
 // ignored: every path that gives a token up (or re-queues under a new one)
-// releases the old token itself, and gives it back again should its
-// acquire call land after that (late.go). A grant whose lease may already have run
+// releases the old token itself. A grant whose lease may already have run
 // out (it waited in the wake list, or its reply was slow, while this process
 // was paused) is not handed over; the watchdog is started if need be and
 // asked to refresh now, and hands it over if Redis still holds it, or
@@ -420,7 +422,6 @@ func (s *Semaphore) deliver(token string, fence int64, leaseFrom time.Time) {
 	defer s.mu.Unlock()
 	w, ok := s.waiters[token]
 	if !ok {
-		s.landedLocked(token)
 		return
 	}
 	if leaseFrom.IsZero() {

@@ -46,11 +46,12 @@ const functionsPause = 10 * time.Second
 // ACL that forbids FCALL or FUNCTION LOAD), and for a while when they fail
 // for a reason that may pass.
 func (s *Semaphore) run(ctx context.Context, sc *script, argv []any) (any, error) {
+	once := sentOnce(sc, argv)
 	if s.scriptMode.Load() == modeEval || time.Now().UnixNano() < s.functionsAfter.Load() {
-		return sc.eval.Run(ctx, s.rdb, s.keys, argv...).Result()
+		return s.evalScript(ctx, sc, argv, once)
 	}
 	fn := s.lib.functions[sc]
-	res, err := s.rdb.FCall(ctx, fn, s.keys, argv...).Result()
+	res, err := s.call(ctx, once, "fcall", fn, argv)
 	switch {
 	case err == nil:
 		return res, nil
@@ -73,7 +74,7 @@ func (s *Semaphore) run(ctx context.Context, sc *script, argv []any) (any, error
 			s.pauseFunctions("the function library could not be loaded", err)
 			break
 		}
-		res, err = s.rdb.FCall(ctx, fn, s.keys, argv...).Result()
+		res, err = s.call(ctx, once, "fcall", fn, argv)
 		if !isFunctionNotFound(err) {
 			return res, err
 		}
@@ -81,8 +82,71 @@ func (s *Semaphore) run(ctx context.Context, sc *script, argv []any) (any, error
 		// not (a cluster whose slot map is being refreshed).
 		s.pauseFunctions("the function library was loaded but the call did not find it", err)
 	}
-	return sc.eval.Run(ctx, s.rdb, s.keys, argv...).Result()
+	return s.evalScript(ctx, sc, argv, once)
 }
+
+// sentOnce reports whether a call of sc with argv must reach Redis at most
+// once: a call that takes a place or a permit for a token that Redis has
+// no record of, an acquire's first attempt or a release that carries
+// waiters. go-redis resends a command whose reply did not come in time;
+// both copies may land, and a copy that lands after the token was given up
+// would take a place or permit that nobody uses. The semaphore retries such
+// a call itself, as a retry (acquire.lua's ARGV[9]), which never takes a
+// place for a token Redis does not know, and gives up a token that Redis
+// did not know with a tombstone that the one copy finds if it lands late
+// (bury, scripts/lib.lua).
+func sentOnce(sc *script, argv []any) bool {
+	switch sc {
+	case scriptCarry:
+		return true
+	case scriptAcquire:
+		return len(argv) > 8 && argv[8] == "0" // ARGV[9], the retry flag
+	}
+	return false
+}
+
+// evalScript runs sc with EVALSHA, and with EVAL if the server does not
+// have it cached (which means it did not run), as redis.Script.Run does.
+func (s *Semaphore) evalScript(ctx context.Context, sc *script, argv []any, once bool) (any, error) {
+	if !once {
+		return sc.eval.Run(ctx, s.rdb, s.keys, argv...).Result()
+	}
+	res, err := s.call(ctx, once, "evalsha", sc.eval.Hash(), argv)
+	if err != nil && (errors.Is(err, redis.ErrNoScript) || strings.HasPrefix(err.Error(), "NOSCRIPT")) {
+		res, err = s.call(ctx, once, "eval", sc.src, argv)
+	}
+	return res, err
+}
+
+// call sends one script call (FCALL, EVALSHA or EVAL) of s's keys with
+// argv; with once, go-redis does not resend it when its reply is late or
+// lost (onceCmd), and the caller decides what to do.
+func (s *Semaphore) call(ctx context.Context, once bool, name, payload string, argv []any) (any, error) {
+	if !once && name == "fcall" {
+		return s.rdb.FCall(ctx, payload, s.keys, argv...).Result()
+	}
+	args := make([]any, 0, 3+len(s.keys)+len(argv))
+	args = append(args, name, payload, len(s.keys))
+	for _, k := range s.keys {
+		args = append(args, k)
+	}
+	args = append(args, argv...)
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	var c redis.Cmder = cmd
+	if once {
+		c = onceCmd{cmd}
+	}
+	_ = s.rdb.Process(ctx, c)
+	return cmd.Result()
+}
+
+// onceCmd is a command that go-redis sends at most once: after it was
+// written, a timeout or a dropped connection is returned to the caller,
+// not retried (go-redis v9's Cmder.NoRetry).
+type onceCmd struct{ *redis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
 
 func isServerError(err error) bool {
 	var rerr redis.Error

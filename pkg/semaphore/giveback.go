@@ -155,9 +155,6 @@ func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, first ch
 		}
 		if !retry {
 			s.logGiveBack(token, attempt, was, err, detached, last)
-			if detached && err == nil && was == releaseUnknown && !last {
-				s.watchLate(token)
-			}
 			return
 		}
 		if attempt == 1 {

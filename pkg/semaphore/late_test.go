@@ -1,9 +1,17 @@
 package semaphore_test
 
 import (
+	"bufio"
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,7 +52,7 @@ func (h *lateCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			}
 		}
 		err := next(ctx, cmd)
-		if err == nil && (isScript(cmd, semaphore.ReleaseScript) || isScript(cmd, semaphore.CarryScript)) {
+		if err == nil && (isScriptOrItsSource(cmd, semaphore.ReleaseScript) || isScriptOrItsSource(cmd, semaphore.CarryScript)) {
 			h.mu.Lock()
 			if h.token != "" && arg(cmd, argToken) == h.token {
 				select {
@@ -58,6 +66,18 @@ func (h *lateCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		return err
 	}
 }
+
+// isScriptOrItsSource is isScript, or the EVAL of the script's source that
+// follows an EVALSHA the server had not cached.
+func isScriptOrItsSource(cmd redis.Cmder, id semaphore.ScriptID) bool {
+	if cmd.Name() != "eval" || len(cmd.Args()) < 2 {
+		return isScript(cmd, id)
+	}
+	src, ok := cmd.Args()[1].(string)
+	sum := sha1.Sum([]byte(src))
+	return ok && hex.EncodeToString(sum[:]) == id.Hash
+}
+
 func (h *lateCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
@@ -71,15 +91,26 @@ func (h *lateCall) land(t *testing.T, rdb *redis.Client) any {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the held call's token was not given back")
 	}
+	return h.landArgs(t, rdb, h.held(t))
+}
+
+// held returns the held call's arguments.
+func (h *lateCall) held(t *testing.T) []any {
+	t.Helper()
 	h.mu.Lock()
-	args := h.args
-	h.mu.Unlock()
-	if args == nil {
+	defer h.mu.Unlock()
+	if h.args == nil {
 		t.Fatal("no acquire call was held")
 	}
+	return h.args
+}
+
+// landArgs runs a script call with args over rdb and returns its reply.
+func (h *lateCall) landArgs(t *testing.T, rdb *redis.Client, args []any) any {
+	t.Helper()
 	res, err := rdb.Do(context.Background(), args...).Result()
 	if err != nil {
-		t.Fatalf("landing the held acquire call: %v", err)
+		t.Fatalf("landing an acquire call: %v", err)
 	}
 	return res
 }
@@ -118,49 +149,240 @@ func freeWithin(t *testing.T, other *semaphore.Semaphore, d time.Duration, what 
 	}
 }
 
-// A waiter's first acquire call times out while on its way, so it retries:
-// Redis does not know the token, and the waiter queues under a new one
-// and gives the old one back, which finds nothing. Then the first call
-// lands, and queues the old token; a release grants it later. That grant
-// reaches a's dispatcher for a token nobody waits for: it must go back at
-// once, not stay taken for a lease.
-func TestAQueuedAcquireCallThatLandsAfterItWasGivenUpIsGivenBackWhenGranted(t *testing.T) {
+// A waiter's first acquire call times out on its way, so it asks again
+// as a retry: Redis does not know the token, and the waiter queues under a
+// new one and gives the old one back, which finds nothing. Then the first
+// call lands. It must take nothing — neither a place in the queue, which a
+// release would later grant to nobody, nor the free permit — where it used
+// to leave a permit taken, and refreshed by nobody, for a lease and more.
+func TestAnAcquireCallThatLandsAfterItsTokenWasGivenUpTakesNothing(t *testing.T) {
+	for _, free := range []bool{false, true} {
+		name := "behind a holder"
+		if free {
+			name = "with the permit free"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			a, other, h, rdb := lateScene(t)
+			ctx := context.Background()
+			var p *semaphore.Permit
+			if free {
+				p = mustAcquire(t, a) // the retry, under a new token
+				if err := p.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				held := mustAcquire(t, other)
+				got := acquireQueued(t, a, other, 1) // the retry, under a new token
+				defer func() {
+					if err := held.Release(ctx); err != nil {
+						t.Error(err)
+					}
+					_ = receiveGrant(t, got, 5*time.Second, "a's place").Release(ctx)
+				}()
+			}
+			before := stats(t, other)
+			if res, ok := h.land(t, rdb).([]any); !ok || len(res) != 3 || res[0] != int64(3) {
+				t.Fatalf("the late call got %v, want {3 0 1}: its token is given up, it takes nothing", res)
+			}
+			after := stats(t, other)
+			if after.Held != before.Held || len(after.Waiters) != len(before.Waiters) {
+				t.Fatalf("the late call changed the semaphore: before %+v, after %+v", before, after)
+			}
+		})
+	}
+}
+
+// A first acquire call must take at most one place or permit however many
+// copies of it reach Redis (a client that resends a command whose reply is
+// late): the second copy takes nothing.
+func TestAFirstAcquireCallThatLandsTwiceTakesOnePlace(t *testing.T) {
 	t.Parallel()
-	a, other, h, rdb := lateScene(t)
+	for _, free := range []bool{false, true} {
+		a, other, h, rdb := lateScene(t)
+		ctx := context.Background()
+		if !free {
+			held := mustAcquire(t, other)
+			defer func() { _ = held.Release(ctx) }()
+		}
+		_ = mustOrQueue(t, a, other, free)
+		args := append([]any(nil), h.held(t)...)
+		tok := "copies-1-x:1:1"
+		args[argToken] = tok
+		want := int64(0) // queued
+		if free {
+			want = 1 // granted
+		}
+		if res, ok := h.landArgs(t, rdb, args).([]any); !ok || len(res) != 3 || res[0] != want {
+			t.Fatalf("free %v: the first copy got %v, want status %d", free, res, want)
+		}
+		first := stats(t, other)
+		if res, ok := h.landArgs(t, rdb, args).([]any); !ok || len(res) != 3 || res[0] != int64(3) {
+			t.Fatalf("free %v: the second copy got %v, want {3 0 1}: it takes nothing", free, res)
+		}
+		if again := stats(t, other); again.Held != first.Held || len(again.Waiters) != len(first.Waiters) {
+			t.Fatalf("free %v: the second copy changed the semaphore: after the first %+v, after the second %+v", free, first, again)
+		}
+	}
+}
+
+// mustOrQueue has a acquire a permit, and release it, when it is free, or
+// queue behind other's holder otherwise: either way a's first call is held
+// back, and the test has its arguments.
+func mustOrQueue(t *testing.T, a, other *semaphore.Semaphore, free bool) <-chan *semaphore.Permit {
+	t.Helper()
+	if free {
+		if err := mustAcquire(t, a).Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	}
+	return acquireQueued(t, a, other, 1)
+}
+
+// The semaphore's first acquire call is sent once: go-redis resends a
+// command whose reply does not come within its read timeout (MaxRetries,
+// 3 by default), on another connection, and each copy may take a place or
+// a permit; a copy that lands after its token's whole life (granted,
+// released) would take one that nobody uses.
+func TestAFirstAcquireCallIsSentOnceWhenItsReplyIsLost(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	opt, err := redis.ParseURL(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.ReadTimeout = 200 * time.Millisecond // go-redis resends after this, unless told not to
+	var mu sync.Mutex
+	var conns []*muteConn
+	opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		mc := &muteConn{Conn: c}
+		mu.Lock()
+		conns = append(conns, mc)
+		mu.Unlock()
+		return mc, nil
+	}
+	lossy := redis.NewClient(opt)
+	t.Cleanup(func() { _ = lossy.Close() })
+	a := newSem(t, lossy, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
+	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
 	ctx := context.Background()
+	if err := lossy.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 	held := mustAcquire(t, other)
-	got := acquireQueued(t, a, other, 1) // the retry, under a new token
-	if res, ok := h.land(t, rdb).([]any); !ok || len(res) != 3 || res[0] != int64(0) {
-		t.Fatalf("the late call did not queue its token: %v", res)
+	firsts := countFirstAcquires(t, rdb, prefix)
+	// Every connection a has now loses its replies; new ones do not.
+	mu.Lock()
+	for _, c := range conns {
+		c.mute()
 	}
-	if n := len(stats(t, other).Waiters); n != 2 {
-		t.Fatalf("want a's place and the late call's queued, got %d waiters", n)
-	}
+	mu.Unlock()
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := a.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	testenv.WaitFor(t, 10*time.Second, "a to queue", func() bool { return len(stats(t, other).Waiters) == 1 })
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	p := receiveGrant(t, got, 5*time.Second, "a's place, ahead of the late call's")
-	if err := p.Release(ctx); err != nil { // grants the late call's place
-		t.Fatal(err)
-	}
-	freeWithin(t, other, 2*time.Second, "the late call's place was granted")
-	mustAcquire(t, other)
-}
-
-// As above, but the first call lands while the permit is free, and is
-// granted it outright: no wake-up tells a's process. It must still go
-// back within moments, not after a lease.
-func TestAnAcquireCallThatLandsAfterItWasGivenUpAndIsGrantedAtOnceIsGivenBack(t *testing.T) {
-	t.Parallel()
-	a, other, h, rdb := lateScene(t)
-	ctx := context.Background()
-	p := mustAcquire(t, a) // the retry, under a new token
+	p := receiveGrant(t, got, 10*time.Second, "a, once the holder released")
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if res, ok := h.land(t, rdb).([]any); !ok || len(res) != 3 || res[0] != int64(1) {
-		t.Fatalf("the late call was not granted the free permit: %v", res)
+	freeWithin(t, other, 2*time.Second, "a released its only permit")
+	if n := firsts(); n != 1 {
+		t.Errorf("Redis ran %d first acquire calls of a's one Acquire, want 1 (more: go-redis resent it)", n)
 	}
-	freeWithin(t, other, 3*time.Second, "the late call was granted the free permit")
-	mustAcquire(t, other)
+}
+
+// muteConn loses what the server sends once muted, as a network that drops
+// the replies: a read waits out its deadline and times out.
+type muteConn struct {
+	net.Conn
+	mu       sync.Mutex
+	muted    bool
+	deadline time.Time
+}
+
+func (c *muteConn) mute() {
+	c.mu.Lock()
+	c.muted = true
+	c.mu.Unlock()
+}
+
+func (c *muteConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.deadline = t
+	c.mu.Unlock()
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *muteConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.deadline = t
+	c.mu.Unlock()
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *muteConn) Read(b []byte) (int, error) {
+	c.mu.Lock()
+	muted, deadline := c.muted, c.deadline
+	c.mu.Unlock()
+	if !muted {
+		return c.Conn.Read(b)
+	}
+	if deadline.IsZero() {
+		deadline = time.Now().Add(5 * time.Second) // a blocking read: the dispatcher's
+	}
+	time.Sleep(time.Until(deadline))
+	return 0, os.ErrDeadlineExceeded
+}
+
+// countFirstAcquires counts, with MONITOR, the acquire calls on semaphores
+// under prefix that are first attempts (retry flag "0") that the server of
+// rdb runs until stop is called.
+func countFirstAcquires(t *testing.T, rdb *redis.Client, prefix string) (stop func() int) {
+	t.Helper()
+	conn, err := net.Dial(rdb.Options().Network, rdb.Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprint(conn, "MONITOR\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(conn)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	// Commands are shown from MONITOR's reply on: wait for it.
+	if !sc.Scan() || sc.Text() != "+OK" {
+		t.Fatalf("MONITOR: %q %v", sc.Text(), sc.Err())
+	}
+	var n atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for sc.Scan() {
+			l := sc.Text()
+			isAcquire := strings.Contains(l, `"`+semaphore.AcquireScript.Function+`"`) || strings.Contains(l, `"`+semaphore.AcquireScript.Hash+`"`) ||
+				strings.Contains(l, `] "eval" "`) && strings.Contains(l, "queue_short(ARGV)") // EVALSHA's fallback: the acquire script's source
+			if isAcquire && strings.Contains(l, `"`+prefix+`:`) && strings.HasSuffix(l, `"1" "0"`) { // ARGV[8] wait, ARGV[9] not a retry
+				n.Add(1)
+			}
+		}
+	}()
+	var once sync.Once
+	stop = func() int {
+		once.Do(func() { _ = conn.Close(); <-done })
+		return int(n.Load())
+	}
+	t.Cleanup(func() { stop() })
+	return stop
 }

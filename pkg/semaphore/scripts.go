@@ -78,6 +78,7 @@ type script struct {
 	body     string
 	flags    []string
 	prologue string
+	src      string // the EVALSHA form's code
 	eval     *redis.Script
 }
 
@@ -97,9 +98,9 @@ func (sc *script) first(prologue string) *script {
 func (sc *script) compile() {
 	// Before Redis 5, a script that reads TIME and then writes must switch
 	// to effects replication first.
-	src := "if redis.replicate_commands then pcall(redis.replicate_commands) end\n" +
+	sc.src = "if redis.replicate_commands then pcall(redis.replicate_commands) end\n" +
 		luaLib + "\nbind(KEYS, ARGV)\n" + sc.prologue + "begin()\n" + wrapBody(sc.body)
-	sc.eval = redis.NewScript(src)
+	sc.eval = redis.NewScript(sc.src)
 }
 
 // wrapBody runs a script's body as a closure and passes its reply through

@@ -59,10 +59,9 @@ type Semaphore struct {
 	mu           sync.Mutex
 	waiters      map[string]*waiter
 	holders      map[string]*Permit
-	late         map[string]chan struct{} // tokens given up whose acquire call may yet land: late.go
-	pending      []*waiter                // waiters whose first request waits for a carrier: enqueue.go
-	pendingTimer *time.Timer              // sends them after maxPending
-	releasing    int                      // release calls in flight
+	pending      []*waiter   // waiters whose first request waits for a carrier: enqueue.go
+	pendingTimer *time.Timer // sends them after maxPending
+	releasing    int         // release calls in flight
 	closed       bool
 	background   bool // the dispatcher and the watchdog run
 	stop         chan struct{}
@@ -113,7 +112,6 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 		wakeKey:    base + "wake:" + process,
 		waiters:    make(map[string]*waiter),
 		holders:    make(map[string]*Permit),
-		late:       make(map[string]chan struct{}),
 		stop:       make(chan struct{}),
 		draining:   make(chan struct{}),
 		kick:       make(chan struct{}, 1),

@@ -8,19 +8,22 @@
 --   ARGV[7] heartbeat timeout (ms) of a queued waiter
 --   ARGV[8] "1" to queue when the permit is not free, "0" to return instead
 --   ARGV[9] "1" if an earlier call with this token may have run (a retry);
---           "0" promises that Redis has no record of the token
+--           "0" says that none did: a record of the token is then a
+--           tombstone (bury, lib.lua), and the call takes nothing
 -- Returns {status, value, limit}:
 --   { 1, fence,  limit}  granted
 --   { 0, ticket, limit}  queued; the grant arrives on the process's wake list
 --   { 2, 0,      limit}  not free and ARGV[8] == "0"
 --   {-1, 0,      limit}  the weight exceeds the limit: never grantable
 --   { 3, 0,      limit}  a retry of a token Redis does not know, or whose
---                        permit lapsed: ask again under a new token
+--                        permit lapsed, or a first call of a token its
+--                        process gave up: ask again under a new token
 local tok = ARGV[5]
 local lease, heartbeat = to_number(ARGV[6]), to_number(ARGV[7])
 -- A first call's token is unknown to Redis (fresh, or carried by a release
--- that Redis refused before it ran: enqueue.go): only a retry can find its
--- token already holding or queued.
+-- that Redis refused before it ran: enqueue.go), unless its process gave
+-- it up before the call landed: only a retry can find its token already
+-- holding or queued.
 local retry = ARGV[9] == '1'
 
 local limit = get_limit()
@@ -40,9 +43,16 @@ local w = weight_of(tok)
 -- had it, and the release of the old token that follows gives it back.
 if retry then
   local info = rcall('HGET', K_INFO, tok)
-  if not info or is_lost(info) then
+  if not info or is_lost(info) or info == GONE then
     return {3, 0, limit}
   end
+elseif rcall('HEXISTS', K_INFO, tok) == 1 then
+  -- A first call for a token Redis knows: its process gave it up before
+  -- the call landed (bury, lib.lua), or a copy of the call ran already (a
+  -- client that resends a call on its own; the semaphore asks its client
+  -- not to). It takes nothing: the caller, if it still waits, asks again
+  -- under a new token. (One token, one place.)
+  return {3, 0, limit}
 end
 
 if queue_empty and held + w <= limit then

@@ -157,6 +157,24 @@ local function drop_waiter(tok)
   rcall('HDEL', K_INFO, tok)
 end
 
+-- GONE is the info entry of a token its process gave back while Redis knew
+-- nothing of it (bury).
+local GONE = 'gone'
+
+-- bury leaves a tombstone for tok, which its process gave back while Redis
+-- knew nothing of it: the acquire call that sent tok may still be on its
+-- way, its reply lost (a network that drops packets delivers it when it
+-- heals, after the client has asked again under a new token). That call
+-- finds the tombstone and takes nothing (acquire.lua, queue_tokens), where
+-- it used to take a place or a permit that nobody would use or refresh,
+-- taken for a lease and more. The tombstone goes ms from now with the dead
+-- waiters (purge_waiters: drop_waiter removes it).
+local function bury(tok, ms)
+  read_clock()
+  rcall('HSET', K_INFO, tok, GONE)
+  rcall('ZADD', K_ALIVE, int(now + ms), tok)
+end
+
 -- purge_waiters removes waiters whose heartbeat stopped: a crashed process
 -- gives its places in the queue back. Once per call is enough. grant calls
 -- it only when the queue head is dead; the watchdog's refresh and stats call
@@ -346,21 +364,26 @@ local function grant(limit, held)
   return held, false
 end
 
--- queue_tokens queues tokens (fresh ones, never sent before) at the
--- queue's tail, in order, each as acquire.lua would queue it, with a
+-- queue_tokens queues tokens (first calls: fresh ones, never sent before)
+-- at the queue's tail, in order, each as acquire.lua would queue it, with a
 -- heartbeat deadline heartbeat ms from now; it returns their tickets, -1
--- for one heavier than limit (never grantable, not queued).
+-- for one heavier than limit (never grantable, not queued), 0 for one Redis
+-- knows already (a tombstone: its process gave it up before this call
+-- landed; see bury), which it leaves as it is.
 local function queue_tokens(tokens, heartbeat, limit)
   local tickets = {}
   local n = #tokens
   if n == 0 then return tickets end
   read_clock()
+  local known = rcall('HMGET', K_INFO, unpack(tokens))
   local hb = int(now + to_number(heartbeat))
   local first = rcall('INCRBY', K_TICKET, n) - n
   local q, a, i = {}, {}, {}
   for k = 1, n do
     local t = tokens[k]
-    if weight_of(t) > limit then
+    if known[k] then
+      tickets[k] = 0
+    elseif weight_of(t) > limit then
       tickets[k] = -1
     else
       first = first + 1
@@ -394,7 +417,9 @@ local function queue_short(argv)
   read_held()
   local limit = to_number(found_limit)
   if not limit or not held_weight or held_weight < limit or weight_of(argv[5]) > limit then return nil end
-  return {0, queue_tokens({argv[5]}, argv[7], limit)[1], limit}
+  local ticket = queue_tokens({argv[5]}, argv[7], limit)[1]
+  if ticket == 0 then return {3, 0, limit} end -- a tombstone: see acquire.lua
+  return {0, ticket, limit}
 end
 
 -- handoff is release's short step: the common hand-off under contention,

@@ -14,9 +14,11 @@
 -- was is 1 if the token held a permit, 3 if it held one and handoff passed
 -- it to the queue's head, 2 if it was queued, 0 if Redis knew
 -- nothing of it (already released, or its lease or heartbeat ran out: kept
--- for the caller or not; "" releases nothing); n is the number of carried
--- waiters, and ticket_i the place ARGV[8+i] took, or -1 if its weight
--- exceeds the limit (never grantable); then the grants made to the
+-- for the caller or not; "" releases nothing), and then leaves a tombstone
+-- for it (bury, lib.lua); n is the number of carried
+-- waiters, and ticket_i the place ARGV[8+i] took, -1 if its weight
+-- exceeds the limit (never grantable), or 0 if it found a tombstone
+-- (not queued); then the grants made to the
 -- caller's own waiters (ARGV[4]), carried ones among them, which it must
 -- hand over itself.
 local tok = ARGV[5]
@@ -46,6 +48,13 @@ elseif rcall('ZREM', K_HOLDERS, tok) == 1 then
 elseif rcall('ZSCORE', K_QUEUE, tok) then
   was = 2
   drop_waiter(tok)
+elseif tok ~= '' then
+  -- Given back before its acquire call landed, perhaps: that call must
+  -- take nothing when it does (bury, lib.lua). For four leases, and at
+  -- least two minutes: about as long as TCP goes on resending a request.
+  local ms = 4 * (keep_ms or 0)
+  if ms < 120000 then ms = 120000 end
+  bury(tok, ms)
 end
 grant(limit, held)
 local out = {was, limit, n}
