@@ -136,6 +136,15 @@ func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retr
 	for {
 		status, value, limit, sent, err := s.callAcquire(ctx, token, wait, retry)
 		if err != nil {
+			if isOOM(err) {
+				// Redis refused the call before it recorded anything of
+				// the token's (its place or permit is written after any
+				// other write that may grow memory): nothing to give
+				// back, and a give-back would leave a tombstone, memory
+				// that a Redis over its maxmemory cannot spare.
+				s.forgetWaiter(w)
+				return true, err
+			}
 			s.giveUp(w)
 			return true, err
 		}
@@ -327,7 +336,10 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait, retry b
 			// Not transient, and not ours to fix: say what is.
 			err = fmt.Errorf("%w (Redis is over its maxmemory and will not take a new permit: free memory or raise maxmemory; see docs/operations.md)", err)
 		}
-		if !wait || !transient(err) {
+		// A call that may not wait still rides out a blip (a stale pooled
+		// connection, a failover's refusal) with a few quick retries:
+		// go-redis does not resend an acquire's first attempt (sentOnce).
+		if !transient(err) || (!wait && attempt >= tryRetries) {
 			return 0, 0, 0, sent, err
 		}
 		// The wait is cut short when another call of this handle finds
@@ -344,6 +356,10 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait, retry b
 		}
 	}
 }
+
+// tryRetries is how many attempts a TryAcquire makes when Redis fails for a
+// reason that may pass: as many as go-redis makes by default.
+const tryRetries = 4
 
 // forgetWaiter takes w out of the process and drops any permit delivered to
 // it in the meantime, giving back in Redis only a permit granted under a

@@ -112,7 +112,7 @@ func (s *Semaphore) evalScript(ctx context.Context, sc *script, argv []any, once
 		return sc.eval.Run(ctx, s.rdb, s.keys, argv...).Result()
 	}
 	res, err := s.call(ctx, once, "evalsha", sc.eval.Hash(), argv)
-	if err != nil && (errors.Is(err, redis.ErrNoScript) || strings.HasPrefix(err.Error(), "NOSCRIPT")) {
+	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 		res, err = s.call(ctx, once, "eval", sc.src, argv)
 	}
 	return res, err

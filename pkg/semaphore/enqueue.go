@@ -177,6 +177,12 @@ func (s *Semaphore) settleCarried(ws []*waiter, tickets []int64, limit int64, se
 			// reply was lost, the call is a retry, and acquire.lua tells
 			// whether Redis knows the token.
 			w.ch <- wakeup{send: true, retry: retry}
+		case tickets[i] == 0:
+			// Redis knew the token already, and did not queue it (a
+			// tombstone: bury in scripts/lib.lua). Not reached by a
+			// waiter that still waits, but should it be: ask again,
+			// as a retry, which moves it to a new token.
+			w.ch <- wakeup{send: true, retry: true}
 		case tickets[i] < 0:
 			delete(s.waiters, w.token)
 			w.ch <- wakeup{err: fmt.Errorf("%w: asked for %d, the limit is %d", ErrExceedsLimit, w.weight, limit)}

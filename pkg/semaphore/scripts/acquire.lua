@@ -46,16 +46,22 @@ if retry then
   if not info or is_lost(info) or info == GONE then
     return {3, 0, limit}
   end
-elseif rcall('HEXISTS', K_INFO, tok) == 1 then
-  -- A first call for a token Redis knows: its process gave it up before
-  -- the call landed (bury, lib.lua), or a copy of the call ran already (a
-  -- client that resends a call on its own; the semaphore asks its client
-  -- not to). It takes nothing: the caller, if it still waits, asks again
-  -- under a new token. (One token, one place.)
-  return {3, 0, limit}
 end
 
+-- A first call for a token that has a heartbeat entry takes nothing: its
+-- process gave the token up before the call landed (bury, lib.lua: a
+-- tombstone has one), or a copy of the call queued it already. Its caller,
+-- if it still waits, asks again under a new token. (One token, one place.)
+-- Where it queues, the heartbeat it writes anyway tells (ZADD NX, below);
+-- where it is granted at once, the queue is empty, so the heartbeats it
+-- looks in are the tombstones' alone. (A copy of a call that was granted
+-- is not told apart: the semaphore sends a first call once, sentOnce in
+-- calls.go, so that no copy exists.)
+
 if queue_empty and held + w <= limit then
+  if not retry and rcall('ZSCORE', K_ALIVE, tok) then
+    return {3, 0, limit}
+  end
   -- The fast path: one ZADD NX both grants and detects a retry.
   if rcall('ZADD', K_HOLDERS, 'NX', int(now + lease), tok) == 1 then
     local fence = rcall('INCR', K_FENCE)
@@ -88,8 +94,12 @@ end
 if ARGV[8] ~= '1' then
   return {2, 0, limit}
 end
+if retry then
+  rcall('ZADD', K_ALIVE, int(now + heartbeat), tok)
+elseif rcall('ZADD', K_ALIVE, 'NX', int(now + heartbeat), tok) == 0 then
+  return {3, 0, limit} -- known already: see above
+end
 local ticket = rcall('INCR', K_TICKET)
 rcall('ZADD', K_QUEUE, int(ticket), tok)
-rcall('ZADD', K_ALIVE, int(now + heartbeat), tok)
 rcall('HSET', K_INFO, tok, now_s)
 return {0, ticket, limit}

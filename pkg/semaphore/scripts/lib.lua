@@ -5,9 +5,11 @@
 --   KEYS[1] limit    STRING  the fleet-wide limit
 --   KEYS[2] holders  ZSET    token -> lease deadline (ms, Redis server time)
 --   KEYS[3] queue    ZSET    token -> ticket (FIFO order)
---   KEYS[4] alive    ZSET    waiter token -> heartbeat deadline (ms)
+--   KEYS[4] alive    ZSET    waiter token -> heartbeat deadline (ms),
+--                            tombstone -> when it goes (bury)
 --   KEYS[5] info     HASH    holder token -> "fence:grantedAtMs",
---                            waiter token -> "enqueuedAtMs"
+--                            waiter token -> "enqueuedAtMs",
+--                            tombstone -> "gone" (bury)
 --   KEYS[6] fence    STRING  INCR counter: one fence per grant
 --   KEYS[7] ticket   STRING  INCR counter: one ticket per enqueue
 --   KEYS[8] held     STRING  "fence:count:weight": the holders' total weight,
@@ -161,20 +163,6 @@ end
 -- nothing of it (bury).
 local GONE = 'gone'
 
--- bury leaves a tombstone for tok, which its process gave back while Redis
--- knew nothing of it: the acquire call that sent tok may still be on its
--- way, its reply lost (a network that drops packets delivers it when it
--- heals, after the client has asked again under a new token). That call
--- finds the tombstone and takes nothing (acquire.lua, queue_tokens), where
--- it used to take a place or a permit that nobody would use or refresh,
--- taken for a lease and more. The tombstone goes ms from now with the dead
--- waiters (purge_waiters: drop_waiter removes it).
-local function bury(tok, ms)
-  read_clock()
-  rcall('HSET', K_INFO, tok, GONE)
-  rcall('ZADD', K_ALIVE, int(now + ms), tok)
-end
-
 -- purge_waiters removes waiters whose heartbeat stopped: a crashed process
 -- gives its places in the queue back. Once per call is enough. grant calls
 -- it only when the queue head is dead; the watchdog's refresh and stats call
@@ -185,6 +173,21 @@ local function purge_waiters()
   for _, tok in ipairs(rcall('ZRANGEBYSCORE', K_ALIVE, '-inf', now_s)) do
     drop_waiter(tok)
   end
+end
+
+-- bury leaves a tombstone for tok, which its process gave back while Redis
+-- knew nothing of it: the acquire call that sent tok may still be on its
+-- way, its reply lost (a network that drops packets delivers it when it
+-- heals, after the client has asked again under a new token). That call
+-- finds the tombstone and takes nothing (acquire.lua, queue_tokens), where
+-- it used to take a place or a permit that nobody would use or refresh,
+-- taken for a lease and more. The tombstone goes ms from now with the dead
+-- waiters (purge_waiters: drop_waiter removes it).
+local function bury(tok, ms)
+  read_clock()
+  purge_waiters() -- and expired tombstones: an idle semaphore keeps none
+  rcall('HSET', K_INFO, tok, GONE)
+  rcall('ZADD', K_ALIVE, int(now + ms), tok)
 end
 
 -- The holders' number and total weight. Summing the weight
@@ -375,17 +378,39 @@ local function queue_tokens(tokens, heartbeat, limit)
   local n = #tokens
   if n == 0 then return tickets end
   read_clock()
-  local known = rcall('HMGET', K_INFO, unpack(tokens))
   local hb = int(now + to_number(heartbeat))
-  local first = rcall('INCRBY', K_TICKET, n) - n
+  if n == 1 then
+    -- The common case, at no cost: the heartbeat it writes anyway, with
+    -- NX, tells whether there was one (a tombstone has one: bury).
+    local t = tokens[1]
+    if weight_of(t) > limit then
+      tickets[1] = -1
+    elseif rcall('ZADD', K_ALIVE, 'NX', hb, t) == 0 then
+      tickets[1] = 0
+    else
+      tickets[1] = rcall('INCR', K_TICKET)
+      rcall('ZADD', K_QUEUE, int(tickets[1]), t)
+      rcall('HSET', K_INFO, t, now_s)
+    end
+    return tickets
+  end
+  local known = rcall('HMGET', K_INFO, unpack(tokens))
+  local fresh = 0
+  for k = 1, n do
+    if known[k] then
+      tickets[k] = 0
+    elseif weight_of(tokens[k]) > limit then
+      tickets[k] = -1
+    else
+      fresh = fresh + 1
+    end
+  end
+  if fresh == 0 then return tickets end
+  local first = rcall('INCRBY', K_TICKET, fresh) - fresh
   local q, a, i = {}, {}, {}
   for k = 1, n do
     local t = tokens[k]
-    if known[k] then
-      tickets[k] = 0
-    elseif weight_of(t) > limit then
-      tickets[k] = -1
-    else
+    if not tickets[k] then
       first = first + 1
       tickets[k] = first
       q[#q + 1] = int(first); q[#q + 1] = t
@@ -393,11 +418,9 @@ local function queue_tokens(tokens, heartbeat, limit)
       i[#i + 1] = t; i[#i + 1] = now_s
     end
   end
-  if #q > 0 then
-    rcall('ZADD', K_QUEUE, unpack(q))
-    rcall('ZADD', K_ALIVE, unpack(a))
-    rcall('HSET', K_INFO, unpack(i))
-  end
+  rcall('ZADD', K_QUEUE, unpack(q))
+  rcall('ZADD', K_ALIVE, unpack(a))
+  rcall('HSET', K_INFO, unpack(i))
   return tickets
 end
 

@@ -51,9 +51,9 @@ elseif rcall('ZSCORE', K_QUEUE, tok) then
 elseif tok ~= '' then
   -- Given back before its acquire call landed, perhaps: that call must
   -- take nothing when it does (bury, lib.lua). For four leases, and at
-  -- least two minutes: about as long as TCP goes on resending a request.
+  -- least five minutes: longer than TCP goes on resending a request.
   local ms = 4 * (keep_ms or 0)
-  if ms < 120000 then ms = 120000 end
+  if ms < 300000 then ms = 300000 end
   bury(tok, ms)
 end
 grant(limit, held)
