@@ -283,15 +283,7 @@ func TestAFirstAcquireCallIsSentOnceWhenItsReplyIsLost(t *testing.T) {
 		c.mute()
 	}
 	mu.Unlock()
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		p, err := a.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- p
-	}()
-	testenv.WaitFor(t, 10*time.Second, "a to queue", func() bool { return len(stats(t, other).Waiters) == 1 })
+	got := acquireQueued(t, a, other, 1)
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
