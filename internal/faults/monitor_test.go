@@ -25,12 +25,16 @@ func (f *fleet) countCalls(fn string) (stop func() int) {
 		f.t.Fatalf("MONITOR: %v", err)
 	}
 	needle := `"fcall" "` + strings.ToLower(fn)
+	sc := bufio.NewScanner(conn)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	// Commands are shown from MONITOR's reply on: wait for it.
+	if !sc.Scan() || sc.Text() != "+OK" {
+		f.t.Fatalf("MONITOR: %q %v", sc.Text(), sc.Err())
+	}
 	var n atomic.Int64
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		sc := bufio.NewScanner(conn)
-		sc.Buffer(make([]byte, 64<<10), 16<<20)
 		for sc.Scan() {
 			if strings.Contains(strings.ToLower(sc.Text()), needle) {
 				n.Add(1)
