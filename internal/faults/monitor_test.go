@@ -3,11 +3,10 @@
 package faults_test
 
 import (
-	"bufio"
-	"fmt"
-	"net"
 	"strings"
 	"sync/atomic"
+
+	"github.com/batchmr/batchmr/internal/testenv"
 )
 
 // countCalls counts, until the returned stop is called, the FCALLs Redis
@@ -17,33 +16,15 @@ import (
 // workers and Redis (the proxy) does not stop it; a Redis restart does.
 func (f *fleet) countCalls(fn string) (stop func() int) {
 	f.t.Helper()
-	conn, err := net.Dial("unix", f.redis.Socket)
-	if err != nil {
-		f.t.Fatalf("MONITOR: %v", err)
-	}
-	if _, err := fmt.Fprint(conn, "MONITOR\r\n"); err != nil {
-		f.t.Fatalf("MONITOR: %v", err)
-	}
 	needle := `"fcall" "` + strings.ToLower(fn)
-	sc := bufio.NewScanner(conn)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	// Commands are shown from MONITOR's reply on: wait for it.
-	if !sc.Scan() || sc.Text() != "+OK" {
-		f.t.Fatalf("MONITOR: %q %v", sc.Text(), sc.Err())
-	}
 	var n atomic.Int64
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for sc.Scan() {
-			if strings.Contains(strings.ToLower(sc.Text()), needle) {
-				n.Add(1)
-			}
+	end := testenv.Monitor(f.t, "unix", f.redis.Socket, func(line string) {
+		if strings.Contains(strings.ToLower(line), needle) {
+			n.Add(1)
 		}
-	}()
+	})
 	return func() int {
-		conn.Close()
-		<-done
+		end()
 		return int(n.Load())
 	}
 }

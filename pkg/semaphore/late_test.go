@@ -1,12 +1,10 @@
 package semaphore_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"slices"
@@ -68,6 +66,10 @@ func (h *lateCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+func (h *lateCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // isScriptOrItsSource is isScript, or the EVAL of the script's source that
 // follows an EVALSHA the server had not cached.
 func isScriptOrItsSource(cmd redis.Cmder, id semaphore.ScriptID) bool {
@@ -79,10 +81,6 @@ func isScriptOrItsSource(cmd redis.Cmder, id semaphore.ScriptID) bool {
 	return ok && hex.EncodeToString(sum[:]) == id.Hash
 }
 
-func (h *lateCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // land makes the held call reach Redis now, over rdb, once its token was
 // given back.
 func (h *lateCall) land(t *testing.T, rdb *redis.Client) any {
@@ -92,7 +90,7 @@ func (h *lateCall) land(t *testing.T, rdb *redis.Client) any {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the held call's token was not given back")
 	}
-	return h.landArgs(t, rdb, h.held(t))
+	return landCall(t, rdb, h.held(t))
 }
 
 // held returns the held call's arguments.
@@ -106,8 +104,8 @@ func (h *lateCall) held(t *testing.T) []any {
 	return h.args
 }
 
-// landArgs runs a script call with args over rdb and returns its reply.
-func (h *lateCall) landArgs(t *testing.T, rdb *redis.Client, args []any) any {
+// landCall runs a script call with args over rdb and returns its reply.
+func landCall(t *testing.T, rdb *redis.Client, args []any) any {
 	t.Helper()
 	res, err := rdb.Do(context.Background(), args...).Result()
 	if err != nil {
@@ -203,14 +201,14 @@ func TestAFirstAcquireCallThatLandsTwiceQueuesOnce(t *testing.T) {
 	ctx := context.Background()
 	held := mustAcquire(t, other)
 	defer func() { _ = held.Release(ctx) }()
-	_ = mustOrQueue(t, a, other, false)
+	_ = acquireQueued(t, a, other, 1) // its first call is held back
 	args := append([]any(nil), h.held(t)...)
 	args[argToken] = "copies-1-x:1:1"
-	if res, ok := h.landArgs(t, rdb, args).([]any); !ok || len(res) != 3 || res[0] != int64(0) {
+	if res, ok := landCall(t, rdb, args).([]any); !ok || len(res) != 3 || res[0] != int64(0) {
 		t.Fatalf("the first copy got %v, want it queued", res)
 	}
 	first := stats(t, other)
-	if res, ok := h.landArgs(t, rdb, args).([]any); !ok || len(res) != 3 || res[0] != int64(3) {
+	if res, ok := landCall(t, rdb, args).([]any); !ok || len(res) != 3 || res[0] != int64(3) {
 		t.Fatalf("the second copy got %v, want {3 0 1}: it takes nothing", res)
 	}
 	if again := stats(t, other); again.Held != first.Held || !slices.Equal(waiterIDsOf(again), waiterIDsOf(first)) {
@@ -225,20 +223,6 @@ func waiterIDsOf(st semaphore.Stats) []string {
 		ids = append(ids, w.ID)
 	}
 	return ids
-}
-
-// mustOrQueue has a acquire a permit, and release it, when it is free, or
-// queue behind other's holder otherwise: either way a's first call is held
-// back, and the test has its arguments.
-func mustOrQueue(t *testing.T, a, other *semaphore.Semaphore, free bool) <-chan *semaphore.Permit {
-	t.Helper()
-	if free {
-		if err := mustAcquire(t, a).Release(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		return nil
-	}
-	return acquireQueued(t, a, other, 1)
 }
 
 // The semaphore's first acquire call is sent once: go-redis resends a
@@ -349,43 +333,22 @@ func (c *muteConn) Read(b []byte) (int, error) {
 // called: first attempts (retry flag "0") and retries.
 func countAcquires(t *testing.T, rdb *redis.Client, prefix string) (stop func() (firsts, retries int)) {
 	t.Helper()
-	conn, err := net.Dial(rdb.Options().Network, rdb.Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fmt.Fprint(conn, "MONITOR\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(conn)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	// Commands are shown from MONITOR's reply on: wait for it.
-	if !sc.Scan() || sc.Text() != "+OK" {
-		t.Fatalf("MONITOR: %q %v", sc.Text(), sc.Err())
-	}
-	var firsts, retries atomic.Int64
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for sc.Scan() {
-			l := sc.Text()
-			isAcquire := strings.Contains(l, `"`+semaphore.AcquireScript.Function+`"`) || strings.Contains(l, `"`+semaphore.AcquireScript.Hash+`"`) ||
-				strings.Contains(l, `] "eval" "`) && strings.Contains(l, "queue_short(ARGV)") // EVALSHA's fallback: the acquire script's source
-			if !isAcquire || !strings.Contains(l, `"`+prefix+`:`) {
-				continue
-			}
-			switch { // ARGV[8] wait, ARGV[9] the retry flag
-			case strings.HasSuffix(l, `"1" "0"`):
-				firsts.Add(1)
-			case strings.HasSuffix(l, `"1" "1"`):
-				retries.Add(1)
-			}
+	var nFirsts, nRetries atomic.Int64
+	end := testenv.Monitor(t, rdb.Options().Network, rdb.Options().Addr, func(l string) {
+		isAcquire := strings.Contains(l, `"`+semaphore.AcquireScript.Function+`"`) || strings.Contains(l, `"`+semaphore.AcquireScript.Hash+`"`) ||
+			strings.Contains(l, `] "eval" "`) && strings.Contains(l, "queue_short(ARGV)") // EVALSHA's fallback: the acquire script's source
+		if !isAcquire || !strings.Contains(l, `"`+prefix+`:`) {
+			return
 		}
-	}()
-	var once sync.Once
-	stop = func() (int, int) {
-		once.Do(func() { _ = conn.Close(); <-done })
-		return int(firsts.Load()), int(retries.Load())
+		switch { // ARGV[8] wait, ARGV[9] the retry flag
+		case strings.HasSuffix(l, `"1" "0"`):
+			nFirsts.Add(1)
+		case strings.HasSuffix(l, `"1" "1"`):
+			nRetries.Add(1)
+		}
+	})
+	return func() (int, int) {
+		end()
+		return int(nFirsts.Load()), int(nRetries.Load())
 	}
-	t.Cleanup(func() { stop() })
-	return stop
 }
