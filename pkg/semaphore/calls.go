@@ -108,9 +108,6 @@ func sentOnce(sc *script, argv []any) bool {
 // evalScript runs sc with EVALSHA, and with EVAL if the server does not
 // have it cached (which means it did not run), as redis.Script.Run does.
 func (s *Semaphore) evalScript(ctx context.Context, sc *script, argv []any, once bool) (any, error) {
-	if !once {
-		return sc.eval.Run(ctx, s.rdb, s.keys, argv...).Result()
-	}
 	res, err := s.call(ctx, once, "evalsha", sc.eval.Hash(), argv)
 	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 		res, err = s.call(ctx, once, "eval", sc.src, argv)
@@ -119,12 +116,10 @@ func (s *Semaphore) evalScript(ctx context.Context, sc *script, argv []any, once
 }
 
 // call sends one script call (FCALL, EVALSHA or EVAL) of s's keys with
-// argv; with once, go-redis does not resend it when its reply is late or
-// lost (onceCmd), and the caller decides what to do.
+// argv, as go-redis's FCall and EvalSha do; with once, go-redis does not
+// resend it when its reply is late or lost (onceCmd), and the caller
+// decides what to do.
 func (s *Semaphore) call(ctx context.Context, once bool, name, payload string, argv []any) (any, error) {
-	if !once && name == "fcall" {
-		return s.rdb.FCall(ctx, payload, s.keys, argv...).Result()
-	}
 	args := make([]any, 0, 3+len(s.keys)+len(argv))
 	args = append(args, name, payload, len(s.keys))
 	for _, k := range s.keys {
