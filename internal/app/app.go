@@ -123,7 +123,8 @@ func Redis(ctx context.Context, url string) (*redis.Client, error) {
 	}
 	opt, err := redis.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("--redis-url (env REDIS_URL): %w: give it as redis://[user:password@]host:port/db, e.g. redis://localhost:6379/0 (rediss:// for TLS)", err)
+		// go-redis quotes the whole URL, password and all.
+		return nil, fmt.Errorf("--redis-url (env REDIS_URL): %s: give it as redis://[user:password@]host:port/db, e.g. redis://localhost:6379/0 (rediss:// for TLS)", Redact(err.Error()))
 	}
 	rdb := redis.NewClient(opt)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -356,14 +357,19 @@ func Parse(fs *flag.FlagSet, usage string, args []string) {
 	if errors.Is(err, flag.ErrHelp) {
 		fs.SetOutput(os.Stdout)
 		fmt.Print(usage)
+		// A default may come from the environment (REDIS_URL): help
+		// shows where it points, never its password.
+		fs.VisitAll(func(f *flag.Flag) { f.DefValue = Redact(f.DefValue) })
 		fs.PrintDefaults()
 		os.Exit(0)
 	}
 	if err != nil {
-		if hint := UnknownFlagHint; hint != "" && strings.HasPrefix(err.Error(), "flag provided but not defined") {
-			Usage("%v: %s", err, hint)
+		// "invalid value "redis://u:PW@..." for flag": the value may be a URL.
+		msg := Redact(err.Error())
+		if hint := UnknownFlagHint; hint != "" && strings.HasPrefix(msg, "flag provided but not defined") {
+			Usage("%s: %s", msg, hint)
 		}
-		Usage("%v", err)
+		Usage("%s", msg)
 	}
 }
 
