@@ -157,7 +157,7 @@ func TestNoCommandPrintsAPasswordOfItsURLs(t *testing.T) {
 		"a refused password":    strings.Replace(redisURL.String(), pw, pw+"x", 1),
 	}
 	for what, u := range bad {
-		_, errOut, code := sched.with("REDIS_URL="+u).run("jobs")
+		_, errOut, code := sched.with("REDIS_URL=" + u).run("jobs")
 		check("scheduler jobs with "+what, errOut)
 		if code == 0 || errOut == "" {
 			t.Errorf("scheduler jobs with %s: exit %d, stderr %q; want an error", what, code, errOut)
