@@ -127,6 +127,11 @@ func TestNoCommandPrintsAPasswordOfItsURLs(t *testing.T) {
 		check("worker "+path, get(t, "http://"+metricsAddr+path))
 	}
 
+	serve := sched.start("serve", "--schedule", ordersreport.Name+"=@every 1h")
+	waitForText(t, serve.stderr, "scheduler: serving")
+	serve.interrupt(10 * time.Second)
+	check("scheduler serve", serve.stdout.String()+serve.stderr.String())
+
 	// The console, every page of it.
 	ui := sched.start("ui", "--listen", "127.0.0.1:0")
 	waitForText(t, ui.stderr, "console on")
