@@ -793,12 +793,10 @@ func TestWrongTokensFromOneAddressAreRefusedForAMinute(t *testing.T) {
 	}
 }
 
-// A long argument, error or result is cut at 200 characters, whole inside
-// a <details> a click away; short ones are shown whole.
-func TestLongValuesAreCutAt200CharactersWithTheWholeValueOneClickAway(t *testing.T) {
-	t.Parallel()
-	f := newFleet(t, console.Config{})
-	long := strings.Repeat("é<b>", 100) // 400 characters
+// wordyRun runs a job of two pages, whose page 1 fails with pageErr,
+// with the arguments args ({"note": "..."}), and returns the failed run's ID.
+func wordyRun(f *fleet, args, pageErr string) string {
+	f.t.Helper()
 	type noteArgs struct {
 		Note string `json:"note"`
 	}
@@ -812,20 +810,30 @@ func TestLongValuesAreCutAt200CharactersWithTheWholeValueOneClickAway(t *testing
 		},
 		Map: func(_ context.Context, p [2]int) (int, error) {
 			if p[0] == 1 {
-				return 0, &pageError{long}
+				return 0, &pageError{pageErr}
 			}
 			return 1, nil
 		},
 		Options: mapreduce.JobOptions{MapRetries: -1},
 	})
-	args := `{"note":"` + strings.Repeat("x", 300) + `"}`
 	id, err := f.mr.StartJSON(context.Background(), "wordy", []byte(args), mapreduce.StartOptions{})
 	if err != nil {
-		t.Fatal(err)
+		f.t.Fatal(err)
 	}
 	if st, _ := f.mr.Wait(context.Background(), id); st == nil || st.State != mapreduce.StateFailed {
-		t.Fatalf("the run should fail on its page 1: %+v", st)
+		f.t.Fatalf("the run should fail on its page 1: %+v", st)
 	}
+	return id
+}
+
+// A long argument, error or result is cut at 200 characters, whole inside
+// a <details> a click away; short ones are shown whole.
+func TestLongValuesAreCutAt200CharactersWithTheWholeValueOneClickAway(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	long := strings.Repeat("é<b>", 100) // 400 characters
+	args := `{"note":"` + strings.Repeat("x", 300) + `"}`
+	id := wordyRun(f, args, long)
 	esc := func(s string) string { return template.HTMLEscapeString(s) }
 	failures, _, err := f.mr.Failures(context.Background(), id, 1)
 	if err != nil || len(failures) != 1 || !strings.HasSuffix(failures[0].Error, long) {
