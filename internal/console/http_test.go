@@ -188,6 +188,9 @@ func TestTheTokenLogsInWithACookieOrABearerHeader(t *testing.T) {
 	if resp, _ := f.post("/run/cancel", form, "Authorization", "Bearer wrong"); resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("cancel with a wrong bearer token: %d, want 401", resp.StatusCode)
 	}
+	if resp, body := f.request(http.MethodGet, runPath(id), "", nil, "Authorization", "Bearer wrong"); resp.StatusCode != http.StatusUnauthorized || strings.Contains(body, "slow") {
+		t.Errorf("the run's page with a wrong bearer token: %d, want 401 (a script's answer, not a redirect) and nothing shown", resp.StatusCode)
+	}
 	if resp, _ := f.post("/login", url.Values{"csrf": {csrf}, "token": {"wrong"}}); resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
 		t.Errorf("login with a wrong token: %d, cookies %v; want 401 and none", resp.StatusCode, resp.Cookies())
 	}

@@ -53,6 +53,7 @@ func (c *Console) guard(kind access, h http.HandlerFunc) http.HandlerFunc {
 			h(w, r)
 			return
 		}
+		kind := kind
 		if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 			if wait, blocked := c.logins.blocked(r); blocked {
 				c.tooMany(w, r, wait)
@@ -60,6 +61,9 @@ func (c *Console) guard(kind access, h http.HandlerFunc) http.HandlerFunc {
 			}
 			if !equal(bearer, c.cfg.Token) {
 				c.logins.fail(r)
+				if kind == page {
+					kind = fragment // a script: 401, not the login form
+				}
 			}
 		}
 		if c.authorized(r) {
