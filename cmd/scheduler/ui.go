@@ -23,16 +23,16 @@ their workers and next cron ticks; the semaphores with their holders,
 waiters and a live chart of the last five minutes, and a form to change
 their limits.
 
-Access. It listens on loopback by default. With BATCHMR_UI_TOKEN set,
-every page and action needs that token: a login form (which sets a
-session cookie) or "Authorization: Bearer TOKEN"; 5 wrong tokens from one
-address within a minute block it for a minute. Listening beyond loopback
-(0.0.0.0, :8080, a LAN address) needs the token, with --read-only too,
-since reading shows every run's arguments, results and errors; only
---insecure-no-auth starts it without one, for a proxy in front that
-authenticates every request. --read-only serves no mutations at all;
-mutations (cancel, retry, set limit) are checked against cross-site
-requests.
+Access. It listens on loopback by default. With BATCHMR_UI_TOKEN set (16
+random characters or more: openssl rand -hex 16), every page and action
+needs that token: a login form (which sets a session cookie) or
+"Authorization: Bearer TOKEN"; 5 wrong tokens from one address within a
+minute block it for a minute. Listening beyond loopback (0.0.0.0, :8080,
+a LAN address) needs the token, with --read-only too, since reading
+shows every run's arguments, results and errors; only --insecure-no-auth
+starts it without one, for a proxy in front that authenticates every
+request. --read-only serves no mutations at all; mutations (cancel,
+retry, set limit) are checked against cross-site requests.
 
 TLS. --tls-cert and --tls-key serve HTTPS with that certificate (PEM, its
 chain leaf first) and private key, read at start (restart for a renewed
@@ -79,6 +79,9 @@ func ui(ctx context.Context, args []string) int {
 	}
 	tlsConf := uiTLS(*tlsCert, *tlsKey)
 	token := os.Getenv("BATCHMR_UI_TOKEN")
+	if n := len(token); n > 0 && n < 16 {
+		log.Warn("scheduler: BATCHMR_UI_TOKEN is short: it can be guessed, at 5 tries a minute per address; use 16 random characters or more, such as $(openssl rand -hex 16)", "characters", n)
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		if _, _, serr := net.SplitHostPort(*listen); serr != nil {

@@ -129,6 +129,9 @@ func TestUIRefusesToListenBeyondLoopbackWithoutAToken(t *testing.T) {
 		p := sched.start(args...)
 		consoleAt(t, p, "http")
 		p.interrupt(10 * time.Second)
+		if errs := p.stderr.String(); name == "a token" && (!strings.Contains(errs, "over plain HTTP") || !strings.Contains(errs, "BATCHMR_UI_TOKEN is short")) {
+			t.Errorf("with a short token over plain HTTP beyond loopback, the console does not warn of both:\n%s", errs)
+		}
 	}
 }
 
