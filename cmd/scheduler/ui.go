@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -35,8 +36,8 @@ request. --read-only serves no mutations at all; mutations (cancel,
 retry, set limit) are checked against cross-site requests.
 
 TLS. --tls-cert and --tls-key serve HTTPS with that certificate (PEM, its
-chain leaf first) and private key, read at start (restart for a renewed
-one); the session cookie is then Secure. Beyond loopback use them, or a
+chain leaf first) and private key, read again when they change (a renewed
+certificate needs no restart); the session cookie is then Secure. Beyond loopback use them, or a
 TLS proxy: the token would cross the network in clear.
 
 It answers only requests addressed to localhost or an IP address, so that
@@ -77,7 +78,7 @@ func ui(ctx context.Context, args []string) int {
 			app.Usage("--public-url: %v", err)
 		}
 	}
-	tlsConf := uiTLS(*tlsCert, *tlsKey)
+	tlsConf := uiTLS(*tlsCert, *tlsKey, log)
 	token := os.Getenv("BATCHMR_UI_TOKEN")
 	if n := len(token); n > 0 && n < 16 {
 		log.Warn("scheduler: BATCHMR_UI_TOKEN is short: it can be guessed, at 5 tries a minute per address; use 16 random characters or more, such as $(openssl rand -hex 16)", "characters", n)
@@ -140,18 +141,18 @@ func ui(ctx context.Context, args []string) int {
 
 // uiTLS returns the TLS configuration of --tls-cert and --tls-key, nil
 // when neither is given; it exits on a bad pair.
-func uiTLS(certFile, keyFile string) *tls.Config {
+func uiTLS(certFile, keyFile string, log *slog.Logger) *tls.Config {
 	if (certFile == "") != (keyFile == "") {
 		app.Usage("--tls-cert and --tls-key go together: give both (the PEM files of the certificate and of its private key), or neither to serve plain HTTP")
 	}
 	if certFile == "" {
 		return nil
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	files, err := loadCertFiles(certFile, keyFile, log)
 	if err != nil {
-		app.Fail("ui: --tls-cert %s --tls-key %s: %v: give the PEM file of the console's certificate (its chain, leaf first) and the PEM file of that certificate's private key", certFile, keyFile, err)
+		app.Fail("ui: %v", err)
 	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	return &tls.Config{GetCertificate: files.get, MinVersion: tls.VersionTLS12}
 }
 
 func isLoopback(host string) bool {

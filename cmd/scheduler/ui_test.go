@@ -139,12 +139,21 @@ func TestUIRefusesToListenBeyondLoopbackWithoutAToken(t *testing.T) {
 // and returns their paths and the certificate.
 func selfSigned(t *testing.T) (certFile, keyFile string, cert *x509.Certificate) {
 	t.Helper()
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "console.pem"), filepath.Join(dir, "console-key.pem")
+	return certFile, keyFile, writeSelfSigned(t, 1, certFile, keyFile)
+}
+
+// writeSelfSigned writes a certificate for 127.0.0.1 with serial to
+// certFile and its key to keyFile, and returns the certificate.
+func writeSelfSigned(t *testing.T, serial int64, certFile, keyFile string) *x509.Certificate {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
+		SerialNumber: big.NewInt(serial),
 		Subject:      pkix.Name{CommonName: "batchmr console test"},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(time.Hour),
@@ -156,22 +165,21 @@ func selfSigned(t *testing.T) (certFile, keyFile string, cert *x509.Certificate)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cert, err = x509.ParseCertificate(der); err != nil {
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
 		t.Fatal(err)
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "console.pem"), filepath.Join(dir, "console-key.pem")
 	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return certFile, keyFile, cert
+	return cert
 }
 
 // With --tls-cert and --tls-key the console serves HTTPS with that
@@ -255,4 +263,36 @@ func TestUIRefusesHalfATLSPairOrFilesThatHoldNone(t *testing.T) {
 	if _, errs, code := s.run("ui", "--listen", "127.0.0.1:0", "--tls-cert", keyFile, "--tls-key", certFile); code != 1 || !strings.Contains(errs, "--tls-cert "+keyFile) || !strings.Contains(errs, "give the PEM file of the console's certificate") {
 		t.Errorf("the files swapped: exit %d, want 1 naming them and the fix; stderr:\n%s", code, errs)
 	}
+}
+
+// A renewed certificate written over the files is served from the next
+// connection on, without a restart.
+func TestUIServesARenewedCertificateWithoutARestart(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	certFile, keyFile, first := selfSigned(t)
+	p := newScheduler(t, f).with("BATCHMR_UI_TOKEN=s3cret-token-of-16+").
+		start("ui", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile)
+	base := consoleAt(t, p, "https")
+	roots := x509.NewCertPool()
+	roots.AddCert(first)
+	served := func() int64 {
+		t.Helper()
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: roots}, DisableKeepAlives: true}}
+		resp, err := client.Get(base + "static/console.css")
+		if err != nil {
+			t.Fatalf("GET over TLS: %v", err)
+		}
+		resp.Body.Close()
+		return resp.TLS.PeerCertificates[0].SerialNumber.Int64()
+	}
+	if n := served(); n != 1 {
+		t.Fatalf("the console serves certificate %d, want 1", n)
+	}
+	roots.AddCert(writeSelfSigned(t, 2, certFile, keyFile))
+	if n := served(); n != 2 {
+		t.Errorf("after the files were renewed the console serves certificate %d, want 2", n)
+	}
+	p.interrupt(10 * time.Second)
 }
