@@ -116,7 +116,10 @@ func ui(ctx context.Context, args []string) int {
 	}
 	defer con.Close()
 	go con.Sample(ctx)
-	srv := &http.Server{Handler: con, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConf}
+	// Bounded reads and idle connections: a client beyond loopback cannot
+	// hold connections open by trickling bytes.
+	srv := &http.Server{Handler: con, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute, TLSConfig: tlsConf}
 	done := make(chan error, 1)
 	go func() {
 		if tlsConf != nil {
