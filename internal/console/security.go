@@ -56,7 +56,7 @@ func (c *Console) guard(kind access, h http.HandlerFunc) http.HandlerFunc {
 		kind := kind
 		if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 			if wait, blocked := c.logins.blocked(r); blocked {
-				c.tooMany(w, r, wait)
+				c.tooMany(w, r, wait, localPath(r.Referer()))
 				return
 			}
 			if !equal(bearer, c.cfg.Token) {
@@ -90,15 +90,15 @@ func (c *Console) guard(kind access, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// tooMany answers a client that gave too many wrong tokens: 429, and when
-// to try again.
-func (c *Console) tooMany(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+// tooMany answers a client that gave too many wrong tokens: 429, when to
+// try again, and the login form leading to next.
+func (c *Console) tooMany(w http.ResponseWriter, r *http.Request, wait time.Duration, next string) {
 	secs := int((wait + time.Second - 1) / time.Second)
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
 	v := c.view(r, "login")
 	v.Title = "Log in"
 	v.Problem = fmt.Sprintf("Too many wrong tokens from your address: try again in %ds.", secs)
-	v.Data = loginView{Next: localPath(r.PostFormValue("next"))}
+	v.Data = loginView{Next: next}
 	c.render(w, http.StatusTooManyRequests, "login", "layout", v)
 }
 
@@ -151,7 +151,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if wait, blocked := c.logins.blocked(r); blocked {
-		c.tooMany(w, r, wait)
+		c.tooMany(w, r, wait, next)
 		return
 	}
 	if !equal(r.PostFormValue("token"), c.cfg.Token) {
