@@ -75,7 +75,7 @@ func TestTheConsoleURLOfAnAllInterfacesListenerIsOneTheConsoleAnswers(t *testing
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := consoleURL(a, ""); got != want {
+		if got := consoleURL(a, "", false); got != want {
 			t.Errorf("listening on %s: %q, want %q", addr, got, want)
 		}
 	}
@@ -84,15 +84,19 @@ func TestTheConsoleURLOfAnAllInterfacesListenerIsOneTheConsoleAnswers(t *testing
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := consoleURL(a, "")
+		got := consoleURL(a, "", false)
 		u, err := url.Parse(got)
 		if err != nil || (net.ParseIP(u.Hostname()) == nil && u.Hostname() != "localhost") || net.ParseIP(u.Hostname()).IsUnspecified() || u.Port() != strconv.Itoa(a.Port) {
 			t.Errorf("listening on %s: %q, want this host's IP address (or localhost) and the port", addr, got)
 		}
 	}
 	a, _ := net.ResolveTCPAddr("tcp", "0.0.0.0:8080")
-	if got := consoleURL(a, "https://batchmr.example.com"); got != "https://batchmr.example.com/" {
+	if got := consoleURL(a, "https://batchmr.example.com", false); got != "https://batchmr.example.com/" {
 		t.Errorf("with a public URL: %q, want it", got)
+	}
+	a, _ = net.ResolveTCPAddr("tcp", "127.0.0.1:8443")
+	if got := consoleURL(a, "", true); got != "https://127.0.0.1:8443/" {
+		t.Errorf("serving TLS: %q, want https://127.0.0.1:8443/", got)
 	}
 }
 

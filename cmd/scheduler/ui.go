@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -15,18 +17,28 @@ import (
 	"github.com/batchmr/batchmr/internal/console"
 )
 
-const uiUsage = `scheduler ui [--listen ADDR] [--read-only]: serve the web console until
-SIGTERM: runs with their progress (pages/s, ETA) and failed pages, cancel
-and retry; the jobs of the catalogue with their workers and next cron
-ticks; the semaphores with their holders, waiters and a live chart of the
-last five minutes, and a form to change their limits.
+const uiUsage = `scheduler ui [--listen ADDR] [--read-only] [--tls-cert FILE --tls-key FILE]:
+serve the web console until SIGTERM: runs with their progress (pages/s,
+ETA) and failed pages, cancel and retry; the jobs of the catalogue with
+their workers and next cron ticks; the semaphores with their holders,
+waiters and a live chart of the last five minutes, and a form to change
+their limits.
 
-It listens on loopback by default: anyone who can reach it can read every
-run's errors and results. Mutations (cancel, retry, set limit) are POSTs
-checked against cross-site requests; when BATCHMR_UI_TOKEN is set they
-also need that token (a login form, or "Authorization: Bearer TOKEN").
---read-only serves no mutations at all. To expose the console beyond this
-host, set a token and put it behind TLS.
+Access. It listens on loopback by default. With BATCHMR_UI_TOKEN set (16
+random characters or more: openssl rand -hex 16), every page and action
+needs that token: a login form (which sets a session cookie) or
+"Authorization: Bearer TOKEN"; 5 wrong tokens from one address within a
+minute block it for a minute. Listening beyond loopback (0.0.0.0, :8080,
+a LAN address) needs the token, with --read-only too, since reading
+shows every run's arguments, results and errors; only --insecure-no-auth
+starts it without one, for a proxy in front that authenticates every
+request. --read-only serves no mutations at all; mutations (cancel,
+retry, set limit) are checked against cross-site requests.
+
+TLS. --tls-cert and --tls-key serve HTTPS with that certificate (PEM, its
+chain leaf first) and private key, read again when they change (a renewed
+certificate needs no restart); the session cookie is then Secure. Beyond loopback use them, or a
+TLS proxy: the token would cross the network in clear.
 
 It answers only requests addressed to localhost or an IP address, so that
 no web page can reach it through a name of its own (DNS rebinding). When
@@ -37,8 +49,8 @@ login cookie is Secure.
 
 Examples:
   scheduler ui
-  BATCHMR_UI_TOKEN=$(openssl rand -hex 16) scheduler ui --listen 0.0.0.0:8080
   scheduler ui --read-only
+  BATCHMR_UI_TOKEN=$(openssl rand -hex 16) scheduler ui --listen :8443 --tls-cert console.pem --tls-key console-key.pem
   scheduler ui --listen 127.0.0.1:8080 --public-url https://batchmr.example.com   # behind a TLS proxy
 
 Flags:
@@ -47,8 +59,11 @@ Flags:
 func ui(ctx context.Context, args []string) int {
 	fs := flag.NewFlagSet("ui", flag.ContinueOnError)
 	url := redisFlag(fs)
-	listen := fs.String("listen", "127.0.0.1:8080", "address to serve the console on (loopback by default)")
+	listen := fs.String("listen", "127.0.0.1:8080", "address to serve the console on (loopback by default; beyond it needs BATCHMR_UI_TOKEN)")
 	readOnly := fs.Bool("read-only", false, "serve no mutations: no cancel, retry or set limit")
+	insecure := fs.Bool("insecure-no-auth", false, "listen beyond loopback without BATCHMR_UI_TOKEN: only behind a proxy that authenticates every request")
+	tlsCert := fs.String("tls-cert", app.Env("BATCHMR_UI_TLS_CERT", ""), "PEM file of the certificate to serve HTTPS with, its chain leaf first; needs --tls-key (env BATCHMR_UI_TLS_CERT)")
+	tlsKey := fs.String("tls-key", app.Env("BATCHMR_UI_TLS_KEY", ""), "PEM file of --tls-cert's private key (env BATCHMR_UI_TLS_KEY)")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
 	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged (env LOG_LEVEL)")
 	publicURL := fs.String("public-url", app.Env("BATCHMR_UI_PUBLIC_URL", ""), "the URL browsers use when it is a name, e.g. https://batchmr.example.com behind a proxy (env BATCHMR_UI_PUBLIC_URL)")
@@ -63,7 +78,35 @@ func ui(ctx context.Context, args []string) int {
 			app.Usage("--public-url: %v", err)
 		}
 	}
+	tlsConf := uiTLS(*tlsCert, *tlsKey, log)
 	token := os.Getenv("BATCHMR_UI_TOKEN")
+	if n := len(token); n > 0 && n < 16 {
+		log.Warn("scheduler: BATCHMR_UI_TOKEN is short: it can be guessed, at 5 tries a minute per address; use 16 random characters or more, such as $(openssl rand -hex 16)", "characters", n)
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		if _, _, serr := net.SplitHostPort(*listen); serr != nil {
+			app.Usage("ui --listen %q: %v: give HOST:PORT, e.g. 127.0.0.1:8080, or :8080 for every interface", *listen, serr)
+		}
+		app.Fail("ui: %v: choose another --listen address", err)
+	}
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !isLoopback(host) {
+		switch {
+		case token == "" && !*insecure:
+			_ = ln.Close()
+			what := "read every run's arguments, results and errors, cancel runs and change limits"
+			if *readOnly {
+				what = "read every run's arguments, results and errors"
+			}
+			app.Usage("ui --listen %s reaches beyond this host and BATCHMR_UI_TOKEN is unset: anyone who reaches it could %s. "+
+				"Set BATCHMR_UI_TOKEN (for instance to $(openssl rand -hex 16)), listen on 127.0.0.1, "+
+				"or, when a proxy in front authenticates every request, pass --insecure-no-auth", *listen, what)
+		case token == "":
+			log.Warn("scheduler: the console listens beyond loopback with no BATCHMR_UI_TOKEN (--insecure-no-auth): whoever reaches it reads every run, and, without --read-only, changes things", "listen", ln.Addr().String())
+		case tlsConf == nil && !strings.HasPrefix(*publicURL, "https://"):
+			log.Warn("scheduler: the console listens beyond loopback over plain HTTP: the token and the session cookie cross the network in clear; give --tls-cert and --tls-key, or put a TLS proxy in front (and --public-url https://...)", "listen", ln.Addr().String())
+		}
+	}
 	c := connect(ctx, *url)
 	defer c.close()
 	con, err := console.New(console.Config{Redis: c.rdb, MapReduce: c.mr, Prefix: app.Prefix,
@@ -72,21 +115,20 @@ func ui(ctx context.Context, args []string) int {
 		app.Fail("ui: %v", err)
 	}
 	defer con.Close()
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		if _, _, serr := net.SplitHostPort(*listen); serr != nil {
-			app.Usage("ui --listen %q: %v: give HOST:PORT, e.g. 127.0.0.1:8080, or :8080 for every interface", *listen, serr)
-		}
-		app.Fail("ui: %v: choose another --listen address", err)
-	}
-	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !isLoopback(host) && token == "" && !*readOnly {
-		log.Warn("scheduler: the console listens beyond loopback with no BATCHMR_UI_TOKEN: anyone who reaches it can cancel runs and change limits; set a token or use --read-only", "listen", ln.Addr().String())
-	}
 	go con.Sample(ctx)
-	srv := &http.Server{Handler: con, ReadHeaderTimeout: 10 * time.Second, ErrorLog: nil}
+	// Bounded reads and idle connections: a client beyond loopback cannot
+	// hold connections open by trickling bytes.
+	srv := &http.Server{Handler: con, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute, TLSConfig: tlsConf}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	fmt.Fprintf(os.Stderr, "scheduler: console on %s (Ctrl-C stops it)\n", consoleURL(ln.Addr(), *publicURL))
+	go func() {
+		if tlsConf != nil {
+			done <- srv.ServeTLS(ln, "", "")
+		} else {
+			done <- srv.Serve(ln)
+		}
+	}()
+	fmt.Fprintf(os.Stderr, "scheduler: console on %s (Ctrl-C stops it)\n", consoleURL(ln.Addr(), *publicURL, tlsConf != nil))
 	select {
 	case err := <-done:
 		app.Fail("ui: %v", err)
@@ -100,28 +142,48 @@ func ui(ctx context.Context, args []string) int {
 	return 0
 }
 
+// uiTLS returns the TLS configuration of --tls-cert and --tls-key, nil
+// when neither is given; it exits on a bad pair.
+func uiTLS(certFile, keyFile string, log *slog.Logger) *tls.Config {
+	if (certFile == "") != (keyFile == "") {
+		app.Usage("--tls-cert and --tls-key go together: give both (the PEM files of the certificate and of its private key), or neither to serve plain HTTP")
+	}
+	if certFile == "" {
+		return nil
+	}
+	files, err := loadCertFiles(certFile, keyFile, log)
+	if err != nil {
+		app.Fail("ui: %v", err)
+	}
+	return &tls.Config{GetCertificate: files.get, MinVersion: tls.VersionTLS12}
+}
+
 func isLoopback(host string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
 
-// consoleURL is the address to open for a listener: the public URL when
-// one is set; for a listener bound to every interface (0.0.0.0, or [::]
+// consoleURL is the address to open for a listener (https when it serves
+// TLS): the public URL when one is set; for a listener bound to every interface (0.0.0.0, or [::]
 // as Go reports it), one of this host's IP addresses, which other machines
 // reach and the console answers to (it refuses host names other than its
 // public URL's, and "[::]" is no address a browser opens).
-func consoleURL(addr net.Addr, publicURL string) string {
+func consoleURL(addr net.Addr, publicURL string, tls bool) string {
 	if publicURL != "" {
 		return strings.TrimSuffix(publicURL, "/") + "/"
 	}
+	scheme := "http://"
+	if tls {
+		scheme = "https://"
+	}
 	host, port, err := net.SplitHostPort(addr.String())
 	if err != nil {
-		return "http://" + addr.String() + "/"
+		return scheme + addr.String() + "/"
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		host = hostIP()
 	}
-	return "http://" + net.JoinHostPort(host, port) + "/"
+	return scheme + net.JoinHostPort(host, port) + "/"
 }
 
 // hostIP is an address of this host that other machines may reach: its

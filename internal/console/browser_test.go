@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -202,6 +203,45 @@ func TestBrowserChangesALimitThroughTheFormAndTheWorkersObeyIt(t *testing.T) {
 	}
 	if !sawTwo {
 		t.Errorf("the workers never used both permits of the new limit: are they still working?")
+	}
+}
+
+// A long value opened with "show all" stays open while the live part of
+// the page is replaced every second.
+func TestBrowserKeepsALongValueOpenAcrossLiveUpdates(t *testing.T) {
+	t.Parallel()
+	ctx := tab(t, 20*time.Second)
+	f := newFleet(t, console.Config{})
+	id := wordyRun(f, `{"note":"short"}`, strings.Repeat("a long error ", 40))
+	run(t, ctx, "opening the page's error",
+		chromedp.Navigate(f.srv.URL+runPath(id)),
+		chromedp.WaitNotVisible(chromedp.CSS("#page-error-1")),
+		chromedp.Click(chromedp.CSS("#page-error-1-all summary")),
+		chromedp.WaitVisible(chromedp.CSS("#page-error-1")))
+	// Marked, so that its replacement shows.
+	value(t, ctx, "marking the live part", chromedp.Evaluate[bool](`document.querySelector("#live dl").dataset.old = "1"; true`))
+	value(t, ctx, "waiting for a live update", chromedp.Poll[bool](`document.querySelector("#live dl[data-old]") === null`))
+	if open := value(t, ctx, "reading the details", chromedp.Evaluate[bool](`document.getElementById("page-error-1-all").open`)); !open {
+		t.Errorf("a live update closed the long value opened")
+	}
+}
+
+// With a token, a page asked for without it leads to the login form, and
+// the token given there leads back to that page, with its buttons.
+func TestBrowserLogsInAndLandsOnThePageAskedFor(t *testing.T) {
+	t.Parallel()
+	ctx := tab(t, 20*time.Second)
+	const token = "s3cret-token"
+	f := newFleet(t, console.Config{Token: token})
+	id := slowRun(f)
+	run(t, ctx, "logging in from the run's page",
+		chromedp.Navigate(f.srv.URL+runPath(id)),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token),
+		chromedp.Click(chromedp.CSS("#login")),
+		chromedp.WaitVisible(chromedp.CSS("#cancel")))
+	if state := value(t, ctx, "reading the run's state", chromedp.Text(chromedp.CSS("#state"))); state == "" {
+		t.Errorf("after the login the run's page shows no state")
 	}
 }
 

@@ -1,7 +1,8 @@
 // Package console is the web console `scheduler ui` serves: runs, jobs and
 // semaphores of a batchmr deployment, server-rendered with html/template
 // from what Redis holds, updated live by polling fragment endpoints, with
-// cancel, retry and set-limit as CSRF-checked POSTs.
+// cancel, retry and set-limit as CSRF-checked POSTs. With a token, it
+// serves nothing but its login form and static assets without it.
 //
 //	con, err := console.New(console.Config{Redis: rdb, MapReduce: mr, SemaphorePrefix: "batchmr:sem"})
 //	go con.Sample(ctx) // the semaphores' charts
@@ -60,8 +61,12 @@ type Config struct {
 	// ReadOnly serves no mutation: no buttons or forms, and every POST is
 	// refused with 403.
 	ReadOnly bool
-	// Token, when set, is required for every mutation: from the login
-	// form (which sets a cookie) or an "Authorization: Bearer" header.
+	// Token, when set, is required for every page, fragment and mutation
+	// (not the static assets and the login form): from the login form
+	// (which sets a session cookie) or an "Authorization: Bearer" header.
+	// Without it a page redirects to the login page and the rest answer
+	// 401. A client address that gives 5 wrong tokens within a minute is
+	// refused (429) for a minute.
 	Token string
 	// PublicURL is the URL browsers reach the console at when that is a
 	// name and not the address it listens on: a reverse proxy, a DNS name
@@ -81,6 +86,8 @@ type Config struct {
 	History int
 	// Logger receives errors reading Redis. Default slog.Default().
 	Logger *slog.Logger
+	// Now is the clock of the wrong-token limit. Default time.Now.
+	Now func() time.Time
 }
 
 // Console is an http.Handler serving the console. It is safe for
@@ -89,6 +96,8 @@ type Console struct {
 	cfg    Config
 	log    *slog.Logger
 	mux    *http.ServeMux
+	table  []route
+	logins *limiter // wrong tokens per client address
 	pages  map[string]*template.Template
 	secret []byte // per process: derives the CSRF and session tokens
 	csrf   string
@@ -133,7 +142,10 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Console{cfg: cfg, log: cfg.Logger, secret: make([]byte, 32),
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	c := &Console{cfg: cfg, log: cfg.Logger, secret: make([]byte, 32), logins: newLimiter(cfg.Now),
 		sems: map[string]*semaphore.Semaphore{}, history: map[string]*ring{}}
 	if _, err := rand.Read(c.secret); err != nil {
 		return nil, fmt.Errorf("console: New: drawing the CSRF secret: %w", err)
@@ -179,32 +191,43 @@ func (c *Console) derive(what string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
+// route is one pattern the console serves, and what it needs.
+type route struct {
+	pattern string
+	access  access
+	handler http.HandlerFunc
+}
+
 func (c *Console) routes() {
-	m := http.NewServeMux()
 	static, _ := fs.Sub(staticFS, "static")
-	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
-	m.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		http.Redirect(w, r, "/runs", http.StatusSeeOther)
-	})
-	m.HandleFunc("GET /runs", c.page("runs", c.runsData))
-	m.HandleFunc("GET /runs/live", c.fragment("runs", c.runsData))
-	m.HandleFunc("GET /run", c.page("run", c.runData))
-	m.HandleFunc("GET /run/live", c.fragment("run", c.runData))
-	m.HandleFunc("GET /jobs", c.page("jobs", c.jobsData))
-	m.HandleFunc("GET /jobs/live", c.fragment("jobs", c.jobsData))
-	m.HandleFunc("GET /semaphores", c.page("semaphores", c.semaphoresData))
-	m.HandleFunc("GET /semaphores/live", c.fragment("semaphores", c.semaphoresData))
-	m.HandleFunc("GET /semaphore", c.page("semaphore", c.semaphoreData))
-	m.HandleFunc("GET /semaphore/live", c.fragment("semaphore", c.semaphoreData))
-	m.HandleFunc("GET /login", c.page("login", c.loginData))
-	m.HandleFunc("POST /login", c.mutation(false, c.login))
-	m.HandleFunc("POST /run/cancel", c.mutation(true, c.cancel))
-	m.HandleFunc("POST /run/retry", c.mutation(true, c.retry))
-	m.HandleFunc("POST /semaphore/limit", c.mutation(true, c.setLimit))
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		c.fail(w, r, http.StatusNotFound, "No page at "+r.URL.Path+": the console has runs, jobs and semaphores.")
-	})
-	c.mux = m
+	c.table = []route{
+		{"GET /static/", open, http.StripPrefix("/static/", http.FileServerFS(static)).ServeHTTP},
+		{"GET /login", open, c.page("login", c.loginData)},
+		{"POST /login", open, c.form(c.login)},
+		{"GET /{$}", page, func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "/runs", http.StatusSeeOther)
+		}},
+		{"GET /runs", page, c.page("runs", c.runsData)},
+		{"GET /runs/live", fragment, c.fragment("runs", c.runsData)},
+		{"GET /run", page, c.page("run", c.runData)},
+		{"GET /run/live", fragment, c.fragment("run", c.runData)},
+		{"GET /jobs", page, c.page("jobs", c.jobsData)},
+		{"GET /jobs/live", fragment, c.fragment("jobs", c.jobsData)},
+		{"GET /semaphores", page, c.page("semaphores", c.semaphoresData)},
+		{"GET /semaphores/live", fragment, c.fragment("semaphores", c.semaphoresData)},
+		{"GET /semaphore", page, c.page("semaphore", c.semaphoreData)},
+		{"GET /semaphore/live", fragment, c.fragment("semaphore", c.semaphoreData)},
+		{"POST /run/cancel", mutation, c.change(c.cancel)},
+		{"POST /run/retry", mutation, c.change(c.retry)},
+		{"POST /semaphore/limit", mutation, c.change(c.setLimit)},
+		{"/", page, func(w http.ResponseWriter, r *http.Request) {
+			c.fail(w, r, http.StatusNotFound, "No page at "+r.URL.Path+": the console has runs, jobs and semaphores.")
+		}},
+	}
+	c.mux = http.NewServeMux()
+	for _, rt := range c.table {
+		c.mux.HandleFunc(rt.pattern, c.guard(rt.access, rt.handler))
+	}
 }
 
 // ServeHTTP serves the console's pages, fragments, assets and mutations.
@@ -282,7 +305,7 @@ type view struct {
 	CSRF      string
 	ReadOnly  bool
 	CanMutate bool   // not read-only, and the token (if any) was given
-	NeedLogin bool   // a token is required and was not given
+	NeedLogin bool   // a token is required and was not given (open pages only)
 	Notice    string // what the last mutation did
 	Problem   string // why the last mutation was refused
 	Data      any
@@ -381,6 +404,8 @@ func (c *Console) parseTemplates() error {
 		"until":    until,
 		"clock":    clock,
 		"duration": duration,
+		"code":     func(id string, v any) clipped { return clip(id, false, v) },
+		"pre":      func(id string, v any) clipped { return clip(id, true, v) },
 	}
 	c.pages = map[string]*template.Template{}
 	for _, name := range []string{"runs", "run", "jobs", "semaphores", "semaphore", "login", "error"} {

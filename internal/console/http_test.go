@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html/template"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -168,14 +170,15 @@ func TestMutationsFromAnotherSiteOrWithoutTheCSRFTokenAreRefused(t *testing.T) {
 	}
 }
 
-func TestTheTokenIsRequiredForMutationsWhenSet(t *testing.T) {
+// With a token, the login form sets a session cookie (not the token
+// itself) that reads and changes things as the bearer token does.
+func TestTheTokenLogsInWithACookieOrABearerHeader(t *testing.T) {
 	t.Parallel()
 	const token = "s3cret-token"
 	f := newFleet(t, console.Config{Token: token})
 	id := slowRun(f)
-	_, page := f.get(runPath(id))
-	if strings.Contains(page, `id="cancel"`) || !strings.Contains(page, "/login?next=") {
-		t.Errorf("without the token the run's page should offer a login, not a Cancel button:\n%s", page)
+	if resp, _ := f.request(http.MethodGet, runPath(id), "", nil); resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/login?next="+url.QueryEscape(runPath(id)) {
+		t.Errorf("the run's page without the token: %d to %q, want a redirect to the login page and back", resp.StatusCode, resp.Header.Get("Location"))
 	}
 	csrf := f.csrf("/login")
 	form := url.Values{"id": {id}, "csrf": {csrf}}
@@ -184,6 +187,9 @@ func TestTheTokenIsRequiredForMutationsWhenSet(t *testing.T) {
 	}
 	if resp, _ := f.post("/run/cancel", form, "Authorization", "Bearer wrong"); resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("cancel with a wrong bearer token: %d, want 401", resp.StatusCode)
+	}
+	if resp, body := f.request(http.MethodGet, runPath(id), "", nil, "Authorization", "Bearer wrong"); resp.StatusCode != http.StatusUnauthorized || strings.Contains(body, "slow") {
+		t.Errorf("the run's page with a wrong bearer token: %d, want 401 (a script's answer, not a redirect) and nothing shown", resp.StatusCode)
 	}
 	if resp, _ := f.post("/login", url.Values{"csrf": {csrf}, "token": {"wrong"}}); resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
 		t.Errorf("login with a wrong token: %d, cookies %v; want 401 and none", resp.StatusCode, resp.Cookies())
@@ -196,6 +202,9 @@ func TestTheTokenIsRequiredForMutationsWhenSet(t *testing.T) {
 		t.Fatalf("login with the token: %d, cookies %v; want 303 and a session cookie", resp.StatusCode, resp.Cookies())
 	}
 	ck := resp.Cookies()[0]
+	if resp, page := f.request(http.MethodGet, runPath(id), "", nil, "Cookie", ck.Name+"="+ck.Value); resp.StatusCode != http.StatusOK || !strings.Contains(page, `id="cancel"`) {
+		t.Errorf("the run's page with the session cookie: %d, want 200 and a Cancel button:\n%s", resp.StatusCode, page)
+	}
 	if ck.Value == token || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode {
 		t.Errorf("the session cookie %+v should be HttpOnly, SameSite=Strict, and not the token itself", ck)
 	}
@@ -492,7 +501,7 @@ func TestBehindAProxyFormsFromThePublicURLAreAccepted(t *testing.T) {
 	f := newFleet(t, console.Config{PublicURL: public, Token: "s3cret"})
 	id := slowRun(f)
 	direct := strings.TrimPrefix(f.srv.URL, "http://")
-	if resp, _ := f.request(http.MethodGet, "/runs", "batchmr.example.com", nil); resp.StatusCode != http.StatusOK {
+	if resp, _ := f.request(http.MethodGet, "/runs", "batchmr.example.com", nil, "Authorization", "Bearer s3cret"); resp.StatusCode != http.StatusOK {
 		t.Errorf("GET /runs as the public URL's host: %d, want 200", resp.StatusCode)
 	}
 	csrf := f.csrf("/login")
@@ -628,5 +637,225 @@ func TestARunsPageSaysHowItsPagesGoToTasks(t *testing.T) {
 	want := fmt.Sprintf(`<dd id="tasks">%d pages a task from page %d (Map takes`, st.PagesPerTask, st.PackedFrom)
 	if _, body := f.get(runPath(id)); !strings.Contains(body, want) {
 		t.Errorf("the run's page: want %q:\n%s", want, body)
+	}
+}
+
+// With a token set, every route the console serves answers a request
+// without it with a redirect to the login page (pages) or 401 (fragments
+// and mutations), and never with a byte of what it shows; only the
+// static assets and the login form are open. With the token, each serves
+// what it shows.
+func TestWithATokenEveryRouteServesNothingWithoutIt(t *testing.T) {
+	t.Parallel()
+	const token = "s3cret-token"
+	f := newFleet(t, console.Config{Token: token})
+	sem := f.semaphore("hushsem", 2)
+	f.host(1, []string{"hushsem"}, workJob("hushjob", sem, nil))
+	id := f.start("hushjob", workArgs{N: 5, SleepMS: 10_000})
+	testenv.WaitFor(t, 5*time.Second, "the worker to hold a permit", func() bool {
+		st, _ := sem.Stats(context.Background())
+		return st.Held == 1
+	})
+	secrets := []string{id, "hushjob", "hushsem", `&#34;sleep_ms&#34;`}
+	csrf := f.csrf("/login")
+	// What each route is asked, and what its answer with the token holds.
+	asks := map[string]struct {
+		path  string
+		form  url.Values
+		authd url.Values // the form with the token, when another
+		code  int
+		shows string
+	}{
+		"GET /static/":          {"/static/console.css", nil, nil, http.StatusOK, "--accent"},
+		"GET /login":            {"/login", nil, nil, http.StatusOK, `name="token"`},
+		"POST /login":           {"/login", url.Values{"csrf": {csrf}, "next": {"/jobs"}}, url.Values{"csrf": {csrf}, "next": {"/jobs"}, "token": {token}}, http.StatusSeeOther, ""},
+		"GET /{$}":              {"/", nil, nil, http.StatusSeeOther, ""},
+		"GET /runs":             {"/runs", nil, nil, http.StatusOK, `data-run="` + id + `"`},
+		"GET /runs/live":        {"/runs/live", nil, nil, http.StatusOK, `data-run="` + id + `"`},
+		"GET /run":              {runPath(id), nil, nil, http.StatusOK, `<code id="args">{&#34;n&#34;:5`},
+		"GET /run/live":         {"/run/live?id=" + url.QueryEscape(id), nil, nil, http.StatusOK, `<code id="args">{&#34;n&#34;:5`},
+		"GET /jobs":             {"/jobs", nil, nil, http.StatusOK, `data-job="hushjob"`},
+		"GET /jobs/live":        {"/jobs/live", nil, nil, http.StatusOK, `data-job="hushjob"`},
+		"GET /semaphores":       {"/semaphores", nil, nil, http.StatusOK, `data-semaphore="hushsem"`},
+		"GET /semaphores/live":  {"/semaphores/live", nil, nil, http.StatusOK, `data-semaphore="hushsem"`},
+		"GET /semaphore":        {"/semaphore?name=hushsem", nil, nil, http.StatusOK, `data-limit="2"`},
+		"GET /semaphore/live":   {"/semaphore/live?name=hushsem", nil, nil, http.StatusOK, `data-limit="2"`},
+		"POST /run/cancel":      {"/run/cancel", url.Values{"csrf": {csrf}, "id": {id}}, nil, http.StatusSeeOther, ""},
+		"POST /run/retry":       {"/run/retry", url.Values{"csrf": {csrf}, "id": {id}}, nil, http.StatusSeeOther, ""},
+		"POST /semaphore/limit": {"/semaphore/limit", url.Values{"csrf": {csrf}, "name": {"hushsem"}, "limit": {"3"}}, nil, http.StatusSeeOther, ""},
+		"/":                     {"/no/such/page", nil, nil, http.StatusNotFound, "No page at /no/such/page"},
+	}
+	open := map[string]bool{"GET /static/": true, "GET /login": true, "POST /login": true}
+	routes := f.con.Routes()
+	if len(routes) < len(asks) {
+		t.Errorf("the console serves %d routes, this test asks %d: %v", len(routes), len(asks), routes)
+	}
+	ask := func(pattern string, header ...string) (*http.Response, string) {
+		t.Helper()
+		a, ok := asks[pattern]
+		if !ok {
+			t.Fatalf("the console serves %q, which this test does not ask: add what it is asked and shows", pattern)
+		}
+		method := http.MethodGet
+		if strings.HasPrefix(pattern, "POST ") {
+			method = http.MethodPost
+		}
+		form := a.form
+		if a.authd != nil && len(header) > 0 {
+			form = a.authd
+		}
+		return f.request(method, a.path, "", form, append([]string{"Origin", f.srv.URL, "Sec-Fetch-Site", "same-origin"}, header...)...)
+	}
+	for _, pattern := range routes {
+		resp, body := ask(pattern)
+		for _, s := range secrets {
+			if strings.Contains(body, s) {
+				t.Errorf("%s without the token shows %q:\n%s", pattern, s, body)
+			}
+		}
+		loc := resp.Header.Get("Location")
+		switch {
+		case open[pattern]:
+		case resp.StatusCode == http.StatusUnauthorized:
+		case resp.StatusCode == http.StatusSeeOther && loc == "/login?"+url.Values{"next": {asks[pattern].path}}.Encode():
+			if body != "" {
+				t.Errorf("%s without the token redirects with a body:\n%s", pattern, body)
+			}
+		default:
+			t.Errorf("%s without the token: %d (Location %q), want 401 or a redirect to the login page", pattern, resp.StatusCode, loc)
+		}
+	}
+	if st := f.status(id); st.State.Ended() {
+		t.Fatalf("a request without the token ended the run: %s", st.State)
+	}
+	if st, _ := sem.Stats(context.Background()); st.Limit != 2 {
+		t.Fatalf("a request without the token changed the limit to %d", st.Limit)
+	}
+	for _, pattern := range routes {
+		resp, body := ask(pattern, "Authorization", "Bearer "+token) // and, to log in, the token in the form
+		if a := asks[pattern]; resp.StatusCode != a.code || !strings.Contains(body, a.shows) {
+			t.Errorf("%s with the token: %d, want %d and %q; body:\n%s", pattern, resp.StatusCode, a.code, a.shows, body)
+		}
+	}
+	if st, _ := sem.Stats(context.Background()); st.Limit != 3 {
+		t.Errorf("the limit set with the token is %d, want 3", st.Limit)
+	}
+}
+
+// clock is a settable clock for the console's wrong-token limit.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+
+func (c *clock) add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.now = c.now.Add(d) }
+
+// Guessing the token costs a minute per few guesses: after 5 wrong tokens
+// from one address, in the login form or a bearer header, that address is
+// refused with 429 and Retry-After, even with the right token, until the
+// minute is over.
+func TestWrongTokensFromOneAddressAreRefusedForAMinute(t *testing.T) {
+	t.Parallel()
+	const token = "s3cret-token"
+	clk := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f := newFleet(t, console.Config{Token: token, Now: clk.Now})
+	csrf := f.csrf("/login")
+	login := func(tok string) *http.Response {
+		resp, _ := f.post("/login", url.Values{"csrf": {csrf}, "token": {tok}, "next": {"/jobs"}})
+		return resp
+	}
+	for i := range console.LoginFailures - 1 {
+		if resp := login(fmt.Sprintf("guess-%d", i)); resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d: %d, want 401", i+1, resp.StatusCode)
+		}
+	}
+	if resp, _ := f.request(http.MethodGet, "/jobs/live", "", nil, "Authorization", "Bearer guess"); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the last wrong token allowed, as a bearer: %d, want 401", resp.StatusCode)
+	}
+	clk.add(30 * time.Second)
+	resp, body := f.post("/login", url.Values{"csrf": {csrf}, "token": {token}, "next": {"/jobs"}})
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "30" || len(resp.Cookies()) != 0 || !strings.Contains(body, "try again in 30s") {
+		t.Errorf("the right token 30s after %d wrong ones: %d, Retry-After %q, cookies %v; want 429, 30 and none; body:\n%s",
+			console.LoginFailures, resp.StatusCode, resp.Header.Get("Retry-After"), resp.Cookies(), body)
+	}
+	if resp, body := f.request(http.MethodGet, "/jobs/live", "", nil, "Authorization", "Bearer "+token); resp.StatusCode != http.StatusTooManyRequests || strings.Contains(body, "data-job") {
+		t.Errorf("the right bearer token while refused: %d, want 429 and nothing shown", resp.StatusCode)
+	}
+	clk.add(console.LoginWindow - 30*time.Second)
+	if resp := login(token); resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) != 1 {
+		t.Fatalf("the right token once the minute is over: %d, cookies %v; want 303 and the session cookie", resp.StatusCode, resp.Cookies())
+	}
+	// A right token clears the count: a user who mistyped a few times is
+	// not refused after mistyping a few times more.
+	for round := range 2 {
+		for range console.LoginFailures - 1 {
+			login("guess")
+		}
+		if resp := login(token); resp.StatusCode != http.StatusSeeOther {
+			t.Errorf("round %d: the right token after %d wrong ones: %d, want 303", round+1, console.LoginFailures-1, resp.StatusCode)
+		}
+	}
+}
+
+// wordyRun runs a job of two pages, whose page 1 fails with pageErr,
+// with the arguments args ({"note": "..."}), and returns the failed run's ID.
+func wordyRun(f *fleet, args, pageErr string) string {
+	f.t.Helper()
+	type noteArgs struct {
+		Note string `json:"note"`
+	}
+	f.host(2, nil, mapreduce.Job[noteArgs, [2]int, int, int]{
+		Name: "wordy",
+		Split: func(_ context.Context, _ noteArgs, emit func([2]int) error) error {
+			if err := emit([2]int{0, 0}); err != nil {
+				return err
+			}
+			return emit([2]int{1, 0})
+		},
+		Map: func(_ context.Context, p [2]int) (int, error) {
+			if p[0] == 1 {
+				return 0, &pageError{pageErr}
+			}
+			return 1, nil
+		},
+		Options: mapreduce.JobOptions{MapRetries: -1},
+	})
+	id, err := f.mr.StartJSON(context.Background(), "wordy", []byte(args), mapreduce.StartOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if st, _ := f.mr.Wait(context.Background(), id); st == nil || st.State != mapreduce.StateFailed {
+		f.t.Fatalf("the run should fail on its page 1: %+v", st)
+	}
+	return id
+}
+
+// A long argument, error or result is cut at 200 characters, whole inside
+// a <details> a click away; short ones are shown whole.
+func TestLongValuesAreCutAt200CharactersWithTheWholeValueOneClickAway(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	long := strings.Repeat("é<b>", 100) // 400 characters
+	args := `{"note":"` + strings.Repeat("x", 300) + `"}`
+	id := wordyRun(f, args, long)
+	esc := func(s string) string { return template.HTMLEscapeString(s) }
+	failures, _, err := f.mr.Failures(context.Background(), id, 1)
+	if err != nil || len(failures) != 1 || !strings.HasSuffix(failures[0].Error, long) {
+		t.Fatalf("the run's failures: %+v, %v; want page 1's, ending with its error", failures, err)
+	}
+	perr := failures[0].Error
+	for _, path := range []string{runPath(id), "/run/live?id=" + url.QueryEscape(id)} {
+		_, body := f.get(path)
+		for _, want := range []string{
+			`<details class="clip" id="args-all"><summary><code class="short">` + esc(args[:200]) + `…</code> <small class="more">` + strconv.Itoa(len(args)) + ` characters: show all</small></summary><code id="args">` + esc(args) + `</code></details>`,
+			`<details class="clip" id="page-error-1-all"><summary><pre class="short">` + esc(string([]rune(perr)[:200])) + `…</pre> <small class="more">` + strconv.Itoa(len([]rune(perr))) + ` characters: show all</small></summary><pre id="page-error-1">` + esc(perr) + `</pre></details>`,
+			`<code id="page-1">[1,0]</code>`,
+		} {
+			if !strings.Contains(body, want) {
+				t.Errorf("GET %s lacks\n%s\nbody:\n%s", path, want, body)
+			}
+		}
 	}
 }
