@@ -64,6 +64,20 @@ func EnvDuration(name string, def time.Duration) time.Duration {
 	return d
 }
 
+// EnvBool is Env for a boolean (1, t, true, 0, f, false, as flags take
+// them).
+func EnvBool(name string, def bool) bool {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		Usage("%s=%q is not a boolean: give true or false, or unset it for %v", name, v, def)
+	}
+	return b
+}
+
 // Fail prints one line on stderr and exits 1.
 func Fail(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s: %s\n", commandName(), fmt.Sprintf(format, args...))
@@ -115,15 +129,25 @@ type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-// Redis connects to url and checks that the server answers.
-func Redis(ctx context.Context, url string) (*redis.Client, error) {
+// Redis connects to url with the TLS settings t and checks that the
+// server answers. A client that does not verify the server's certificate
+// (t.InsecureSkipVerify) logs a warning on log (nil: slog.Default()). Its
+// errors name the problem and the flag that fixes it, and never hold the
+// URL's password.
+func Redis(ctx context.Context, url string, t RedisTLS, log *slog.Logger) (*redis.Client, error) {
 	redis.SetLogger(quiet{})
 	if url == "" {
 		return nil, errors.New("no Redis: pass --redis-url or set REDIS_URL (e.g. redis://localhost:6379/0)")
 	}
-	opt, err := redis.ParseURL(url)
+	opt, err := RedisOptions(url, t)
 	if err != nil {
-		return nil, fmt.Errorf("--redis-url (env REDIS_URL): %w: give it as redis://[user:password@]host:port/db, e.g. redis://localhost:6379/0 (rediss:// for TLS)", err)
+		return nil, err
+	}
+	if opt.TLSConfig != nil && opt.TLSConfig.InsecureSkipVerify {
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn(insecureWarning, "redis", opt.Addr)
 	}
 	rdb := redis.NewClient(opt)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -136,7 +160,14 @@ func Redis(ctx context.Context, url string) (*redis.Client, error) {
 			// It answered: the URL's database, user or password is wrong.
 			return nil, fmt.Errorf("the Redis server at %s refused: %w: check the user, password and database number of --redis-url (env REDIS_URL)", opt.Addr, err)
 		case errors.Is(err, context.DeadlineExceeded):
-			return nil, fmt.Errorf("cannot reach the Redis server at %s: no answer within 5s: check --redis-url (env REDIS_URL) and that the server is up", opt.Addr)
+			hint := ""
+			if opt.TLSConfig != nil {
+				hint = "; if it takes no TLS, use a redis:// URL"
+			}
+			return nil, fmt.Errorf("cannot reach the Redis server at %s: no answer within 5s: check --redis-url (env REDIS_URL) and that the server is up%s", opt.Addr, hint)
+		}
+		if tlsErr := redisTLSError(opt.Addr, opt.TLSConfig != nil, err); tlsErr != nil {
+			return nil, tlsErr
 		}
 		return nil, fmt.Errorf("cannot reach the Redis server at %s (%w): check --redis-url (env REDIS_URL) and that the server is up", opt.Addr, err)
 	}
