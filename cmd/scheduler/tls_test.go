@@ -56,7 +56,7 @@ func TestRunWaitAndTheConsoleWorkOverRedisMTLSWithAPrivateCA(t *testing.T) {
 	if code != 1 || !oneLine(errs) || !strings.Contains(errs, "requires a client certificate") || !strings.Contains(errs, "--redis-cert-file and --redis-key-file") {
 		t.Errorf("jobs without a client certificate: exit %d, stderr %q; want exit 1, one line naming --redis-cert-file", code, errs)
 	}
-	_, errs, code = s.with("REDIS_URL="+srv.URL+"?skip_verify=true").run("runs")
+	_, errs, code = s.with("REDIS_URL=" + srv.URL + "?skip_verify=true").run("runs")
 	if code != 1 || !oneLine(errs) || !strings.Contains(errs, "--redis-insecure-skip-verify") {
 		t.Errorf("runs with skip_verify=true alone: exit %d, stderr %q; want exit 1 naming --redis-insecure-skip-verify", code, errs)
 	}
