@@ -185,7 +185,7 @@ func Postgres(ctx context.Context, url, appName string, maxConns int, tracer ...
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("--database-url (env DATABASE_URL): %w: give a URL such as postgres://user:password@host:5432/dbname?sslmode=disable", err)
+		return nil, fmt.Errorf("--database-url (env DATABASE_URL): %w: give a URL such as postgres://user:password@host:5432/dbname?sslmode=verify-full&sslrootcert=ca.pem (sslmode=disable on a network you trust)", err)
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	// A cancelled query is cancelled on the server and its connection
@@ -216,15 +216,21 @@ func Postgres(ctx context.Context, url, appName string, maxConns int, tracer ...
 		case strings.Contains(err.Error(), "server refused TLS connection"):
 			// It answered, without TLS: up, but sslmode asks for TLS.
 			return nil, fmt.Errorf("the Postgres server at %s:%d does not accept TLS, which the sslmode of --database-url (env DATABASE_URL) requires: "+
-				"use sslmode=disable or sslmode=prefer, or turn TLS on in the server (ssl = on)", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+				"turn TLS on in the server (ssl = on), or use sslmode=disable on a network you trust", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 		case errors.As(err, &cert):
 			fix := "give its CA with sslrootcert=FILE in --database-url (env DATABASE_URL)"
-			var host x509.HostnameError
-			if errors.As(cert.Err, &host) {
+			var (
+				host    x509.HostnameError
+				invalid x509.CertificateInvalidError
+			)
+			switch {
+			case errors.As(cert.Err, &host):
 				fix = "connect by a name the certificate was issued for, in --database-url (env DATABASE_URL)"
+			case errors.As(cert.Err, &invalid) && invalid.Reason == x509.Expired:
+				fix = "renew the server's certificate (ssl_cert_file), or correct this host's clock if it is wrong"
 			}
-			return nil, fmt.Errorf("the Postgres server at %s:%d sent a certificate that did not verify (%v): %s, "+
-				"or use sslmode=require to encrypt without verifying", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cert.Err, fix)
+			return nil, fmt.Errorf("the Postgres server at %s:%d sent a certificate that did not verify (%v): %s",
+				cfg.ConnConfig.Host, cfg.ConnConfig.Port, cert.Err, fix)
 		}
 		return nil, fmt.Errorf("cannot reach the Postgres server at %s:%d (%w): check --database-url (env DATABASE_URL) and that the server is up", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}

@@ -203,6 +203,29 @@ func TestPostgresVerifyFullWithAPrivateCAConnectsAndAWrongCAFailsWithItsFix(t *t
 	}
 }
 
+// A Postgres server's expired certificate, or one for another name, is
+// named with its fix; sslmode=require against a server without TLS names
+// the server's setting.
+func TestPostgresTLSFailuresNameTheirFix(t *testing.T) {
+	t.Parallel()
+	certs := testenv.TLSCertificates(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		pair testenv.CertPair
+		want string
+	}{
+		{"an expired certificate", certs.Expired, "renew the server's certificate (ssl_cert_file)"},
+		{"a certificate for another name", certs.WrongName, "connect by a name the certificate was issued for"},
+	} {
+		pg := testenv.PrivatePostgres(t, testenv.PostgresTLS(t, tc.pair)...)
+		u := strings.Replace(pg.URL, "sslmode=disable", "sslmode=verify-full&sslrootcert="+url.QueryEscape(certs.CA), 1)
+		if _, err := app.Postgres(ctx, u, "app-test", 1); err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "cannot reach") {
+			t.Errorf("%s: %v; want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
 // A Postgres URL to another host that can fall back to no TLS (no
 // sslmode: pgx's prefer) is warned of; one that always or never uses TLS,
 // or stays on this host, is not.
