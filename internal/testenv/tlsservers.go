@@ -4,7 +4,6 @@ package testenv
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"os"
 	"os/exec"
@@ -57,24 +56,6 @@ func PrivateRedisTLS(t testing.TB, certs *TLSCerts, server CertPair, args ...str
 	})
 	s.Start()
 	return s
-}
-
-// TLSClientConfig returns a TLS configuration that trusts certs.CA and
-// presents certs.Client, for a test's own clients of servers that use
-// certs.Server.
-func (c *TLSCerts) TLSClientConfig(t testing.TB) *tls.Config {
-	t.Helper()
-	pem, err := os.ReadFile(c.CA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	client, err := tls.LoadX509KeyPair(c.Client.Cert, c.Client.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{client}, MinVersion: tls.VersionTLS12}
 }
 
 // PostgresTLS returns the settings that make a PrivatePostgres serve TLS
