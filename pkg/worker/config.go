@@ -207,6 +207,10 @@ func (c Config) validate() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
 	if c.RedisURL == "" {
 		bad("no Redis: pass --redis-url or set REDIS_URL (Config.RedisURL), e.g. redis://localhost:6379/0")
+	} else if _, err := app.RedisOptions(c.RedisURL, c.redisTLS()); err != nil {
+		// A malformed URL, an unreadable certificate or an unsanctioned
+		// skip_verify: a bad command line, not a failed start.
+		bad("%v", err)
 	}
 	if c.RequireDatabase && c.DatabaseURL == "" {
 		bad("no database: pass --database-url or set DATABASE_URL (Config.DatabaseURL): this worker's jobs query Postgres")

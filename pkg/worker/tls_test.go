@@ -89,8 +89,8 @@ func TestTheWorkerBinaryTakesTheRedisTLSFlagsAndRefusesSkipVerifyUnlessSpelledOu
 	args := []string{"--permits", "cpu=2", "--poll-interval", "20ms"}
 
 	refused := startProc(t, bin, env, append(args, "--redis-url", srv.URL+"?skip_verify=true")...)
-	if st, err := refused.cmd.Process.Wait(); err != nil || st.ExitCode() != 1 {
-		t.Errorf("skip_verify=true without the flag: %v, %v; want exit 1", st, err)
+	if st, err := refused.cmd.Process.Wait(); err != nil || st.ExitCode() != 2 {
+		t.Errorf("skip_verify=true without the flag: %v, %v; want exit 2, a bad command line", st, err)
 	}
 	<-refused.eof
 	if out := refused.output(); !strings.Contains(out, "--redis-insecure-skip-verify") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
