@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -144,7 +145,9 @@ const insecureWarning = "Redis's certificate is not verified (--redis-insecure-s
 // redisTLSError says why a TLS connection to the Redis server at addr
 // failed and which flag fixes it, or returns nil when err is no TLS
 // failure.
-func redisTLSError(addr string, tlsOn bool, err error) error {
+func redisTLSError(addr string, opt *redis.Options, err error) error {
+	tlsOn := opt.TLSConfig != nil
+	hasCert := tlsOn && (len(opt.TLSConfig.Certificates) > 0 || opt.TLSConfig.GetClientCertificate != nil)
 	var verify *tls.CertificateVerificationError
 	if errors.As(err, &verify) {
 		var (
@@ -168,12 +171,13 @@ func redisTLSError(addr string, tlsOn bool, err error) error {
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "remote error" {
-		switch op.Err.Error() {
-		case "tls: certificate required", "tls: handshake failure":
+		switch alert := op.Err.Error(); {
+		// TLS 1.3 says so; TLS 1.2 servers end the handshake.
+		case alert == "tls: certificate required" || alert == "tls: handshake failure" && !hasCert:
 			return fmt.Errorf("the Redis server at %s requires a client certificate (%v): "+
 				"give this client's with --redis-cert-file and --redis-key-file (env REDIS_CERT_FILE, REDIS_KEY_FILE)", addr, op.Err)
-		case "tls: bad certificate", "tls: unknown certificate authority", "tls: certificate expired",
-			"tls: unsupported certificate", "tls: revoked certificate", "tls: unknown certificate":
+		case hasCert && slices.Contains([]string{"tls: bad certificate", "tls: unknown certificate authority", "tls: certificate expired",
+			"tls: unsupported certificate", "tls: revoked certificate", "tls: unknown certificate"}, alert):
 			return fmt.Errorf("the Redis server at %s refused this client's certificate (%v): "+
 				"give with --redis-cert-file (env REDIS_CERT_FILE) a valid certificate signed by a CA the server trusts (its tls-ca-cert-file), and its key with --redis-key-file", addr, op.Err)
 		}

@@ -41,6 +41,7 @@ func TestRedisTLSFailuresNameTheirCauseAndTheFlagThatFixesIt(t *testing.T) {
 	good := testenv.PrivateRedisTLS(t, certs, certs.Server)
 	expired := testenv.PrivateRedisTLS(t, certs, certs.Expired)
 	wrongName := testenv.PrivateRedisTLS(t, certs, certs.WrongName)
+	tls12 := testenv.PrivateRedisTLS(t, certs, certs.Server, "--tls-protocols", "TLSv1.2")
 	plainAddr, err := url.Parse(testenv.RedisURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -57,8 +58,12 @@ func TestRedisTLSFailuresNameTheirCauseAndTheFlagThatFixesIt(t *testing.T) {
 			[]string{"signed by an unknown authority", "--redis-ca-file (env REDIS_CA_FILE)"}},
 		{"no client certificate", good.URL, app.RedisTLS{CAFile: certs.CA},
 			[]string{"requires a client certificate", "--redis-cert-file and --redis-key-file"}},
+		{"no client certificate, over TLS 1.2", tls12.URL, app.RedisTLS{CAFile: certs.CA},
+			[]string{"requires a client certificate", "--redis-cert-file and --redis-key-file"}},
 		{"a client certificate of another CA", good.URL, app.RedisTLS{CAFile: certs.CA, CertFile: certs.OtherClient.Cert, KeyFile: certs.OtherClient.Key},
 			[]string{"refused this client's certificate", "--redis-cert-file (env REDIS_CERT_FILE) a valid certificate signed by a CA the server trusts"}},
+		{"a client certificate of another CA, over TLS 1.2", tls12.URL, app.RedisTLS{CAFile: certs.CA, CertFile: certs.OtherClient.Cert, KeyFile: certs.OtherClient.Key},
+			[]string{"refused this client's certificate"}},
 		{"an expired server certificate", expired.URL, mTLS(certs),
 			[]string{"has expired or is not valid yet", "renew the server's certificate"}},
 		{"a certificate for another name", strings.Replace(wrongName.URL, "127.0.0.1", "localhost", 1), mTLS(certs),
