@@ -166,7 +166,7 @@ func Redis(ctx context.Context, url string, t RedisTLS, log *slog.Logger) (*redi
 			}
 			return nil, fmt.Errorf("cannot reach the Redis server at %s: no answer within 5s: check --redis-url (env REDIS_URL) and that the server is up%s", opt.Addr, hint)
 		}
-		if tlsErr := redisTLSError(opt.Addr, opt, err); tlsErr != nil {
+		if tlsErr := redisTLSError(opt, err); tlsErr != nil {
 			return nil, tlsErr
 		}
 		return nil, fmt.Errorf("cannot reach the Redis server at %s (%w): check --redis-url (env REDIS_URL) and that the server is up", opt.Addr, err)

@@ -142,10 +142,11 @@ func (t RedisTLS) named() string {
 const insecureWarning = "Redis's certificate is not verified (--redis-insecure-skip-verify): anyone on the path can read and change what this process sends; " +
 	"give Redis's CA with --redis-ca-file instead"
 
-// redisTLSError says why a TLS connection to the Redis server at addr
+// redisTLSError says why a TLS connection to the Redis server of opt
 // failed and which flag fixes it, or returns nil when err is no TLS
 // failure.
-func redisTLSError(addr string, opt *redis.Options, err error) error {
+func redisTLSError(opt *redis.Options, err error) error {
+	addr := opt.Addr
 	tlsOn := opt.TLSConfig != nil
 	hasCert := tlsOn && (len(opt.TLSConfig.Certificates) > 0 || opt.TLSConfig.GetClientCertificate != nil)
 	var verify *tls.CertificateVerificationError

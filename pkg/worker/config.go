@@ -20,8 +20,7 @@ const defaultPollInterval = mapreduce.DefaultPollInterval
 // and an environment variable, but Prefix (BATCHMR_PREFIX only), Logger
 // (built from --log-format and --log-level), and Observer,
 // RequireDatabase and RedisTLSConfig (set them with MainWith, or call
-// Run); zero values take
-// the documented defaults.
+// Run); zero values take the documented defaults.
 type Config struct {
 	// RedisURL locates the Redis that holds runs, tasks and semaphores
 	// (--redis-url, REDIS_URL). Required.
