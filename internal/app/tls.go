@@ -101,6 +101,9 @@ func RedisOptions(rawURL string, t RedisTLS) (*redis.Options, error) {
 			return nil, fmt.Errorf("--redis-ca-file (env REDIS_CA_FILE): %w: give the PEM file of the CA that signed Redis's certificate", err)
 		}
 		pool := x509.NewCertPool()
+		if cfg.RootCAs != nil {
+			pool = cfg.RootCAs.Clone() // Config's CAs, and the file's
+		}
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("--redis-ca-file (env REDIS_CA_FILE) %s holds no PEM certificate: give the PEM file of the CA that signed Redis's certificate", t.CAFile)
 		}
