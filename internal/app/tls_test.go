@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -30,6 +31,30 @@ func TestRedisOverTLSWithAPrivateCAAndAClientCertificateAnswers(t *testing.T) {
 			t.Errorf("SET over TLS: %v", err)
 		}
 		rdb.Close()
+	}
+}
+
+// A TLS configuration given in memory (worker.Config.RedisTLSConfig)
+// is used, with the files added to it, and the URL's host as its name.
+func TestRedisTLSStartsFromAGivenConfigurationAndAddsTheFiles(t *testing.T) {
+	t.Parallel()
+	certs := testenv.TLSCertificates(t)
+	srv := testenv.PrivateRedisTLS(t, certs, certs.Server)
+	client, err := tls.LoadX509KeyPair(certs.Client.Cert, certs.Client.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	given := &tls.Config{Certificates: []tls.Certificate{client}}
+	rdb, err := app.Redis(context.Background(), srv.URL, app.RedisTLS{CAFile: certs.CA, Config: given}, nil)
+	if err != nil {
+		t.Fatalf("a client certificate in memory and --redis-ca-file: %v", err)
+	}
+	rdb.Close()
+	if given.RootCAs != nil || given.ServerName != "" {
+		t.Errorf("the given configuration was changed: %+v; want it cloned", given)
+	}
+	if _, err := app.Redis(context.Background(), srv.URL, app.RedisTLS{Config: given}, nil); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Errorf("without the CA: %v; want the unknown authority named", err)
 	}
 }
 
