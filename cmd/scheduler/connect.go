@@ -19,12 +19,12 @@ type conn struct {
 }
 
 // connect connects to Redis, exiting with one line when it cannot.
-func connect(ctx context.Context, url string) *conn {
-	rdb, err := app.Redis(ctx, url)
+func connect(ctx context.Context, r redisFlags) *conn {
+	log, _ := app.Logger("text", "warn")
+	rdb, err := app.Redis(ctx, r.url, r.tls, log)
 	if err != nil {
 		app.Fail("%v", err)
 	}
-	log, _ := app.Logger("text", "warn")
 	mr, err := app.MapReduce(rdb, nil, log)
 	if err != nil {
 		app.Fail("%v", err)

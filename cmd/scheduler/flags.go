@@ -8,8 +8,21 @@ import (
 	"github.com/batchmr/batchmr/internal/app"
 )
 
-func redisFlag(fs *flag.FlagSet) *string {
-	return fs.String("redis-url", app.Env("REDIS_URL", ""), "Redis URL (env REDIS_URL)")
+// redisFlags are where every command finds Redis: --redis-url and its
+// TLS settings, which connect reads.
+type redisFlags struct {
+	url string
+	tls app.RedisTLS
+}
+
+// redisFlag registers the Redis flags on fs: --redis-url and the TLS
+// flags (--redis-ca-file, --redis-cert-file, --redis-key-file,
+// --redis-insecure-skip-verify).
+func redisFlag(fs *flag.FlagSet) *redisFlags {
+	r := &redisFlags{}
+	fs.StringVar(&r.url, "redis-url", app.Env("REDIS_URL", ""), "Redis URL; rediss:// for TLS (env REDIS_URL)")
+	r.tls.AddFlags(fs)
+	return r
 }
 
 // parse parses flags wherever they stand among the positional arguments

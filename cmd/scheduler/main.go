@@ -48,9 +48,11 @@ Examples:
   scheduler permits set db 12
   scheduler ui --read-only
 
-Every command reads --redis-url (env REDIS_URL); 'scheduler COMMAND --help'
-says more. Exit status: 0 done, 1 failed (the message says why and what to
-do), 2 bad command line, 130 stopped following a run on Ctrl-C.
+Every command reads --redis-url (env REDIS_URL), and for a rediss:// URL
+--redis-ca-file, --redis-cert-file and --redis-key-file (docs/operations.md,
+TLS); 'scheduler COMMAND --help' says more. Exit status: 0 done, 1 failed
+(the message says why and what to do), 2 bad command line, 130 stopped
+following a run on Ctrl-C.
 ` + app.EnvHelp
 
 func main() {

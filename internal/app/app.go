@@ -64,6 +64,20 @@ func EnvDuration(name string, def time.Duration) time.Duration {
 	return d
 }
 
+// EnvBool is Env for a boolean (1, t, true, 0, f, false, as flags take
+// them).
+func EnvBool(name string, def bool) bool {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		Usage("%s=%q is not a boolean: give true or false, or unset it for %v", name, v, def)
+	}
+	return b
+}
+
 // Fail prints one line on stderr and exits 1.
 func Fail(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s: %s\n", commandName(), fmt.Sprintf(format, args...))
@@ -115,16 +129,25 @@ type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-// Redis connects to url and checks that the server answers.
-func Redis(ctx context.Context, url string) (*redis.Client, error) {
+// Redis connects to url with the TLS settings t and checks that the
+// server answers. A client that does not verify the server's certificate
+// (t.InsecureSkipVerify) logs a warning on log (nil: slog.Default()). Its
+// errors name the problem and the flag that fixes it, and never hold the
+// URL's password.
+func Redis(ctx context.Context, url string, t RedisTLS, log *slog.Logger) (*redis.Client, error) {
 	redis.SetLogger(quiet{})
 	if url == "" {
 		return nil, errors.New("no Redis: pass --redis-url or set REDIS_URL (e.g. redis://localhost:6379/0)")
 	}
-	opt, err := redis.ParseURL(url)
+	opt, err := RedisOptions(url, t)
 	if err != nil {
-		// go-redis quotes the whole URL, password and all.
-		return nil, fmt.Errorf("--redis-url (env REDIS_URL): %s: give it as redis://[user:password@]host:port/db, e.g. redis://localhost:6379/0 (rediss:// for TLS)", Redact(err.Error()))
+		return nil, err
+	}
+	if opt.TLSConfig != nil && opt.TLSConfig.InsecureSkipVerify {
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn(insecureWarning, "redis", opt.Addr)
 	}
 	rdb := redis.NewClient(opt)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -137,7 +160,14 @@ func Redis(ctx context.Context, url string) (*redis.Client, error) {
 			// It answered: the URL's database, user or password is wrong.
 			return nil, fmt.Errorf("the Redis server at %s refused: %w: check the user, password and database number of --redis-url (env REDIS_URL)", opt.Addr, err)
 		case errors.Is(err, context.DeadlineExceeded):
-			return nil, fmt.Errorf("cannot reach the Redis server at %s: no answer within 5s: check --redis-url (env REDIS_URL) and that the server is up", opt.Addr)
+			hint := ""
+			if opt.TLSConfig != nil {
+				hint = "; if it takes no TLS, use a redis:// URL"
+			}
+			return nil, fmt.Errorf("cannot reach the Redis server at %s: no answer within 5s: check --redis-url (env REDIS_URL) and that the server is up%s", opt.Addr, hint)
+		}
+		if tlsErr := redisTLSError(opt, err); tlsErr != nil {
+			return nil, tlsErr
 		}
 		return nil, fmt.Errorf("cannot reach the Redis server at %s (%w): check --redis-url (env REDIS_URL) and that the server is up", opt.Addr, err)
 	}
@@ -155,7 +185,7 @@ func Postgres(ctx context.Context, url, appName string, maxConns int, tracer ...
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("--database-url (env DATABASE_URL): %w: give a URL such as postgres://user:password@host:5432/dbname?sslmode=disable", err)
+		return nil, fmt.Errorf("--database-url (env DATABASE_URL): %w: give a URL such as postgres://user:password@host:5432/dbname?sslmode=verify-full&sslrootcert=ca.pem (sslmode=disable on a network you trust)", err)
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	// A cancelled query is cancelled on the server and its connection
@@ -186,15 +216,21 @@ func Postgres(ctx context.Context, url, appName string, maxConns int, tracer ...
 		case strings.Contains(err.Error(), "server refused TLS connection"):
 			// It answered, without TLS: up, but sslmode asks for TLS.
 			return nil, fmt.Errorf("the Postgres server at %s:%d does not accept TLS, which the sslmode of --database-url (env DATABASE_URL) requires: "+
-				"use sslmode=disable or sslmode=prefer, or turn TLS on in the server (ssl = on)", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+				"turn TLS on in the server (ssl = on), or use sslmode=disable on a network you trust", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 		case errors.As(err, &cert):
 			fix := "give its CA with sslrootcert=FILE in --database-url (env DATABASE_URL)"
-			var host x509.HostnameError
-			if errors.As(cert.Err, &host) {
+			var (
+				host    x509.HostnameError
+				invalid x509.CertificateInvalidError
+			)
+			switch {
+			case errors.As(cert.Err, &host):
 				fix = "connect by a name the certificate was issued for, in --database-url (env DATABASE_URL)"
+			case errors.As(cert.Err, &invalid) && invalid.Reason == x509.Expired:
+				fix = "renew the server's certificate (ssl_cert_file), or correct this host's clock if it is wrong"
 			}
-			return nil, fmt.Errorf("the Postgres server at %s:%d sent a certificate that did not verify (%v): %s, "+
-				"or use sslmode=require to encrypt without verifying", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cert.Err, fix)
+			return nil, fmt.Errorf("the Postgres server at %s:%d sent a certificate that did not verify (%v): %s",
+				cfg.ConnConfig.Host, cfg.ConnConfig.Port, cert.Err, fix)
 		}
 		return nil, fmt.Errorf("cannot reach the Postgres server at %s:%d (%w): check --database-url (env DATABASE_URL) and that the server is up", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}

@@ -22,11 +22,11 @@ func TestConnectErrorsTellAServerThatRefusedFromOneThatDoesNotAnswer(t *testing.
 		t.Fatal(err)
 	}
 	redisURL.Path = "/99"
-	_, err = app.Redis(ctx, redisURL.String())
+	_, err = app.Redis(ctx, redisURL.String(), app.RedisTLS{}, nil)
 	if err == nil || !strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), "DB index is out of range") || strings.Contains(err.Error(), "cannot reach") {
 		t.Errorf("Redis database 99: %v; want a refusal that quotes the server", err)
 	}
-	if _, err = app.Redis(ctx, "redis://127.0.0.1:1/0"); err == nil || !strings.Contains(err.Error(), "cannot reach") {
+	if _, err = app.Redis(ctx, "redis://127.0.0.1:1/0", app.RedisTLS{}, nil); err == nil || !strings.Contains(err.Error(), "cannot reach") {
 		t.Errorf("Redis on a closed port: %v; want 'cannot reach'", err)
 	}
 
@@ -65,7 +65,7 @@ func TestConnectErrorsTellAServerThatRefusedFromOneThatDoesNotAnswer(t *testing.
 	}
 
 	// A bare host:port is not a Redis URL: the message shows one.
-	if _, err = app.Redis(ctx, "localhost:6379"); err == nil || !strings.Contains(err.Error(), "redis://localhost:6379/0") {
+	if _, err = app.Redis(ctx, "localhost:6379", app.RedisTLS{}, nil); err == nil || !strings.Contains(err.Error(), "redis://localhost:6379/0") {
 		t.Errorf("REDIS_URL=localhost:6379: %v; want the URL's form, with an example", err)
 	}
 }

@@ -34,9 +34,10 @@ type RedisServer struct {
 	// and Start.
 	Client *redis.Client
 	// URL locates the server for a subprocess's REDIS_URL:
-	// "unix://<socket path>".
+	// "unix://<socket path>" (PrivateRedisTLS: "rediss://127.0.0.1:PORT/0").
 	URL string
-	// Socket is the path of the server's unix socket.
+	// Socket is the path of the server's unix socket (PrivateRedisTLS:
+	// none).
 	Socket string
 
 	t       testing.TB

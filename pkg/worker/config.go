@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -16,15 +18,38 @@ const defaultPollInterval = mapreduce.DefaultPollInterval
 
 // Config configures a worker. In Main every field has a command-line flag
 // and an environment variable, but Prefix (BATCHMR_PREFIX only), Logger
-// (built from --log-format and --log-level), and Observer and
-// RequireDatabase (set them with MainWith, or call Run); zero values take
-// the documented defaults.
+// (built from --log-format and --log-level), and Observer,
+// RequireDatabase and RedisTLSConfig (set them with MainWith, or call
+// Run); zero values take the documented defaults.
 type Config struct {
 	// RedisURL locates the Redis that holds runs, tasks and semaphores
 	// (--redis-url, REDIS_URL). Required.
 	RedisURL string
+	// RedisCAFile is a PEM file of the CA that signed the certificate of
+	// a rediss:// RedisURL's server (--redis-ca-file, REDIS_CA_FILE).
+	// Empty: the system's CAs.
+	RedisCAFile string
+	// RedisCertFile and RedisKeyFile are the PEM files of the worker's
+	// client certificate and its key, for a Redis that requires one
+	// (tls-auth-clients yes) (--redis-cert-file, REDIS_CERT_FILE;
+	// --redis-key-file, REDIS_KEY_FILE). Both or neither.
+	RedisCertFile, RedisKeyFile string
+	// RedisInsecureSkipVerify accepts any certificate from Redis, so
+	// that anyone on the path can read and change the traffic; the worker
+	// logs a warning when it starts (--redis-insecure-skip-verify,
+	// REDIS_INSECURE_SKIP_VERIFY). A RedisURL's skip_verify=true is
+	// refused without it. For tests only.
+	RedisInsecureSkipVerify bool
+	// RedisTLSConfig, if not nil, is the TLS configuration of a rediss://
+	// RedisURL's connections to start from, for what no file gives (a
+	// certificate held in memory, say); the worker clones it and adds the
+	// files above. Its ServerName defaults to the URL's host. Nil: Go's
+	// defaults.
+	RedisTLSConfig *tls.Config
 	// DatabaseURL locates the Postgres the jobs query (--database-url,
-	// DATABASE_URL). Empty: the worker has no database, and
+	// DATABASE_URL); over TLS, give it sslmode=verify-full and
+	// sslrootcert=FILE (the worker warns of a remote host's URL that may
+	// connect without TLS). Empty: the worker has no database, and
 	// worker.Database hands the steps that call it back to the queue.
 	DatabaseURL string
 	// RequireDatabase makes the worker refuse to start without a
@@ -110,6 +135,12 @@ type Config struct {
 	limitCheckEvery time.Duration    // how often watchLimits reads the limits; tests shorten it (export_test.go)
 }
 
+// redisTLS is the worker's Redis TLS settings, as app.Redis takes them.
+func (c Config) redisTLS() app.RedisTLS {
+	return app.RedisTLS{CAFile: c.RedisCAFile, CertFile: c.RedisCertFile, KeyFile: c.RedisKeyFile,
+		InsecureSkipVerify: c.RedisInsecureSkipVerify, Config: c.RedisTLSConfig}
+}
+
 func (c Config) withDefaults() Config {
 	if c.ApplicationName == "" {
 		c.ApplicationName = "batchmr-worker"
@@ -175,6 +206,10 @@ func (c Config) validate() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
 	if c.RedisURL == "" {
 		bad("no Redis: pass --redis-url or set REDIS_URL (Config.RedisURL), e.g. redis://localhost:6379/0")
+	} else if _, err := app.RedisOptions(c.RedisURL, c.redisTLS()); err != nil {
+		// A malformed URL, an unreadable certificate or an unsanctioned
+		// skip_verify: a bad command line, not a failed start.
+		bad("%v", err)
 	}
 	if c.RequireDatabase && c.DatabaseURL == "" {
 		bad("no database: pass --database-url or set DATABASE_URL (Config.DatabaseURL): this worker's jobs query Postgres")

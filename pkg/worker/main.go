@@ -104,6 +104,8 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var cfg Config
 	fs.StringVar(&cfg.RedisURL, "redis-url", app.Env("REDIS_URL", ""), "Redis URL (env REDIS_URL)")
+	var redisTLS app.RedisTLS
+	redisTLS.AddFlags(fs)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", app.Env("DATABASE_URL", ""), "Postgres URL; none: the jobs get no database (env DATABASE_URL)")
 	fs.IntVar(&cfg.Concurrency, "concurrency", app.EnvInt("WORKER_CONCURRENCY", 10), "tasks run at once by this worker (env WORKER_CONCURRENCY)")
 	fs.StringVar(&cfg.ApplicationName, "application-name", app.Env("WORKER_APPLICATION_NAME", "batchmr-worker"), "application_name of the database connections, as pg_stat_activity shows them (env WORKER_APPLICATION_NAME)")
@@ -134,6 +136,8 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	if fs.NArg() > 0 {
 		app.Usage("unexpected argument %q", fs.Arg(0))
 	}
+	cfg.RedisCAFile, cfg.RedisCertFile, cfg.RedisKeyFile = redisTLS.CAFile, redisTLS.CertFile, redisTLS.KeyFile
+	cfg.RedisInsecureSkipVerify = redisTLS.InsecureSkipVerify
 	// Their defaults are the flags' values: zero was given, and Config
 	// would read it as "the default", silently.
 	for _, d := range cfg.durations() {

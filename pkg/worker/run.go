@@ -85,7 +85,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 			w.close()
 		}
 	}()
-	if w.rdb, err = app.Redis(ctx, cfg.RedisURL); err != nil {
+	if w.rdb, err = app.Redis(ctx, cfg.RedisURL, cfg.redisTLS(), log); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w.closes = append(w.closes, func() { _ = w.rdb.Close() })
@@ -113,6 +113,9 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	// ("db", as a rule) are warned of: they take the fleet over its permits.
 	unguarded := &app.Unguarded{}
 	if cfg.DatabaseURL != "" {
+		if warning := app.PostgresTLSWarning(cfg.DatabaseURL); warning != "" {
+			log.Warn("worker: " + warning)
+		}
 		// A connection per task at work, and a few for splits and reduces.
 		if w.env.DB, err = app.Postgres(ctx, cfg.DatabaseURL, cfg.ApplicationName, cfg.Concurrency+4, unguarded); err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
