@@ -95,8 +95,9 @@ func TestRunOfAJobNoLiveWorkerRunsWarnsAndStartsItAnyway(t *testing.T) {
 
 	out, errs, code := s.run("run", "lost", "--args", `{"n": 5, "page_size": 1}`)
 	id := strings.TrimSpace(out)
-	if code != 0 || !strings.HasPrefix(id, "lost:") || !strings.Contains(errs, "warning: no live worker runs lost, so the run will wait until one starts") {
-		t.Fatalf("run lost: exit %d, stdout %q, stderr %q; want exit 0, the run ID and a warning that no live worker runs the job", code, out, errs)
+	if code != 0 || !strings.HasPrefix(id, "lost:") || !strings.Contains(errs, "warning: no live worker runs lost, so the run will wait until one starts") ||
+		!strings.Contains(errs, "the job's own Validate has not checked --args: it runs when a worker takes the run") {
+		t.Fatalf("run lost: exit %d, stdout %q, stderr %q; want exit 0, the run ID and a warning that no live worker runs the job, so its Validate runs later", code, out, errs)
 	}
 	if st := f.state(id); st != mapreduce.StateSplitting {
 		t.Errorf("the run is %s, want splitting: waiting for a worker", st)
@@ -134,11 +135,20 @@ func TestRunWithAKeyStartsOneRunPerKey(t *testing.T) {
 	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{ "page_size": 1, "n": 3 }`); code != 0 || strings.TrimSpace(out) != "sum:tick-1" || strings.Contains(errs, "warning") {
 		t.Errorf("run --key with the same arguments reordered: exit %d, stdout %q, stderr %q; want the same run and no warning", code, out, errs)
 	}
-	// Other arguments under the same key get the same run, and a warning
-	// showing both: they were not used.
-	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"n": 4, "page_size": 1}`); code != 0 || strings.TrimSpace(out) != "sum:tick-1" ||
-		!strings.Contains(errs, "warning: run sum:tick-1 has other arguments") || !strings.Contains(errs, `"n": 4`) || !strings.Contains(errs, "use another --key") {
-		t.Errorf("run --key with other arguments: exit %d, stdout %q, stderr %q; want the same run, and a warning showing both and the fix", code, out, errs)
+	// So are they with a field's name in another case, as encoding/json
+	// matches it.
+	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"N": 3, "page_size": 1}`); code != 0 || strings.TrimSpace(out) != "sum:tick-1" {
+		t.Errorf("run --key with the same arguments, a field's name in another case: exit %d, stdout %q, stderr %q; want the same run", code, out, errs)
+	}
+	// Other arguments under the same key are refused, showing both: a
+	// script must not take the run of other arguments for its own.
+	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"n": 4, "page_size": 1}`); code != 1 || out != "" || !oneLine(errs) ||
+		!strings.Contains(errs, "run sum:tick-1 already exists (--key tick-1 names it) with other arguments") || !strings.Contains(errs, `{"n": 4, "page_size": 1}`) ||
+		!strings.Contains(errs, `{"n":3,"page_size":1}`) || !strings.Contains(errs, "use another --key") {
+		t.Errorf("run --key with other arguments: exit %d, stdout %q, stderr %q; want exit 1, no run ID, and one line showing both and the fix", code, out, errs)
+	}
+	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"n": 4, "page_size": 1}`, "--wait"); code != 1 || out != "" || !strings.Contains(errs, "with other arguments") {
+		t.Errorf("run --key --wait with other arguments: exit %d, stdout %q, stderr %q; want exit 1 before following", code, out, errs)
 	}
 	if runs, _ := f.mr.Runs(context.Background(), "sum"); len(runs) != 1 {
 		t.Errorf("two starts with one key made %d runs", len(runs))
