@@ -118,6 +118,44 @@ func TestRunOfAJobNoLiveWorkerRunsWarnsAndStartsItAnyway(t *testing.T) {
 	}
 }
 
+// boundedArgs state their bounds in jsonschema tags: the scheduler checks
+// them with no worker live.
+type boundedArgs struct {
+	PageSize int    `json:"page_size" jsonschema:"required,minimum=1"`
+	Mode     string `json:"mode,omitempty" jsonschema:"enum=full,enum=delta"`
+}
+
+func TestRunWithNoLiveWorkerRefusesArgsOutsideTheAnnouncedBoundsCreatingNothing(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	_, stop := f.host(nil, mapreduce.Job[boundedArgs, int, int, int]{
+		Name:  "bounded",
+		Split: func(ctx context.Context, a boundedArgs, emit func(int) error) error { return emit(1) },
+		Map:   func(ctx context.Context, p int) (int, error) { return p, nil },
+	})
+	stop()
+	s := newScheduler(t, f)
+
+	for _, tc := range []struct{ args, want string }{
+		{`{"page_size": -1}`, `run bounded: --args: field "page_size" is -1, under its minimum 1`},
+		{`{"mode": "full"}`, `run bounded: --args: field "page_size" is missing: it is required`},
+		{``, `run bounded: --args: field "page_size" is missing: it is required`},
+		{`{"page_size": 5, "mode": "half"}`, `run bounded: --args: field "mode" is a string ("half"), not one of "full", "delta"`},
+	} {
+		args := []string{"run", "bounded"}
+		if tc.args != "" {
+			args = append(args, "--args", tc.args)
+		}
+		out, errs, code := s.run(args...)
+		if code != 1 || out != "" || !oneLine(errs) || !strings.Contains(errs, tc.want) {
+			t.Errorf("run bounded --args %s: exit %d, stdout %q, stderr %q; want exit 1 and one line saying %q", tc.args, code, out, errs, tc.want)
+		}
+	}
+	if runs, _ := f.mr.Runs(context.Background(), "bounded"); len(runs) != 0 {
+		t.Errorf("bounded has %d runs, want none: refused arguments create none", len(runs))
+	}
+}
+
 func TestRunWithAKeyStartsOneRunPerKey(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)

@@ -2,6 +2,22 @@ package main
 
 import "testing"
 
+// The schema a worker announces for
+//
+//	struct {
+//		N     int               `json:"n"`
+//		Ratio float64           `json:"ratio"`
+//		Name  string            `json:"name"`
+//		Tags  []string          `json:"tags"`
+//		Opts  struct{ On bool } `json:"opts"`
+//		Extra map[string]int    `json:"extra"`
+//	}
+const schema = `{"type": "object", "additionalProperties": false, "properties": {
+	"n": {"type": "integer"}, "ratio": {"type": "number"}, "name": {"type": "string"},
+	"tags": {"type": "array", "items": {"type": "string"}},
+	"opts": {"type": "object", "additionalProperties": false, "properties": {"On": {"type": "boolean"}}},
+	"extra": {"type": "object", "additionalProperties": {"type": "integer"}}}}`
+
 func TestArgsThatMeanTheSameAreTheSameHoweverWritten(t *testing.T) {
 	for _, tc := range []struct{ a, b string }{
 		{`{"n": 1, "tags": ["a"]}`, `{ "tags": ["a"], "n": 1 }`},

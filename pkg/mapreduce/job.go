@@ -280,6 +280,9 @@ func (j Job[A, P, R, O]) check() error {
 				return fmt.Errorf("job %q: its %s %v %s", j.Name, v.what, v.t, why)
 			}
 		}
+		if err := argsSchemaOf(reflect.TypeFor[A]()).err; err != nil {
+			return fmt.Errorf("job %q: its argument type's %w", j.Name, err)
+		}
 	}
 	return nil
 }
@@ -331,8 +334,13 @@ func notJSON(t reflect.Type) string {
 	return ""
 }
 
-// validate runs Validate on decoded arguments.
+// validate checks decoded arguments against their type's jsonschema tags
+// (JSON codec: their encoding is what the tags describe), then runs
+// Validate.
 func (j Job[A, P, R, O]) validate(a A) error {
+	if err := j.checkTags(a); err != nil {
+		return fmt.Errorf("%w for job %q: %w", ErrInvalidArgs, j.Name, err)
+	}
 	if j.Validate == nil {
 		return nil
 	}
