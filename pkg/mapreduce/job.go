@@ -65,7 +65,10 @@ type Job[A, P, R, O any] struct {
 	// A start from the command line (Client.StartJSON) has it run by a live
 	// worker hosting the job; the split runs it again before any page, so
 	// that a run created past it fails at once, without retries. Nil: every
-	// value of A is valid.
+	// value of A is valid. The bounds, enums and required fields of A's
+	// jsonschema tags are checked before it, wherever it runs, and by the
+	// scheduler with no worker live (docs/mapreduce.md, "A run's
+	// arguments").
 	Validate func(args A) error
 
 	// Options tunes how the job runs; the zero value is usable.
