@@ -125,14 +125,18 @@ type boundedArgs struct {
 	Mode     string `json:"mode,omitempty" jsonschema:"enum=full,enum=delta"`
 }
 
-func TestRunWithNoLiveWorkerRefusesArgsOutsideTheAnnouncedBoundsCreatingNothing(t *testing.T) {
-	t.Parallel()
-	f := newFleet(t)
-	_, stop := f.host(nil, mapreduce.Job[boundedArgs, int, int, int]{
+func boundedJob() mapreduce.Job[boundedArgs, int, int, int] {
+	return mapreduce.Job[boundedArgs, int, int, int]{
 		Name:  "bounded",
 		Split: func(ctx context.Context, a boundedArgs, emit func(int) error) error { return emit(1) },
 		Map:   func(ctx context.Context, p int) (int, error) { return p, nil },
-	})
+	}
+}
+
+func TestRunWithNoLiveWorkerRefusesArgsOutsideTheAnnouncedBoundsCreatingNothing(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	_, stop := f.host(nil, boundedJob())
 	stop()
 	s := newScheduler(t, f)
 
@@ -153,6 +157,18 @@ func TestRunWithNoLiveWorkerRefusesArgsOutsideTheAnnouncedBoundsCreatingNothing(
 	}
 	if runs, _ := f.mr.Runs(context.Background(), "bounded"); len(runs) != 0 {
 		t.Errorf("bounded has %d runs, want none: refused arguments create none", len(runs))
+	}
+}
+
+func TestJobsShowsTheBoundsOfEachArgument(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.host(nil, boundedJob())
+	s := newScheduler(t, f)
+
+	out, errs, code := s.run("jobs")
+	if want := "main_test.boundedArgs {mode string full|delta, page_size integer ≥1 required}"; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("jobs: exit %d, stdout %q, stderr %q; want the arguments %q", code, out, errs, want)
 	}
 }
 
