@@ -16,13 +16,13 @@ import (
 )
 
 const jobsUsage = `scheduler jobs [--json]: list the jobs of the catalogue — every job a worker
-has announced — with its queue, its arguments (each field with its type and
-the bounds it states), when a worker last announced
-it and the live workers that run it. A job nobody runs any more stays
-listed, with a warning: its runs would not start until a worker runs it
-again. So are workers that run another version of a job's code under its
-name (another argument type, queue or options), as in the middle of a
-deploy: while both versions run, a run's tasks go to either.
+has announced — with its queue, its arguments (each field with its type
+and the bounds it states), when a worker last announced it and the live
+workers that run it. A job nobody runs any more stays listed, with a
+warning: its runs would not start until a worker runs it again. So are
+workers that run another version of a job's code under its name (another
+argument type, queue or options), as in the middle of a deploy: while both
+versions run, a run's tasks go to either.
 
 scheduler jobs forget JOB: remove a retired or renamed job from the
 catalogue. Refused while a live worker runs it (it would be announced
