@@ -142,7 +142,7 @@ func (b *schemaBuilder) addFields(t reflect.Type, props map[string]any, required
 			if req {
 				*required = append(*required, name)
 			}
-			b.constrained = true
+			b.constrained = b.constrained || req || hasAny(s, "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum")
 		}
 		props[name] = s
 	}
@@ -220,4 +220,14 @@ func (j Job[A, P, R, O]) checkTags(a A) error {
 		return nil // not ours to report: encoding the arguments fails anyway
 	}
 	return argschema.Check(s.json, b)
+}
+
+// hasAny reports whether m has any of keys.
+func hasAny(m map[string]any, keys ...string) bool {
+	for _, k := range keys {
+		if _, ok := m[k]; ok {
+			return true
+		}
+	}
+	return false
 }
