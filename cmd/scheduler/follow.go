@@ -149,6 +149,9 @@ func newRunHint(st *mapreduce.Status) string {
 	if !json.Valid(st.Args) {
 		return "its arguments were refused, and a retry would run with them again: start a new run with other arguments (from Go, Job.Start)"
 	}
+	if string(st.Args) == "null" {
+		return "it ran with no arguments, which its job refused: give them in a new run: scheduler run " + st.Job + " --args JSON ('scheduler jobs' shows the fields)"
+	}
 	quoted := "'" + strings.ReplaceAll(string(st.Args), "'", `'\''`) + "'"
 	return "its arguments were refused, and a retry would run with them again: fix them in a new run: scheduler run " + st.Job + " --args " + quoted
 }
