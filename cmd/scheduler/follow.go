@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -128,15 +129,31 @@ func followToEnd(ctx context.Context, c *conn, id string) int {
 	return 0
 }
 
-// retryHint says how to run a failed or cancelled run again, or "".
+// retryHint says how to run a failed or cancelled run again, or "". A
+// run failed by its arguments needs a new run, not a retry.
 func retryHint(st *mapreduce.Status) string {
-	switch st.State {
-	case mapreduce.StateFailed:
+	switch {
+	case st.ArgsRefused():
+		return newRunHint(st)
+	case st.State == mapreduce.StateFailed:
 		return "fix what failed it, then: scheduler retry " + st.ID + " (runs again only the pages that did not succeed)"
-	case mapreduce.StateCancelled:
+	case st.State == mapreduce.StateCancelled:
 		return "to finish it: scheduler retry " + st.ID + " (runs only the pages that did not succeed)"
 	}
 	return ""
+}
+
+// newRunHint says how to start a run of st's job with other arguments
+// than st's, which its job refused.
+func newRunHint(st *mapreduce.Status) string {
+	if !json.Valid(st.Args) {
+		return "its arguments were refused, and a retry would run with them again: start a new run with other arguments (from Go, Job.Start)"
+	}
+	if string(st.Args) == "null" {
+		return "it ran with no arguments, which its job refused: give them in a new run: scheduler run " + st.Job + " --args JSON ('scheduler jobs' shows the fields)"
+	}
+	quoted := "'" + strings.ReplaceAll(string(st.Args), "'", `'\''`) + "'"
+	return "its arguments were refused, and a retry would run with them again: fix them in a new run: scheduler run " + st.Job + " --args " + quoted
 }
 
 // rootCause is the innermost error of a chain: "connection refused"

@@ -16,12 +16,13 @@ import (
 )
 
 const jobsUsage = `scheduler jobs [--json]: list the jobs of the catalogue — every job a worker
-has announced — with its queue, its arguments, when a worker last announced
-it and the live workers that run it. A job nobody runs any more stays
-listed, with a warning: its runs would not start until a worker runs it
-again. So are workers that run another version of a job's code under its
-name (another argument type, queue or options), as in the middle of a
-deploy: while both versions run, a run's tasks go to either.
+has announced — with its queue, its arguments (each field with its type
+and the bounds it states), when a worker last announced it and the live
+workers that run it. A job nobody runs any more stays listed, with a
+warning: its runs would not start until a worker runs it again. So are
+workers that run another version of a job's code under its name (another
+argument type, queue or options), as in the middle of a deploy: while both
+versions run, a run's tasks go to either.
 
 scheduler jobs forget JOB: remove a retired or renamed job from the
 catalogue. Refused while a live worker runs it (it would be announced
@@ -142,7 +143,8 @@ func noWorker(job string) string {
 }
 
 // argsOf describes a job's arguments for a person writing --args: the Go
-// type and, for JSON, the fields it takes.
+// type and, for JSON, the fields it takes, with what the schema bounds:
+// "main.Args {mode string full|delta, page_size integer ≥1 required}".
 func argsOf(j mapreduce.JobInfo) string {
 	if !j.JSON {
 		return j.ArgsType + " (not JSON: start it from Go)"
@@ -150,6 +152,7 @@ func argsOf(j mapreduce.JobInfo) string {
 	var s struct {
 		Type       string                     `json:"type"`
 		Properties map[string]json.RawMessage `json:"properties"`
+		Required   []string                   `json:"required"`
 	}
 	if json.Unmarshal(j.ArgsSchema, &s) != nil || s.Type != "object" {
 		return j.ArgsType
@@ -157,10 +160,34 @@ func argsOf(j mapreduce.JobInfo) string {
 	fields := make([]string, 0, len(s.Properties))
 	for f, raw := range s.Properties {
 		var p struct {
-			Type string `json:"type"`
+			Type             string            `json:"type"`
+			Minimum          *json.Number      `json:"minimum"`
+			Maximum          *json.Number      `json:"maximum"`
+			ExclusiveMinimum *json.Number      `json:"exclusiveMinimum"`
+			ExclusiveMaximum *json.Number      `json:"exclusiveMaximum"`
+			Enum             []json.RawMessage `json:"enum"`
 		}
 		_ = json.Unmarshal(raw, &p)
-		fields = append(fields, strings.TrimSpace(f+" "+p.Type))
+		desc := []string{f, p.Type}
+		for _, b := range []struct {
+			n  *json.Number
+			op string
+		}{{p.Minimum, "≥"}, {p.ExclusiveMinimum, ">"}, {p.Maximum, "≤"}, {p.ExclusiveMaximum, "<"}} {
+			if b.n != nil {
+				desc = append(desc, b.op+b.n.String())
+			}
+		}
+		if len(p.Enum) > 0 {
+			values := make([]string, len(p.Enum))
+			for i, v := range p.Enum {
+				values[i] = strings.Trim(string(v), `"`)
+			}
+			desc = append(desc, strings.Join(values, "|"))
+		}
+		if slices.Contains(s.Required, f) {
+			desc = append(desc, "required")
+		}
+		fields = append(fields, strings.Join(slices.DeleteFunc(desc, func(d string) bool { return d == "" }), " "))
 	}
 	slices.Sort(fields)
 	return j.ArgsType + " {" + strings.Join(fields, ", ") + "}"

@@ -95,8 +95,9 @@ func TestRunOfAJobNoLiveWorkerRunsWarnsAndStartsItAnyway(t *testing.T) {
 
 	out, errs, code := s.run("run", "lost", "--args", `{"n": 5, "page_size": 1}`)
 	id := strings.TrimSpace(out)
-	if code != 0 || !strings.HasPrefix(id, "lost:") || !strings.Contains(errs, "warning: no live worker runs lost, so the run will wait until one starts") {
-		t.Fatalf("run lost: exit %d, stdout %q, stderr %q; want exit 0, the run ID and a warning that no live worker runs the job", code, out, errs)
+	if code != 0 || !strings.HasPrefix(id, "lost:") || !strings.Contains(errs, "warning: no live worker runs lost, so the run will wait until one starts") ||
+		!strings.Contains(errs, "the job's own Validate has not checked --args: it runs when a worker takes the run") {
+		t.Fatalf("run lost: exit %d, stdout %q, stderr %q; want exit 0, the run ID and a warning that no live worker runs the job, so its Validate runs later", code, out, errs)
 	}
 	if st := f.state(id); st != mapreduce.StateSplitting {
 		t.Errorf("the run is %s, want splitting: waiting for a worker", st)
@@ -117,6 +118,60 @@ func TestRunOfAJobNoLiveWorkerRunsWarnsAndStartsItAnyway(t *testing.T) {
 	}
 }
 
+// boundedArgs state their bounds in jsonschema tags: the scheduler checks
+// them with no worker live.
+type boundedArgs struct {
+	PageSize int    `json:"page_size" jsonschema:"required,minimum=1"`
+	Mode     string `json:"mode,omitempty" jsonschema:"enum=full,enum=delta"`
+}
+
+func boundedJob() mapreduce.Job[boundedArgs, int, int, int] {
+	return mapreduce.Job[boundedArgs, int, int, int]{
+		Name:  "bounded",
+		Split: func(ctx context.Context, a boundedArgs, emit func(int) error) error { return emit(1) },
+		Map:   func(ctx context.Context, p int) (int, error) { return p, nil },
+	}
+}
+
+func TestRunWithNoLiveWorkerRefusesArgsOutsideTheAnnouncedBoundsCreatingNothing(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	_, stop := f.host(nil, boundedJob())
+	stop()
+	s := newScheduler(t, f)
+
+	for _, tc := range []struct{ args, want string }{
+		{`{"page_size": -1}`, `run bounded: --args: field "page_size" is -1, under its minimum 1`},
+		{`{"mode": "full"}`, `run bounded: --args: field "page_size" is missing: it is required`},
+		{``, `run bounded: --args: field "page_size" is missing: it is required`},
+		{`{"page_size": 5, "mode": "half"}`, `run bounded: --args: field "mode" is a string ("half"), not one of "full", "delta"`},
+	} {
+		args := []string{"run", "bounded"}
+		if tc.args != "" {
+			args = append(args, "--args", tc.args)
+		}
+		out, errs, code := s.run(args...)
+		if code != 1 || out != "" || !oneLine(errs) || !strings.Contains(errs, tc.want) {
+			t.Errorf("run bounded --args %s: exit %d, stdout %q, stderr %q; want exit 1 and one line saying %q", tc.args, code, out, errs, tc.want)
+		}
+	}
+	if runs, _ := f.mr.Runs(context.Background(), "bounded"); len(runs) != 0 {
+		t.Errorf("bounded has %d runs, want none: refused arguments create none", len(runs))
+	}
+}
+
+func TestJobsShowsTheBoundsOfEachArgument(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	f.host(nil, boundedJob())
+	s := newScheduler(t, f)
+
+	out, errs, code := s.run("jobs")
+	if want := "main_test.boundedArgs {mode string full|delta, page_size integer ≥1 required}"; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("jobs: exit %d, stdout %q, stderr %q; want the arguments %q", code, out, errs, want)
+	}
+}
+
 func TestRunWithAKeyStartsOneRunPerKey(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
@@ -134,11 +189,20 @@ func TestRunWithAKeyStartsOneRunPerKey(t *testing.T) {
 	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{ "page_size": 1, "n": 3 }`); code != 0 || strings.TrimSpace(out) != "sum:tick-1" || strings.Contains(errs, "warning") {
 		t.Errorf("run --key with the same arguments reordered: exit %d, stdout %q, stderr %q; want the same run and no warning", code, out, errs)
 	}
-	// Other arguments under the same key get the same run, and a warning
-	// showing both: they were not used.
-	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"n": 4, "page_size": 1}`); code != 0 || strings.TrimSpace(out) != "sum:tick-1" ||
-		!strings.Contains(errs, "warning: run sum:tick-1 has other arguments") || !strings.Contains(errs, `"n": 4`) || !strings.Contains(errs, "use another --key") {
-		t.Errorf("run --key with other arguments: exit %d, stdout %q, stderr %q; want the same run, and a warning showing both and the fix", code, out, errs)
+	// So are they with a field's name in another case, as encoding/json
+	// matches it.
+	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"N": 3, "page_size": 1}`); code != 0 || strings.TrimSpace(out) != "sum:tick-1" {
+		t.Errorf("run --key with the same arguments, a field's name in another case: exit %d, stdout %q, stderr %q; want the same run", code, out, errs)
+	}
+	// Other arguments under the same key are refused, showing both: a
+	// script must not take the run of other arguments for its own.
+	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"n": 4, "page_size": 1}`); code != 1 || out != "" || !oneLine(errs) ||
+		!strings.Contains(errs, "run sum:tick-1 already exists (--key tick-1 names it) with other arguments") || !strings.Contains(errs, `{"n": 4, "page_size": 1}`) ||
+		!strings.Contains(errs, `{"n":3,"page_size":1}`) || !strings.Contains(errs, "use another --key") {
+		t.Errorf("run --key with other arguments: exit %d, stdout %q, stderr %q; want exit 1, no run ID, and one line showing both and the fix", code, out, errs)
+	}
+	if out, errs, code := s.run("run", "sum", "--key", "tick-1", "--args", `{"n": 4, "page_size": 1}`, "--wait"); code != 1 || out != "" || !strings.Contains(errs, "with other arguments") {
+		t.Errorf("run --key --wait with other arguments: exit %d, stdout %q, stderr %q; want exit 1 before following", code, out, errs)
 	}
 	if runs, _ := f.mr.Runs(context.Background(), "sum"); len(runs) != 1 {
 		t.Errorf("two starts with one key made %d runs", len(runs))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/batchmr/batchmr/internal/app"
@@ -19,7 +20,8 @@ going, exits 1 saying so.
 
 A run that failed because its database was unreachable for a while (its
 pages failed after their retries) needs no new run: fix the database, then
-retry it. Tasks of the run's earlier attempt, such as those asynq
+retry it. One that failed because its job refused its arguments does: a
+retry runs with the same arguments ('scheduler status RUN' shows them). Tasks of the run's earlier attempt, such as those asynq
 archived, do nothing if they are run again.
 
 With --wait, follow the run as 'scheduler run --wait' does: print its
@@ -41,6 +43,9 @@ func retry(ctx context.Context, args []string) int {
 	c := connect(ctx, *url)
 	defer c.close()
 	before, _ := c.mr.Status(ctx, id) // for the message; Retry checks the run
+	if before != nil && before.ArgsRefused() {
+		fmt.Fprintf(os.Stderr, "scheduler: warning: %s failed because its job refused its arguments: unless the job's code has changed since, this retry fails the same way (%s)\n", id, newRunHint(before))
+	}
 	err := c.mr.Retry(ctx, id)
 	job, _, _ := strings.Cut(id, ":")
 	switch {

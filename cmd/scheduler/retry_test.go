@@ -123,3 +123,33 @@ func TestRetryResumesACancelledRun(t *testing.T) {
 		t.Fatalf("the resumed run: %+v, %v; want succeeded with 10 after one retry", st, err)
 	}
 }
+
+// A run that its job's Validate failed (started while no worker could
+// check its arguments) is hinted a new run with other arguments, never a
+// retry: a retry runs with the same arguments and fails the same way. The
+// hint shows the refused arguments, quoted for the shell, to edit.
+func TestARunFailedByItsArgumentsHintsANewRunNotARetry(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	_, stop := f.host(nil, sumJob("lost", nil))
+	stop()
+	s := newScheduler(t, f)
+
+	p := s.start("run", "lost", "--args", `{"n": 5, "page_size": -1}`, "--wait")
+	testenv.WaitFor(t, 10*time.Second, "the run to be created", func() bool { return len(lines(p.stdout.String())) == 1 })
+	f.host(nil, sumJob("lost", nil))
+	code := p.wait(30 * time.Second)
+	id := strings.TrimSpace(p.stdout.String())
+	hint := `its arguments were refused, and a retry would run with them again: fix them in a new run: scheduler run lost --args '{"n":5,"page_size":-1}'`
+	if errs := p.stderr.String(); code != 1 || !strings.Contains(errs, "page_size -1: use at least 1") || !strings.Contains(errs, "next: "+hint) || strings.Contains(errs, "scheduler retry") {
+		t.Errorf("run --wait of arguments Validate refuses: exit %d, stderr %q; want exit 1, the job's message and the hint %q, no retry", code, errs, hint)
+	}
+	out, errs, code := s.run("status", id)
+	if code != 0 || !strings.Contains(out, "next     "+hint) || strings.Contains(out, "scheduler retry") {
+		t.Errorf("status %s: exit %d, stdout %q, stderr %q; want the hint %q, no retry", id, code, out, errs, hint)
+	}
+	out, errs, code = s.run("retry", id)
+	if !strings.Contains(errs, "warning: "+id+" failed because its job refused its arguments: unless the job's code has changed since, this retry fails the same way") {
+		t.Errorf("retry %s: exit %d, stdout %q, stderr %q; want a warning that it fails the same way", id, code, out, errs)
+	}
+}

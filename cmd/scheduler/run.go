@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"reflect"
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
@@ -20,16 +18,16 @@ of the catalogue ('scheduler jobs' lists them) and print its ID.
 --args are checked before anything is created, by a live worker that runs
 the job: arguments that do not decode into the job's type, or that its
 Validate refuses, exit 1 with its message. With no live worker, --args are
-checked against the fields the job's workers announced, and the run is
-created with a warning: it waits until a worker runs the job, whose split
-checks the arguments again.
+checked against the schema the job's workers announced (field names, JSON
+types, ranges), and the run is created with a warning: the job's own
+Validate runs when a worker takes the run, and fails it if it refuses.
 
 A job allows one active run at a time unless it sets
 JobOptions.AllowOverlap: while one is active, run exits 1 naming it (wait
 for it, or 'scheduler cancel' it). --key names the run, for a start that
 must happen once (a cron tick, a deploy step): a second start with the same
-key gets the same run, whose ID is printed with a note on stderr, and a
-warning showing both when its --args differ: they are not used.
+key gets the same run, whose ID is printed with a note on stderr; one whose
+--args mean otherwise exits 1 showing both (they would not be used).
 
 With --wait, follow the run — a live progress bar on a terminal, a line
 per change otherwise — print its result and exit 0 only if it succeeded.
@@ -68,22 +66,26 @@ func run(ctx context.Context, args []string) int {
 		app.Fail("%s: the job's arguments are not JSON (its codec is its own): start it from Go with Job.Start", what)
 	}
 	if len(info.Workers) == 0 {
-		// Nobody can check the arguments before the run exists: check at
-		// least the fields the workers announced, rather than create a run
+		// Nobody can run the job's Validate before the run exists: check
+		// at least what the workers announced, rather than create a run
 		// that fails at its split.
 		if err := checkArgs(info.ArgsSchema, a); err != nil {
 			app.Fail("%s: --args: %v", what, err)
 		}
-		fmt.Fprintf(os.Stderr, "scheduler: warning: no live worker runs %s, so the run will wait until one starts ('scheduler jobs' shows the job's workers)\n", job)
+		validate := ""
+		if info.Validates {
+			validate = "; the job's own Validate has not checked --args: it runs when a worker takes the run, and fails the run if it refuses them"
+		}
+		fmt.Fprintf(os.Stderr, "scheduler: warning: no live worker runs %s, so the run will wait until one starts ('scheduler jobs' shows the job's workers)%s\n", job, validate)
 	}
 	id, err := c.mr.StartJSON(ctx, job, a, mapreduce.StartOptions{Key: *key})
 	switch {
 	case errors.Is(err, mapreduce.ErrRunExists):
-		// A warning, not a refusal: arguments that mean the same may be
-		// written otherwise (a default spelled out, {} for none), and a
-		// repeated start under a key must not fail for that.
-		if st, serr := c.mr.Status(ctx, id); serr == nil && *argsJSON != "" && !sameJSON(st.Args, a) {
-			fmt.Fprintf(os.Stderr, "scheduler: warning: run %s has other arguments, %s, than these, %s, which were not used: use another --key for a run of these\n", id, st.Args, a)
+		// Arguments that mean the same may be written otherwise (a default
+		// spelled out, {} for none): only other values are refused, so that
+		// a script never takes a run of other arguments for its own.
+		if st, serr := c.mr.Status(ctx, id); serr == nil && *argsJSON != "" && !sameArgs(info.ArgsSchema, st.Args, a) {
+			app.Fail("run %s already exists (--key %s names it) with other arguments, %s, than these, %s, which were not used: use another --key for a run of these, or leave --args out to get that run", id, *key, st.Args, a)
 		}
 		if *wait {
 			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists (--key %s names it); following it\n", id, *key)
@@ -108,14 +110,4 @@ func run(ctx context.Context, args []string) int {
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
-
-// sameJSON reports whether a and b are JSON documents of the same value,
-// however spaced or ordered.
-func sameJSON(a, b []byte) bool {
-	var va, vb any
-	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
-		return bytes.Equal(a, b)
-	}
-	return reflect.DeepEqual(va, vb)
 }

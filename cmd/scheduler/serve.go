@@ -148,7 +148,7 @@ func serve(ctx context.Context, args []string) int {
 			app.Usage("%s: %v", argsFlag(s), err)
 		}
 		if len(info.Workers) == 0 {
-			log.Warn("scheduler: no live worker runs the job: its runs will wait until one starts", "job", s.job)
+			log.Warn("scheduler: no live worker runs the job: its runs will wait until one starts, and its own Validate checks --args only then", "job", s.job)
 		} else if err := c.mr.CheckJSON(ctx, s.job, s.args); err != nil {
 			// A live worker ran the job's own Validate.
 			app.Usage("%s: %s", argsFlag(s), trim(err))

@@ -170,7 +170,7 @@ func (j Job[A, P, R, O]) info() JobInfo {
 		info.Semantics = "complete"
 	}
 	if info.JSON {
-		info.ArgsSchema, _ = json.Marshal(schemaOf(reflect.TypeFor[A](), 0))
+		info.ArgsSchema = argsSchemaOf(reflect.TypeFor[A]()).json
 	}
 	return info
 }

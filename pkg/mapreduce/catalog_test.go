@@ -142,7 +142,8 @@ func TestStartJSONHasALiveHostCheckTheArgumentsBeforeCreatingTheRun(t *testing.T
 
 // With no live worker to check them, a command-line start creates the run;
 // its split checks the arguments before any page and fails the run at
-// once, without spending retries.
+// once, without spending retries, and its status says that its arguments
+// were refused.
 func TestArgumentsNobodyCheckedFailTheRunAtItsSplitWithoutRetries(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -158,6 +159,9 @@ func TestArgumentsNobodyCheckedFailTheRunAtItsSplitWithoutRetries(t *testing.T) 
 	st := wait(t, starter, id, 10*time.Second)
 	if st.State != mapreduce.StateFailed || !strings.Contains(st.Error, "PageSize 0: use at least 1") || st.Done+st.Failed != 0 {
 		t.Errorf("run with invalid arguments: %s %q, %d pages; want failed at its split, naming the problem", st.State, st.Error, st.Done+st.Failed)
+	}
+	if !st.ArgsRefused() {
+		t.Errorf("ArgsRefused() of the run failed by its arguments (%q) = false, want true: a retry would fail the same way", st.Error)
 	}
 	if ti := e.archivedTask(mapreduce.TypeSplit, id); ti.Retried != 0 {
 		t.Errorf("the split was retried %d times, want none", ti.Retried)

@@ -108,6 +108,8 @@ func TestAStepsFailedAttemptShowsInTheRunsStatusWhileItRetries(t *testing.T) {
 	id2 := mustStart(t, c, "doomed", sumArgs{N: 10, PageSize: 5}, mapreduce.StartOptions{})
 	if st := wait(t, c, id2, 30*time.Second); st.State != mapreduce.StateFailed || st.LastError.Step != "split" {
 		t.Fatalf("the doomed run %s, last error %+v; want failed, at its split", st.State, st.LastError)
+	} else if st.ArgsRefused() {
+		t.Errorf("ArgsRefused() of a run whose Split failed (%q) = true, want false: a retry may succeed", st.Error)
 	}
 	if err := c.Retry(ctx, id2); err != nil {
 		t.Fatal(err)

@@ -65,7 +65,10 @@ type Job[A, P, R, O any] struct {
 	// A start from the command line (Client.StartJSON) has it run by a live
 	// worker hosting the job; the split runs it again before any page, so
 	// that a run created past it fails at once, without retries. Nil: every
-	// value of A is valid.
+	// value of A is valid. The bounds, enums and required fields of A's
+	// jsonschema tags are checked before it, wherever it runs, and by the
+	// scheduler with no worker live (docs/mapreduce.md, "A run's
+	// arguments").
 	Validate func(args A) error
 
 	// Options tunes how the job runs; the zero value is usable.
@@ -280,6 +283,9 @@ func (j Job[A, P, R, O]) check() error {
 				return fmt.Errorf("job %q: its %s %v %s", j.Name, v.what, v.t, why)
 			}
 		}
+		if err := argsSchemaOf(reflect.TypeFor[A]()).err; err != nil {
+			return fmt.Errorf("job %q: its argument type's %w", j.Name, err)
+		}
 	}
 	return nil
 }
@@ -331,8 +337,13 @@ func notJSON(t reflect.Type) string {
 	return ""
 }
 
-// validate runs Validate on decoded arguments.
+// validate checks decoded arguments against their type's jsonschema tags
+// (JSON codec: their encoding is what the tags describe), then runs
+// Validate.
 func (j Job[A, P, R, O]) validate(a A) error {
+	if err := j.checkTags(a); err != nil {
+		return fmt.Errorf("%w for job %q: %w", ErrInvalidArgs, j.Name, err)
+	}
 	if j.Validate == nil {
 		return nil
 	}

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/batchmr/batchmr/internal/argschema"
 )
 
 // Jobs is a registry of jobs, shared by the processes that start runs and
@@ -120,6 +122,15 @@ func (j *typedJob[A, P, R, O]) checkedArgs(b []byte) (A, error) {
 	var a A
 	if err := decodeStrict(j.Options.Codec, b, &a); err != nil {
 		return a, fmt.Errorf("%w: %.200q do not fit job %q's argument type %v: %w", ErrInvalidArgs, b, j.Name, reflect.TypeFor[A](), err)
+	}
+	// A field its tag requires is told from a zero value only here, where
+	// the arguments are as written.
+	if c := j.Options.Codec; c == nil || c == JSON {
+		if s := argsSchemaOf(reflect.TypeFor[A]()); s.constrained && s.err == nil {
+			if err := argschema.Check(s.json, b); err != nil {
+				return a, fmt.Errorf("%w for job %q: %w", ErrInvalidArgs, j.Name, err)
+			}
+		}
 	}
 	return a, j.validate(a)
 }

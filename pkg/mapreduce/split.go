@@ -173,7 +173,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	if splitErr != nil {
 		err := fmt.Errorf("mapreduce: split of %s after %d pages: %w", run, n, splitErr)
 		var m *malformedError
-		if errors.As(splitErr, &m) { // arguments no retry can fix
+		if errors.As(splitErr, &m) { // arguments no retry can fix (Status.ArgsRefused)
 			err = fmt.Errorf("mapreduce: split of %s: %w", run, splitErr)
 		}
 		if tr := c.transientRetry(rctx, k, "split", err, o); tr != nil {

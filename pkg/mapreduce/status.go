@@ -219,6 +219,22 @@ func (st *Status) Stalled(now time.Time) (idle time.Duration, ok bool) {
 	return idle, idle >= StalledAfter
 }
 
+// ArgsRefused reports whether the run failed because its split found its
+// arguments invalid: they do not fit the job's argument type, or its
+// Validate refused them (a run started with no live worker to check them
+// first). A Retry runs with the same arguments and fails the same way
+// unless the job's code has changed since: a new run with other arguments
+// is the fix.
+func (st *Status) ArgsRefused() bool {
+	return st.State == StateFailed && strings.HasPrefix(st.Error, argsRefusedPrefix(st.ID))
+}
+
+// argsRefusedPrefix starts the error of a run whose split found its
+// arguments invalid.
+func argsRefusedPrefix(run string) string {
+	return "mapreduce: split of " + run + ": " + ErrInvalidArgs.Error()
+}
+
 // Pages returns the run's number of pages for showing its progress: its
 // Total once known, else the pages its Split said to expect, and whether
 // either is known.
