@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -136,8 +135,7 @@ func TestNoCommandPrintsAPasswordOfItsURLs(t *testing.T) {
 
 	// The console, every page of it.
 	ui := sched.start("ui", "--listen", "127.0.0.1:0")
-	waitForText(t, ui.stderr, "console on")
-	base := regexp.MustCompile(`https?://[^ ]+/`).FindString(ui.stderr.String())
+	base := consoleAt(t, ui, "http")
 	q := url.QueryEscape(id)
 	for _, path := range []string{"runs", "runs/live", "run?id=" + q, "run/live?id=" + q, "jobs", "jobs/live",
 		"semaphores", "semaphores/live", "semaphore?name=db", "semaphore/live?name=db", "login"} {

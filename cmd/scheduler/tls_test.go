@@ -4,7 +4,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -62,15 +61,7 @@ func TestRunWaitAndTheConsoleWorkOverRedisMTLSWithAPrivateCA(t *testing.T) {
 	}
 
 	p := s.with("REDIS_CA_FILE="+certs.CA).start("ui", "--listen", "127.0.0.1:0", "--read-only")
-	addr := regexp.MustCompile(`console on (http://127\.0\.0\.1:\d+/)`)
-	var url string
-	testenv.WaitFor(t, 10*time.Second, "the console's address", func() bool {
-		m := addr.FindStringSubmatch(p.stderr.String())
-		if m != nil {
-			url = m[1]
-		}
-		return m != nil
-	})
+	url := consoleAt(t, p, "http")
 	resp, err := http.Get(url + "jobs")
 	if err != nil {
 		t.Fatal(err)

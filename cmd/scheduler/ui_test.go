@@ -33,15 +33,7 @@ func TestUIServesTheConsoleOfItsDeploymentUntilInterrupted(t *testing.T) {
 	f.host([]string{"db"}, sumJob("sum", nil))
 	s := newScheduler(t, f)
 	p := s.start("ui", "--listen", "127.0.0.1:0", "--read-only")
-	addr := regexp.MustCompile(`console on (http://127\.0\.0\.1:\d+/)`)
-	var url string
-	testenv.WaitFor(t, 10*time.Second, "the console's address", func() bool {
-		m := addr.FindStringSubmatch(p.stderr.String())
-		if m != nil {
-			url = m[1]
-		}
-		return m != nil
-	})
+	url := consoleAt(t, p, "http")
 	resp, err := http.Get(url + "jobs")
 	if err != nil {
 		t.Fatal(err)
