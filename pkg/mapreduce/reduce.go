@@ -74,6 +74,9 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 		stepCtx = wctx
 		result, err = r.reduce(wctx, []byte(args), pages)
 		stop()
+		if err == nil {
+			err = c.checkRunResultSize(ctx, len(result))
+		}
 		if cause := context.Cause(wctx); err != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {
 			return nil
 		}
