@@ -189,7 +189,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /runs", c.page("runs", c.runsData))
 	m.HandleFunc("GET /runs/live", c.fragment("runs", c.runsData))
 	m.HandleFunc("GET /run", c.page("run", c.runData))
-	m.HandleFunc("GET /run/live", c.fragment("run", c.runData))
+	m.HandleFunc("GET /run/live", c.fragment("run", c.runLiveData))
 	m.HandleFunc("GET /jobs", c.page("jobs", c.jobsData))
 	m.HandleFunc("GET /jobs/live", c.fragment("jobs", c.jobsData))
 	m.HandleFunc("GET /semaphores", c.page("semaphores", c.semaphoresData))

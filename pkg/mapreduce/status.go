@@ -83,6 +83,10 @@ type Status struct {
 	// Args are the run's arguments as Start stored them (JSON unless the
 	// job has another Codec).
 	Args []byte
+	// ArgsBytes and ResultBytes are the sizes of the arguments and the
+	// result in bytes, also where StatusUpTo left them out. Runs and
+	// ActiveRuns read neither: all four are zero there.
+	ArgsBytes, ResultBytes int
 
 	nonce     string // part of the run's task IDs
 	splitTask string // the last part of the ID of the run's split task
@@ -100,7 +104,6 @@ func parseStatus(id string, h map[string]string) *Status {
 		Failed:    atoi(h["failed"]),
 		Retries:   atoi(h["retries"]),
 		Error:     h["error"],
-		Args:      []byte(h["args"]),
 		nonce:     h["nonce"],
 		splitTask: h["split_task"],
 		resume:    atoi(h["resume"]),
@@ -125,6 +128,9 @@ func parseStatus(id string, h map[string]string) *Status {
 	}
 	if r, ok := h["result"]; ok {
 		st.Result = []byte(r)
+	}
+	if a, ok := h["args"]; ok {
+		st.Args = []byte(a)
 	}
 	st.Created = msTime(h["created"])
 	st.SplitDone = msTime(h["split_done"])
