@@ -5,10 +5,7 @@ import (
 	"iter"
 	"net/http"
 	"net/url"
-	"regexp"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -49,21 +46,7 @@ func TestRunsPagesAndTheLiveFragmentReadNoLargeArgumentsOrResults(t *testing.T) 
 		t.Fatalf("the run: %+v, %v; want succeeded with a 1 MiB result", st, err)
 	}
 
-	word := regexp.MustCompile(`"((?:[^"\\]|\\.)*)"`)
-	var mu sync.Mutex
-	var seen [][]string
-	stop := testenv.Monitor(t, "tcp", f.rdb.Options().Addr, func(line string) {
-		if !strings.Contains(line, f.prefix+":") {
-			return
-		}
-		var words []string
-		for _, m := range word.FindAllStringSubmatch(line, -1) {
-			words = append(words, m[1])
-		}
-		mu.Lock()
-		seen = append(seen, words)
-		mu.Unlock()
-	})
+	stop := testenv.MonitorCommands(t, f.rdb, f.prefix+":")
 	live := "/run/live?" + url.Values{"id": {id}}.Encode()
 	for _, path := range []string{"/runs", "/runs/live", "/runs?state=active", "/runs/live?state=succeeded", live} {
 		start := time.Now()
@@ -75,18 +58,9 @@ func TestRunsPagesAndTheLiveFragmentReadNoLargeArgumentsOrResults(t *testing.T) 
 			t.Errorf("GET %s does not say how large the arguments and result are:\n%s", path, body)
 		}
 	}
-	stop()
-	mu.Lock()
-	defer mu.Unlock()
-	for _, words := range seen {
-		if len(words) < 2 {
-			continue
-		}
-		switch cmd := strings.ToUpper(words[0]); {
-		case cmd == "HGETALL" && strings.Contains(words[1], "}:run:"),
-			(cmd == "HGET" || cmd == "HMGET") && (slices.Contains(words[2:], "args") || slices.Contains(words[2:], "result")):
-			t.Errorf("a listing or the live fragment read a whole value: %q", words)
-		}
+	seen := stop()
+	if w := testenv.ReadsWholeValue(seen); w != nil {
+		t.Errorf("a listing or the live fragment read a whole value: %q", w)
 	}
 	if len(seen) == 0 {
 		t.Error("MONITOR saw no command: the check above proves nothing")

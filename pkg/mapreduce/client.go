@@ -64,8 +64,9 @@ type Client struct {
 	batches sync.Map       // job name → *batcher: handlers' page reads and records
 	enqueue batchedScripts // what aq sends its enqueues through
 
-	stallHandOff time.Duration        // tests shorten it
-	enqueueFault func(page int) error // tests fail a page's enqueue with it
+	stallHandOff    time.Duration        // tests shorten it
+	reduceReadBytes int64                // reduceReadBytes; tests lower it
+	enqueueFault    func(page int) error // tests fail a page's enqueue with it
 
 	watchMu  sync.Mutex
 	watches  map[string]map[*watch]struct{}
@@ -115,7 +116,8 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		watches: map[string]map[*watch]struct{}{},
 		swept:   map[string]sweep{},
 
-		stallHandOff: stallHandOff,
+		stallHandOff:    stallHandOff,
+		reduceReadBytes: reduceReadBytes,
 	}
 	c.enqueue = batchedScripts{UniversalClient: rdb, batches: &sync.Map{}}
 	c.aq = asynq.NewClientFromRedisClient(c.enqueue)

@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
-	"regexp"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -51,32 +48,11 @@ func (e *env) byteCountingClient(n *atomic.Int64) *mapreduce.Client {
 	return c
 }
 
-// monitorReads records, from now until the returned stop is called, the
-// commands the server runs on keys under e's prefix, each as its quoted
-// words (command first).
+// monitorReads records the commands on e's keys until stop is called
+// (testenv.MonitorCommands).
 func (e *env) monitorReads() (stop func() [][]string) {
 	e.t.Helper()
-	word := regexp.MustCompile(`"((?:[^"\\]|\\.)*)"`)
-	var mu sync.Mutex
-	var cmds [][]string
-	end := testenv.Monitor(e.t, "tcp", e.rdb.Options().Addr, func(line string) {
-		if !strings.Contains(line, e.prefix+":") {
-			return
-		}
-		var words []string
-		for _, m := range word.FindAllStringSubmatch(line, -1) {
-			words = append(words, m[1])
-		}
-		mu.Lock()
-		cmds = append(cmds, words)
-		mu.Unlock()
-	})
-	return func() [][]string {
-		end()
-		mu.Lock()
-		defer mu.Unlock()
-		return cmds
-	}
+	return testenv.MonitorCommands(e.t, e.rdb, e.prefix+":")
 }
 
 // Listing, counting and polling runs read their summaries: a run with
@@ -142,15 +118,8 @@ func TestListingAndPollingRunsReadNoArgumentsOrResults(t *testing.T) {
 	if n := read.Load(); n > 64<<10 {
 		t.Errorf("listing, counting and polling read %d bytes from Redis; want a few KiB, no 1 MiB value", n)
 	}
-	for _, words := range cmds {
-		if len(words) < 2 {
-			continue
-		}
-		switch cmd := strings.ToUpper(words[0]); {
-		case cmd == "HGETALL" && strings.Contains(words[1], "}:run:"),
-			(cmd == "HGET" || cmd == "HMGET") && (slices.Contains(words[2:], "args") || slices.Contains(words[2:], "result")):
-			t.Errorf("a listing or poll read a whole value: %q", words)
-		}
+	if w := testenv.ReadsWholeValue(cmds); w != nil {
+		t.Errorf("a listing or poll read a whole value: %q", w)
 	}
 	if len(cmds) == 0 {
 		t.Error("MONITOR saw no command: the check above proves nothing")

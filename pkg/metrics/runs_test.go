@@ -3,10 +3,7 @@ package metrics_test
 import (
 	"context"
 	"iter"
-	"regexp"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -89,23 +86,9 @@ func TestAScrapeReadsRunSummariesNotArgumentsOrResults(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	word := regexp.MustCompile(`"((?:[^"\\]|\\.)*)"`)
-	var mu sync.Mutex
-	var seen [][]string
-	end := testenv.Monitor(t, "tcp", rdb.Options().Addr, func(line string) {
-		if !strings.Contains(line, prefix+":") {
-			return
-		}
-		var words []string
-		for _, m := range word.FindAllStringSubmatch(line, -1) {
-			words = append(words, m[1])
-		}
-		mu.Lock()
-		seen = append(seen, words)
-		mu.Unlock()
-	})
+	end := testenv.MonitorCommands(t, rdb, prefix+":")
 	m := gatherRuns(t, metrics.NewFleet(mr, nil, metrics.FleetOptions{}))
-	end()
+	seen := end()
 	for series, want := range map[string]float64{
 		"batchmr_runs{batchmr_job=big,state=splitting}":              1,
 		"batchmr_runs{batchmr_job=big,state=cancelled}":              1,
@@ -119,17 +102,8 @@ func TestAScrapeReadsRunSummariesNotArgumentsOrResults(t *testing.T) {
 	if _, ok := m["batchmr_run_pages_done{batchmr_job=big,run="+ended+"}"]; ok {
 		t.Errorf("the ended run has a series of its progress: %v", m)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, words := range seen {
-		if len(words) < 2 {
-			continue
-		}
-		switch cmd := strings.ToUpper(words[0]); {
-		case cmd == "HGETALL" && strings.Contains(words[1], "}:run:"),
-			(cmd == "HGET" || cmd == "HMGET") && (slices.Contains(words[2:], "args") || slices.Contains(words[2:], "result")):
-			t.Errorf("the scrape read a run's whole value: %q", words)
-		}
+	if w := testenv.ReadsWholeValue(seen); w != nil {
+		t.Errorf("the scrape read a run's whole value: %q", w)
 	}
 	if len(seen) == 0 {
 		t.Error("MONITOR saw no command: the check above proves nothing")
