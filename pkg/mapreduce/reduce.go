@@ -57,7 +57,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 	ctx, endStep := c.startStep(ctx, StepReduce, run, -1)
 	stepCtx := ctx // the reduce's watched context, once it has one
 	defer func() { endStep(stepCtx, err) }()
-	pages := c.storedPages(ctx, k, total, per)
+	pages := c.storedPages(ctx, k, total, per, failedPages)
 	rctx, cancel := afterWork(ctx)
 	defer cancel()
 
@@ -128,14 +128,15 @@ const bundlePages = 128
 // storedPages yields every page of a run in index order, reading them from
 // Redis a chunk at a time, so that Reduce over a million pages never holds
 // them all. Small results are read from bundles of per pages; for the
-// others, and for failure records, it reads their sizes first (HSTRLEN),
-// then the values in reads of at most c.reduceReadBytes.
-func (c *Client) storedPages(ctx context.Context, k runKeys, total, per int) iter.Seq2[storedPage, error] {
+// others, and for failure records (if any page failed), it reads their
+// sizes first (HSTRLEN), then the values in reads of at most
+// c.reduceReadBytes.
+func (c *Client) storedPages(ctx context.Context, k runKeys, total, per, failed int) iter.Seq2[storedPage, error] {
 	chunk := max(1, storedPageChunk/per) * per
 	return func(yield func(storedPage, error) bool) {
 		for lo := 0; lo < total; lo += chunk {
 			hi := min(lo+chunk, total)
-			pages, err := c.storedChunk(ctx, k, lo, hi, per)
+			pages, err := c.storedChunk(ctx, k, lo, hi, per, failed > 0)
 			if err != nil {
 				yield(storedPage{index: lo}, err)
 				return
@@ -170,56 +171,53 @@ type pageToRead struct {
 }
 
 // storedChunk reads the bundles of pages lo to hi-1 (lo a multiple of per)
-// and the sizes of the results and failure records of those not bundled.
-func (c *Client) storedChunk(ctx context.Context, k runKeys, lo, hi, per int) ([]pageToRead, error) {
+// and then, for the pages none of them holds, the sizes of their result
+// fields and, if failures, of their failure records: a run of small
+// results costs one round trip a chunk.
+func (c *Client) storedChunk(ctx context.Context, k runKeys, lo, hi, per int, failures bool) ([]pageToRead, error) {
 	var bundles []string
 	for b := lo / per; b*per < hi; b++ {
 		bundles = append(bundles, "b"+strconv.Itoa(b))
 	}
-	var res *redis.SliceCmd
-	sizes := make([]*redis.IntCmd, hi-lo)
-	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		res = p.HMGet(ctx, k.results, bundles...)
-		for i := lo; i < hi; i++ {
-			sizes[i-lo] = p.HStrLen(ctx, k.results, strconv.Itoa(i))
-		}
-		return nil
-	})
+	res, err := c.rdb.HMGet(ctx, k.results, bundles...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("reading pages %d-%d: %w", lo, hi-1, err)
 	}
-	bundled, err := unbundle(lo, hi, per, res.Val())
+	bundled, err := unbundle(lo, hi, per, res)
 	if err != nil {
 		return nil, err
 	}
 	pages := make([]pageToRead, hi-lo)
-	var failed []int // positions of pages with no result: their failure records' sizes
+	var rest []int // positions of the pages no bundle holds
 	for j := range pages {
 		pages[j].index = lo + j
-		switch {
-		case sizes[j].Val() > 0:
-			pages[j].resultSize = sizes[j].Val()
-		case bundled[j] != nil:
-			pages[j].result = bundled[j]
-		default:
-			failed = append(failed, j)
+		if pages[j].result = bundled[j]; pages[j].result == nil {
+			rest = append(rest, j)
 		}
 	}
-	if len(failed) == 0 {
+	if len(rest) == 0 {
 		return pages, nil
 	}
-	fsizes := make([]*redis.IntCmd, len(failed))
+	sizes := make([]*redis.IntCmd, len(rest))
+	fsizes := make([]*redis.IntCmd, len(rest))
 	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for n, j := range failed {
-			fsizes[n] = p.HStrLen(ctx, k.failures, strconv.Itoa(lo+j))
+		for n, j := range rest {
+			field := strconv.Itoa(lo + j)
+			sizes[n] = p.HStrLen(ctx, k.results, field)
+			if failures {
+				fsizes[n] = p.HStrLen(ctx, k.failures, field)
+			}
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reading the failures of pages %d-%d: %w", lo, hi-1, err)
+		return nil, fmt.Errorf("reading the sizes of pages %d-%d: %w", lo, hi-1, err)
 	}
-	for n, j := range failed {
-		pages[j].failureSize = fsizes[n].Val()
+	for n, j := range rest {
+		pages[j].resultSize = sizes[n].Val()
+		if failures {
+			pages[j].failureSize = fsizes[n].Val()
+		}
 	}
 	return pages, nil
 }
