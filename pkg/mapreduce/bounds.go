@@ -6,14 +6,19 @@ import (
 )
 
 // What a run keeps in Redis is bounded: its arguments (JobOptions.MaxArgsBytes),
-// each page's result and the run's result (maxResultBytes), so that neither
-// Redis's memory nor a reader of the run is at the mercy of one large value.
+// each page's result and the run's result (maxResultBytes), its errors
+// (errorMax), so that neither Redis's memory nor a reader of the run is at
+// the mercy of one large value.
 const (
 	// DefaultMaxArgsBytes is JobOptions.MaxArgsBytes's default: 1 MiB.
 	DefaultMaxArgsBytes = 1 << 20
 	// maxArgsBytes is the most JobOptions.MaxArgsBytes may be: as much as
 	// a page's result may take.
 	maxArgsBytes = maxResultBytes
+	// errorMax is how much of an error a run keeps: its own (Status.Error)
+	// and each failed page's (PageFailure.Error). Lists of runs and of
+	// failed pages read them.
+	errorMax = 4 << 10
 )
 
 // mib formats n bytes in MiB, for messages.

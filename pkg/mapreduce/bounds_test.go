@@ -123,3 +123,32 @@ func TestAReduceResultOverTheCapFailsTheRunNamingTheFix(t *testing.T) {
 		t.Errorf("Reduce ran %d times, want once: no retry makes its result smaller", n)
 	}
 }
+
+// A run keeps the first 4 KiB of its error and of each failed page's, which
+// every listing of runs and of failed pages reads.
+func TestRunAndPageErrorsAreKeptToTheirFirst4KiB(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	huge := strings.Repeat("e", 100<<10)
+	job := mapreduce.Job[string, int, int, string]{
+		Name:    "loud",
+		Split:   func(_ context.Context, _ string, emit func(int) error) error { return emit(0) },
+		Map:     func(context.Context, int) (int, error) { return 0, errors.New(huge) },
+		Options: e.opts(mapreduce.JobOptions{MapRetries: -1}),
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, 1)
+	id, err := job.Start(context.Background(), c, "", mapreduce.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := wait(t, c, id, 30*time.Second)
+	if st.State != mapreduce.StateFailed || len(st.Error) > 4<<10+len("…") || !strings.Contains(st.Error, "eeee") || !strings.HasSuffix(st.Error, "…") {
+		t.Errorf("the run %s with a %d-byte error; want failed, its error cut to 4 KiB", st.State, len(st.Error))
+	}
+	failures, n, err := c.Failures(context.Background(), id, 0)
+	if err != nil || n != 1 || len(failures[0].Error) != 4<<10+len("…") || !strings.HasSuffix(failures[0].Error, "eee…") {
+		t.Errorf("the failed page: %d of them (%v), its error %d bytes; want one, its error the first 4 KiB", n, err, len(failures[0].Error))
+	}
+}

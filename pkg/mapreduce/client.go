@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/rediserr"
+	"github.com/batchmr/batchmr/internal/shorten"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
@@ -353,6 +354,7 @@ func (c *Client) finish(ctx context.Context, id, nonce string, to State, result 
 	if result != nil {
 		hasResult = "1"
 	}
+	msg = shorten.To(msg, errorMax)
 	var res []any
 	err = c.withRedis(ctx, "ending a run", func(ctx context.Context) (err error) {
 		res, err = scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, string(from), hasResult, nonce).Slice()

@@ -70,7 +70,8 @@ type Status struct {
 	// which Rate does not count. -1 if not known: a release before this
 	// field retried the run.
 	RetriedDone int
-	// Error says why a failed run failed, or that it was cancelled.
+	// Error says why a failed run failed, or that it was cancelled: its
+	// first 4 KiB.
 	Error string
 	// LastError is the latest failed attempt of one of the run's steps
 	// (a page, the split or the reduce) since Start or the last Retry,
