@@ -48,8 +48,8 @@ func MonitorCommands(t testing.TB, rdb *redis.Client, prefix string) (stop func(
 		}
 		select {
 		case <-seenMarker:
-		case <-time.After(10 * time.Second):
-			t.Fatal("testenv: MONITOR did not show a command sent 10 s ago")
+		case <-time.After(30 * time.Second):
+			t.Fatal("testenv: MONITOR did not show a command sent 30 s ago")
 		}
 		end()
 		mu.Lock()

@@ -15,7 +15,7 @@ import (
 
 // A reduce reads the pages' results and failure records in reads of a
 // bounded number of bytes: with pages of 100 KiB and a bound of 250 KiB,
-// no read of the results or failures hash names more than two pages, and
+// no read of the results or failures hash names more than two of them, and
 // Reduce still sees every page in order, small results (bundled), large
 // ones and failures alike.
 func TestAReduceReadsPagesInBatchesBoundedByBytes(t *testing.T) {
@@ -88,9 +88,9 @@ func TestAReduceReadsPagesInBatchesBoundedByBytes(t *testing.T) {
 			continue
 		}
 		reads++
-		n := 0
+		n := 0 // pages of 100 KiB: page 7's failure record is cut to 4 KiB
 		for _, f := range words[2:] {
-			if _, err := strconv.Atoi(f); err == nil {
+			if i, err := strconv.Atoi(f); err == nil && i != 7 {
 				n++
 			}
 		}
