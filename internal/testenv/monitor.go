@@ -49,9 +49,9 @@ func Monitor(t testing.TB, network, address string, each func(line string)) (sto
 	return stop
 }
 
-// monitorLineMax is how much of a line Monitor passes on: a command that
-// carries megabytes (a test's large value) is cut, and monitoring goes on.
-const monitorLineMax = 64 << 10
+// monitorLineMax is how much of a line Monitor passes on: a longer command
+// (a test's large value) is cut, and monitoring goes on.
+const monitorLineMax = 16 << 20
 
 // readLine reads one line from r, without its line ending, cut to
 // monitorLineMax.
