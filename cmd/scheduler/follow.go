@@ -48,7 +48,12 @@ func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*ma
 		last = ""
 	}
 	for {
-		st, err := c.mr.Status(ctx, id)
+		// Polled without its arguments and result, which may take
+		// megabytes; read whole once it has ended.
+		st, err := c.mr.StatusUpTo(ctx, id, 0)
+		if err == nil && st.State.Ended() {
+			st, err = c.mr.Status(ctx, id)
+		}
 		switch {
 		case ctx.Err() != nil:
 			if tty && last != "" {

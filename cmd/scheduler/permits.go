@@ -30,7 +30,7 @@ worker uses exits 1.
 
 'set' changes the limit for every worker at once: raising it wakes waiters
 now; lowering it lets holders finish and grants nobody until the permits
-held fit. N is a whole number of at least 1. A NAME that Redis has no
+held fit. N is a whole number from 1 to 1048576. A NAME that Redis has no
 limit for and no live worker uses is refused as a likely typo, unless
 --new says it is a semaphore that workers will use ("db", the workers'
 database permits, is always accepted).
@@ -83,9 +83,10 @@ func permits(ctx context.Context, args []string) int {
 		}
 	case "set":
 		want(pos, 3, 3, map[int]string{1: "NAME and N", 2: "N, the new limit"}[len(pos)])
+		// Atoi refuses a number past int's range (ErrRange), so none wraps.
 		n, err := strconv.Atoi(pos[2])
-		if err != nil || n < 1 {
-			app.Usage("permits set %s %s: N must be a whole number of at least 1", pos[1], pos[2])
+		if err != nil || n < 1 || n > semaphore.MaxLimit {
+			app.Usage("permits set %s %s: N must be a whole number of at least 1 and at most %d, the largest limit a semaphore takes", pos[1], pos[2], semaphore.MaxLimit)
 		}
 		c := connect(ctx, *url)
 		defer c.close()

@@ -50,7 +50,7 @@ func runs(ctx context.Context, args []string) int {
 	}
 	var list []*mapreduce.Status
 	if len(pos) == 1 {
-		list, err = c.mr.Runs(ctx, pos[0])
+		list, err = listRuns(ctx, c, pos[0], *state)
 		// A job the catalogue lost may still have runs: show them.
 		if !slices.Contains(jobs, pos[0]) && (err != nil || len(list) == 0) {
 			app.Fail("runs: %s", c.unknownJob(pos[0], catalogue))
@@ -64,7 +64,7 @@ func runs(ctx context.Context, args []string) int {
 			return 0
 		}
 		for _, job := range jobs {
-			l, err := c.mr.Runs(ctx, job)
+			l, err := listRuns(ctx, c, job, *state)
 			if err != nil {
 				app.Fail("runs: %s", trim(err))
 			}
@@ -92,6 +92,15 @@ func runs(ctx context.Context, args []string) int {
 	}
 	_ = w.Flush()
 	return 0
+}
+
+// listRuns reads the summaries of job's runs: for --state active, from
+// the job's index of runs not ended alone.
+func listRuns(ctx context.Context, c *conn, job, state string) ([]*mapreduce.Status, error) {
+	if state == "active" {
+		return c.mr.ActiveRuns(ctx, job)
+	}
+	return c.mr.Runs(ctx, job)
 }
 
 func joinStates() string {

@@ -210,7 +210,7 @@ func (c *Console) routes() {
 		{"GET /runs", page, c.page("runs", c.runsData)},
 		{"GET /runs/live", fragment, c.fragment("runs", c.runsData)},
 		{"GET /run", page, c.page("run", c.runData)},
-		{"GET /run/live", fragment, c.fragment("run", c.runData)},
+		{"GET /run/live", fragment, c.fragment("run", c.runLiveData)},
 		{"GET /jobs", page, c.page("jobs", c.jobsData)},
 		{"GET /jobs/live", fragment, c.fragment("jobs", c.jobsData)},
 		{"GET /semaphores", page, c.page("semaphores", c.semaphoresData)},

@@ -93,7 +93,13 @@ func (c *Console) runsData(ctx context.Context, r *http.Request) (string, string
 	}
 	var list []*mapreduce.Status
 	for _, job := range jobs {
-		l, err := c.cfg.MapReduce.Runs(ctx, job)
+		// Summaries, never arguments or results: this page and its
+		// fragment are read every second of every open tab.
+		read := c.cfg.MapReduce.Runs
+		if v.State == "active" {
+			read = c.cfg.MapReduce.ActiveRuns
+		}
+		l, err := read(ctx, job)
 		if err != nil {
 			if v.Job != "" {
 				return "Runs", live, v, badRequest("No runs for job %q: %v", v.Job, err)
@@ -132,10 +138,42 @@ type runView struct {
 	FailuresTotal int
 }
 
+// liveValueBytes is the most bytes of a run's arguments, and of its
+// result, that the run page's live fragment reads: it is fetched every
+// second of every open tab, and larger values are shown by the page itself.
+const liveValueBytes = 16 << 10
+
+// runData reads a run whole, for its page.
 func (c *Console) runData(ctx context.Context, r *http.Request) (string, string, any, error) {
+	return c.readRun(ctx, r, c.cfg.MapReduce.Status)
+}
+
+// runLiveData reads a run for its page's live fragment: its arguments and
+// result only when small, else a line that says how large they are.
+func (c *Console) runLiveData(ctx context.Context, r *http.Request) (string, string, any, error) {
+	return c.readRun(ctx, r, func(ctx context.Context, id string) (*mapreduce.Status, error) {
+		st, err := c.cfg.MapReduce.StatusUpTo(ctx, id, liveValueBytes)
+		if err != nil {
+			return nil, err
+		}
+		if st.Args == nil && st.ArgsBytes > 0 {
+			st.Args = []byte(notShownLive(st.ArgsBytes))
+		}
+		if st.Result == nil && st.ResultBytes > 0 {
+			st.Result = []byte(notShownLive(st.ResultBytes))
+		}
+		return st, nil
+	})
+}
+
+func notShownLive(n int) string {
+	return fmt.Sprintf("(%.1f KiB: too large to refresh every second; reload the page to read it)", float64(n)/1024)
+}
+
+func (c *Console) readRun(ctx context.Context, r *http.Request, read func(context.Context, string) (*mapreduce.Status, error)) (string, string, any, error) {
 	id := r.FormValue("id") // the query, or a cancel's or retry's form
 	live := "/run/live?" + url.Values{"id": {id}}.Encode()
-	st, err := c.cfg.MapReduce.Status(ctx, id)
+	st, err := read(ctx, id)
 	if err != nil {
 		if errors.Is(err, mapreduce.ErrRunNotFound) || id == "" || isBadID(err) {
 			return "Run not found", live, nil, notFound("No run %q: it never started, or it expired after its retention.", id)
@@ -159,7 +197,7 @@ func (c *Console) runMutation(w http.ResponseWriter, r *http.Request, verb, done
 	id := r.PostFormValue("id")
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	if _, err := c.cfg.MapReduce.Status(ctx, id); err != nil {
+	if _, err := c.cfg.MapReduce.StatusUpTo(ctx, id, 0); err != nil {
 		if errors.Is(err, mapreduce.ErrRunNotFound) || id == "" || isBadID(err) {
 			c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No run %q to %s: it never started, or it expired after its retention.", id, verb))
 			return

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -25,22 +26,48 @@ func Monitor(t testing.TB, network, address string, each func(line string)) (sto
 	if _, err := fmt.Fprint(conn, "MONITOR\r\n"); err != nil {
 		t.Fatalf("testenv: MONITOR: %v", err)
 	}
-	sc := bufio.NewScanner(conn)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	r := bufio.NewReaderSize(conn, 64<<10)
 	// Commands are shown from MONITOR's reply on: wait for it.
-	if !sc.Scan() || sc.Text() != "+OK" {
+	if line, err := readLine(r); err != nil || line != "+OK" {
 		_ = conn.Close()
-		t.Fatalf("testenv: MONITOR: %q %v", sc.Text(), sc.Err())
+		t.Fatalf("testenv: MONITOR: %q %v", line, err)
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for sc.Scan() {
-			each(sc.Text())
+		for {
+			line, err := readLine(r)
+			if err != nil {
+				return
+			}
+			each(line)
 		}
 	}()
 	var once sync.Once
 	stop = func() { once.Do(func() { _ = conn.Close(); <-done }) }
 	t.Cleanup(stop)
 	return stop
+}
+
+// monitorLineMax is how much of a line Monitor passes on: a longer command
+// (a test's large value) is cut, and monitoring goes on.
+const monitorLineMax = 16 << 20
+
+// readLine reads one line from r, without its line ending, cut to
+// monitorLineMax.
+func readLine(r *bufio.Reader) (string, error) {
+	var line []byte
+	for {
+		part, err := r.ReadSlice('\n')
+		if len(line) < monitorLineMax {
+			line = append(line, part[:min(len(part), monitorLineMax-len(line))]...)
+		}
+		switch {
+		case err == bufio.ErrBufferFull:
+			continue
+		case err != nil:
+			return "", err
+		}
+		return strings.TrimRight(string(line), "\r\n"), nil
+	}
 }

@@ -57,6 +57,9 @@ type JobInfo struct {
 	// PagesPerTask is JobOptions.PagesPerTask; 0 from a worker of a
 	// release before packing, which cannot run packed tasks.
 	PagesPerTask int `json:"pages_per_task,omitempty"`
+	// MaxArgsBytes is JobOptions.MaxArgsBytes; 0 from a worker of a
+	// release before it, which means the default.
+	MaxArgsBytes int `json:"max_args_bytes,omitempty"`
 
 	// Announced is when a worker last announced the job.
 	Announced time.Time `json:"announced"`
@@ -165,6 +168,7 @@ func (j Job[A, P, R, O]) info() JobInfo {
 		Semantics:     "success",
 		AllowOverlap:  o.AllowOverlap,
 		PagesPerTask:  o.PagesPerTask,
+		MaxArgsBytes:  o.MaxArgsBytes,
 	}
 	if o.Semantics == CompleteSemantics {
 		info.Semantics = "complete"
@@ -181,6 +185,7 @@ func (i JobInfo) spec() jobSpec {
 		Queue: i.Queue, MapRetries: i.MapRetries, StepRetries: i.StepRetries,
 		MapTimeout: i.MapTimeout, SplitTimeout: i.SplitTimeout, ReduceTimeout: i.ReduceTimeout,
 		Retention: i.Retention, AllowOverlap: i.AllowOverlap,
+		MaxArgsBytes: min(max(i.MaxArgsBytes, 0), maxArgsBytes),
 	}
 	// The announced values are the defaults applied; 0 retries was -1.
 	if o.MapRetries == 0 {
@@ -453,10 +458,12 @@ func (c *Client) Workers(ctx context.Context) ([]WorkerInfo, error) {
 // is checked here; any other is looked up in the catalogue, and a live
 // worker that runs it decodes the arguments and runs Validate before the
 // run is created, answering within a few seconds. An error wrapping
-// ErrInvalidArgs means nothing was created. If no worker answers (none is
-// live), the run is created unchecked and its split checks the arguments,
-// failing the run at once if they are invalid. Otherwise StartJSON returns
-// what Job.Start does.
+// ErrInvalidArgs means nothing was created: arguments over the job's
+// JobOptions.MaxArgsBytes (as its workers announce it) are refused before
+// any worker is asked. If no worker answers (none is live), the run is
+// created unchecked and its split checks the arguments, failing the run at
+// once if they are invalid. Otherwise StartJSON returns what Job.Start
+// does.
 func (c *Client) StartJSON(ctx context.Context, job string, args json.RawMessage, opts StartOptions) (string, error) {
 	spec, args, err := c.checkJSON(ctx, job, args)
 	if err != nil {
@@ -487,10 +494,14 @@ func (c *Client) checkJSON(ctx context.Context, job string, args json.RawMessage
 		if r.options().Codec != JSON {
 			return jobSpec{}, nil, errNotJSON
 		}
+		args = compactJSON(args)
+		if err := checkArgsSize(r.options(), len(args)); err != nil {
+			return jobSpec{}, nil, err
+		}
 		if err := r.checkArgs(args); err != nil {
 			return jobSpec{}, nil, err
 		}
-		return c.spec(job, r.options()), compactJSON(args), nil
+		return c.spec(job, r.options()), args, nil
 	}
 	info, err := c.Job(ctx, job)
 	if err != nil {
@@ -502,12 +513,17 @@ func (c *Client) checkJSON(ctx context.Context, job string, args json.RawMessage
 	if !json.Valid(args) {
 		return jobSpec{}, nil, fmt.Errorf("%w: %.200q is not JSON", ErrInvalidArgs, args)
 	}
+	spec := info.spec()
+	args = compactJSON(args)
+	if err := checkArgsSize(spec.o, len(args)); err != nil {
+		return jobSpec{}, nil, err
+	}
 	if len(info.Workers) > 0 {
 		if err := c.checkArgs(ctx, job, args); err != nil {
 			return jobSpec{}, nil, err
 		}
 	}
-	return info.spec(), compactJSON(args), nil
+	return spec, args, nil
 }
 
 var errNotJSON = errors.New("the job's codec is not JSON: start it from Go with Job.Start")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/rediserr"
+	"github.com/batchmr/batchmr/internal/shorten"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
@@ -64,8 +65,9 @@ type Client struct {
 	batches sync.Map       // job name → *batcher: handlers' page reads and records
 	enqueue batchedScripts // what aq sends its enqueues through
 
-	stallHandOff time.Duration        // tests shorten it
-	enqueueFault func(page int) error // tests fail a page's enqueue with it
+	stallHandOff    time.Duration        // tests shorten it
+	reduceReadBytes int64                // reduceReadBytes; tests lower it
+	enqueueFault    func(page int) error // tests fail a page's enqueue with it
 
 	watchMu  sync.Mutex
 	watches  map[string]map[*watch]struct{}
@@ -115,7 +117,8 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		watches: map[string]map[*watch]struct{}{},
 		swept:   map[string]sweep{},
 
-		stallHandOff: stallHandOff,
+		stallHandOff:    stallHandOff,
+		reduceReadBytes: reduceReadBytes,
 	}
 	c.enqueue = batchedScripts{UniversalClient: rdb, batches: &sync.Map{}}
 	c.aq = asynq.NewClientFromRedisClient(c.enqueue)
@@ -241,7 +244,9 @@ func newNonce() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Status returns a snapshot of the run, or an error wrapping ErrRunNotFound.
+// Status returns a snapshot of the run, its arguments and result included,
+// or an error wrapping ErrRunNotFound. To watch a run, poll StatusUpTo,
+// which leaves out what may be large.
 func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
 	k, err := c.keys(id)
 	if err != nil {
@@ -254,18 +259,25 @@ func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
 	if len(h) == 0 {
 		return nil, fmt.Errorf("mapreduce: status %s: %w (never started, or expired after its retention)", id, ErrRunNotFound)
 	}
-	return parseStatus(id, h), nil
+	st := parseStatus(id, h)
+	st.ArgsBytes, st.ResultBytes = len(st.Args), len(st.Result)
+	return st, nil
 }
 
 // Wait blocks until the run has ended or ctx is done, and returns its last
-// status. A run that ended failed or cancelled is not an error: check
+// status: whole (as Status reads it) once the run has ended, its summary
+// (as StatusUpTo(ctx, id, 0) reads it, which is what Wait polls) if ctx
+// ends first. A run that ended failed or cancelled is not an error: check
 // Status.State. Redis being unreachable for a while is not an error either:
 // Wait keeps trying until ctx is done.
 func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 	delay := 20 * time.Millisecond
 	var last *Status
 	for {
-		st, err := c.Status(ctx, id)
+		st, err := c.StatusUpTo(ctx, id, 0)
+		if err == nil && st.State.Ended() {
+			st, err = c.Status(ctx, id)
+		}
 		switch {
 		case err == nil:
 			if st.State.Ended() {
@@ -310,7 +322,11 @@ func (c *Client) Cancel(ctx context.Context, id string) error {
 	}
 }
 
-// Runs returns the job's runs still within their retention, newest first.
+// Runs returns the summaries of the job's runs still within their
+// retention, newest first: each as Status reads it, without its arguments
+// and result (Args, Result, ArgsBytes and ResultBytes are zero), so that a
+// listing reads a few hundred bytes a run. ActiveRuns reads those not
+// ended alone.
 func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
 	if !jobNameRE.MatchString(job) {
 		return nil, fmt.Errorf("mapreduce: runs: job name %q is invalid", job)
@@ -320,36 +336,11 @@ func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
 	}
-	out, _, err := c.statuses(ctx, ids)
+	out, _, err := c.summaries(ctx, ids)
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
 	}
 	return out, nil
-}
-
-// statuses reads the runs ids in one round trip. It returns the status of
-// each that exists, in the order of ids, and the IDs of those that do not.
-func (c *Client) statuses(ctx context.Context, ids []string) (found []*Status, gone []string, err error) {
-	cmds := make([]*redis.MapStringStringCmd, len(ids))
-	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, id := range ids {
-			rk, _ := c.keys(id)
-			cmds[i] = p.HGetAll(ctx, rk.run)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	found = make([]*Status, 0, len(ids))
-	for i, cmd := range cmds {
-		if h := cmd.Val(); len(h) > 0 {
-			found = append(found, parseStatus(ids[i], h))
-		} else {
-			gone = append(gone, ids[i])
-		}
-	}
-	return found, gone, nil
 }
 
 // finish runs finish.lua; from restricts the state the run must be in, and
@@ -363,6 +354,7 @@ func (c *Client) finish(ctx context.Context, id, nonce string, to State, result 
 	if result != nil {
 		hasResult = "1"
 	}
+	msg = shorten.To(msg, errorMax)
 	var res []any
 	err = c.withRedis(ctx, "ending a run", func(ctx context.Context) (err error) {
 		res, err = scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, string(from), hasResult, nonce).Slice()

@@ -178,3 +178,7 @@ func (c *Client) Unlist(ctx context.Context, job string, ids ...string) (int, er
 	k, _ := c.keys(job + ":x")
 	return c.unlist(ctx, k, ids)
 }
+
+// SetReduceReadBytes sets the most bytes of results one read of c's
+// reduces fetches.
+func (c *Client) SetReduceReadBytes(n int64) { c.reduceReadBytes = n }

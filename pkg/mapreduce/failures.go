@@ -15,7 +15,7 @@ type PageFailure struct {
 	// Page is the page's descriptor as the job's Codec encoded it (JSON
 	// unless the job has another Codec); empty if it could not be encoded.
 	Page []byte
-	// Error is the page's last error.
+	// Error is the page's last error: its first 4 KiB.
 	Error string
 }
 

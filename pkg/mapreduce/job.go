@@ -174,6 +174,13 @@ type JobOptions struct {
 	// does not start packing while the catalogue lists such a worker of
 	// the job (docs/operations.md, "Upgrading").
 	PagesPerTask int
+	// MaxArgsBytes is the most bytes a run's encoded arguments may take:
+	// Start and StartJSON refuse larger ones with an error wrapping
+	// ErrInvalidArgs, and create nothing. A run keeps its arguments in
+	// Redis until its retention ends; pass a reference to large input (a
+	// table, object storage). Default DefaultMaxArgsBytes (1 MiB); at
+	// most 32 MiB.
+	MaxArgsBytes int
 }
 
 // Codec encodes the values a job passes between processes.
@@ -235,6 +242,9 @@ func (o JobOptions) withDefaults() JobOptions {
 	if o.PagesPerTask == 0 {
 		o.PagesPerTask = maxPack
 	}
+	if o.MaxArgsBytes == 0 {
+		o.MaxArgsBytes = DefaultMaxArgsBytes
+	}
 	return o
 }
 
@@ -253,6 +263,8 @@ func (o JobOptions) validate() error {
 		return fmt.Errorf("negative Window %d: leave it zero for the default (%d pages)", o.Window, defaultWindow)
 	case o.PagesPerTask < 0 || o.PagesPerTask > maxPack || o.PagesPerTask&(o.PagesPerTask-1) != 0:
 		return fmt.Errorf("PagesPerTask %d: use a power of two up to %d (1 turns packing off), or leave it zero for the default (%d)", o.PagesPerTask, maxPack, maxPack)
+	case o.MaxArgsBytes < 0 || o.MaxArgsBytes > maxArgsBytes:
+		return fmt.Errorf("MaxArgsBytes %d: use at most %d (%s), or leave it zero for the default (%d, %s)", o.MaxArgsBytes, maxArgsBytes, mib(maxArgsBytes), DefaultMaxArgsBytes, mib(DefaultMaxArgsBytes))
 	case o.Semantics != SuccessSemantics && o.Semantics != CompleteSemantics:
 		return fmt.Errorf("unknown Semantics %d: use SuccessSemantics or CompleteSemantics", o.Semantics)
 	}
@@ -358,8 +370,9 @@ func (j Job[A, P, R, O]) validate(a A) error {
 // as one started with the worker package) runs it. The process calling
 // Start needs none of the job's dependencies: only c's Redis.
 //
-// It returns the run ID. Arguments that Validate rejects give an error
-// wrapping ErrInvalidArgs, and nothing is created. If a run with the same
+// It returns the run ID. Arguments that Validate rejects, or that take more
+// than JobOptions.MaxArgsBytes encoded, give an error wrapping
+// ErrInvalidArgs, and nothing is created. If a run with the same
 // ID exists, Start returns that ID and an error wrapping ErrRunExists; if
 // the job forbids overlap and another run is active, an error wrapping
 // ErrRunActive that names it.
@@ -374,6 +387,9 @@ func (j Job[A, P, R, O]) Start(ctx context.Context, c *Client, args A, opts Star
 	b, err := o.Codec.Marshal(args)
 	if err != nil {
 		return "", fmt.Errorf("mapreduce: start %q: encoding the arguments: %w", j.Name, err)
+	}
+	if err := checkArgsSize(o, len(b)); err != nil {
+		return "", fmt.Errorf("mapreduce: start %q: %w", j.Name, err)
 	}
 	return c.start(ctx, c.spec(j.Name, o), b, opts)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -132,13 +133,17 @@ func onceAMinute(last *atomic.Int64) bool {
 }
 
 // stepName names what task t does in log messages: "page" for a map
-// task, "pages" for one of several pages, "split" or "reduce".
+// task, "pages" for one of several pages, "split" or "reduce"; a task of
+// another type by its type.
 func stepName(t *asynq.Task) string {
-	if t.Type() == typeMap {
+	switch t.Type() {
+	case typeMap:
 		return "page"
+	case typeSplit, typePages, typeReduce:
+		step, _ := strings.CutPrefix(t.Type(), typePrefix)
+		return step
 	}
-	step, _ := strings.CutPrefix(t.Type(), typePrefix)
-	return step
+	return fmt.Sprintf("task of unknown type %q", t.Type())
 }
 
 // logOutcome logs that this process ended run in state, with msg (the

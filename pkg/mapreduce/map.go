@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/shorten"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -101,7 +102,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
 		mapErr = notRun
 	}
 	for _, f := range finals {
-		b, _ := json.Marshal(failure{Page: f.page.page, Error: f.err.Error()})
+		b, _ := json.Marshal(failure{Page: f.page.page, Error: shorten.To(f.err.Error(), errorMax)})
 		outcomes = append(outcomes, pageOutcome{i: f.page.i, outcome: b, failed: true, err: f.err})
 	}
 	var st State

@@ -348,7 +348,7 @@ func (c *Client) unfinishedRuns(ctx context.Context, job string) ([]*Status, err
 	if err != nil {
 		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
 	}
-	found, stale, err := c.statuses(ctx, ids)
+	found, stale, err := c.summaries(ctx, ids)
 	if err != nil {
 		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
 	}
@@ -403,7 +403,7 @@ func (c *Client) sweepRuns(ctx context.Context, job string, k runKeys) error {
 		ids[i], _ = z.Member.(string)
 		next.newest = max(next.newest, z.Score)
 	}
-	found, _, err := c.statuses(ctx, ids)
+	found, _, err := c.summaries(ctx, ids)
 	if err != nil {
 		return fmt.Errorf("reading the runs of %q: %w", job, err)
 	}

@@ -57,7 +57,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 	ctx, endStep := c.startStep(ctx, StepReduce, run, -1)
 	stepCtx := ctx // the reduce's watched context, once it has one
 	defer func() { endStep(stepCtx, err) }()
-	pages := c.storedPages(ctx, k, total, per)
+	pages := c.storedPages(ctx, k, total, per, failedPages)
 	rctx, cancel := afterWork(ctx)
 	defer cancel()
 
@@ -74,6 +74,9 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 		stepCtx = wctx
 		result, err = r.reduce(wctx, []byte(args), pages)
 		stop()
+		if err == nil {
+			err = c.checkRunResultSize(ctx, len(result))
+		}
 		if cause := context.Cause(wctx); err != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {
 			return nil
 		}
@@ -102,9 +105,15 @@ func (c *Client) end(ctx context.Context, run, nonce string, to State, result []
 	return nil
 }
 
-// storedPageChunk is about how many pages one round trip reads: rounded
-// to a whole number of bundles.
+// storedPageChunk is about how many pages' bundles and sizes one round
+// trip reads: rounded to a whole number of bundles.
 const storedPageChunk = 512
+
+// reduceReadBytes bounds the bytes of results and failure records one
+// read of a reduce fetches (one larger result is read alone), so that a
+// reduce over pages of megabytes each holds a few of them at a time, not a
+// chunk's worth.
+const reduceReadBytes = 8 << 20
 
 // bundlePages is how many pages' small results share one field of a run's
 // results hash (record.lua): a result of at most 64 bytes costs its length
@@ -118,56 +127,163 @@ const bundlePages = 128
 
 // storedPages yields every page of a run in index order, reading them from
 // Redis a chunk at a time, so that Reduce over a million pages never holds
-// them all.
-// Small results are read from bundles of per pages.
-func (c *Client) storedPages(ctx context.Context, k runKeys, total, per int) iter.Seq2[storedPage, error] {
+// them all. Small results are read from bundles of per pages; for the
+// others, and for failure records (if any page failed), it reads their
+// sizes first (HSTRLEN), then the values in reads of at most
+// c.reduceReadBytes.
+func (c *Client) storedPages(ctx context.Context, k runKeys, total, per, failed int) iter.Seq2[storedPage, error] {
 	chunk := max(1, storedPageChunk/per) * per
 	return func(yield func(storedPage, error) bool) {
 		for lo := 0; lo < total; lo += chunk {
 			hi := min(lo+chunk, total)
-			fields := make([]string, 0, hi-lo+chunk/per)
-			for i := lo; i < hi; i++ {
-				fields = append(fields, strconv.Itoa(i))
-			}
-			for b := lo / per; b*per < hi; b++ {
-				fields = append(fields, "b"+strconv.Itoa(b))
-			}
-			var res, fail *redis.SliceCmd
-			_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-				res = p.HMGet(ctx, k.results, fields...)
-				fail = p.HMGet(ctx, k.failures, fields[:hi-lo]...)
-				return nil
-			})
-			if err != nil {
-				yield(storedPage{index: lo}, fmt.Errorf("reading pages %d-%d: %w", lo, hi-1, err))
-				return
-			}
-			bundled, err := unbundle(lo, hi, per, res.Val()[hi-lo:])
+			pages, err := c.storedChunk(ctx, k, lo, hi, per, failed > 0)
 			if err != nil {
 				yield(storedPage{index: lo}, err)
 				return
 			}
-			for j, i := 0, lo; i < hi; i, j = i+1, j+1 {
-				sp := storedPage{index: i}
-				var err error
-				if s, ok := res.Val()[j].(string); ok {
-					sp.result = []byte(s)
-				} else if r := bundled[j]; r != nil {
-					sp.result = r
-				} else if s, ok := fail.Val()[j].(string); ok {
-					sp.failure = &failure{}
-					if uerr := json.Unmarshal([]byte(s), sp.failure); uerr != nil {
-						err = fmt.Errorf("page %d: malformed failure record: %w", i, uerr)
-					}
-				} else {
-					err = fmt.Errorf("page %d has no recorded outcome (its keys expired, or were deleted)", i)
-				}
-				if !yield(sp, err) || err != nil {
+			for group := pages; len(group) > 0; {
+				n, err := c.readGroup(ctx, k, group)
+				if err != nil {
+					yield(storedPage{index: group[0].index}, err)
 					return
 				}
+				for _, sp := range group[:n] {
+					err := sp.err
+					if err == nil && sp.result == nil && sp.failure == nil {
+						err = fmt.Errorf("page %d has no recorded outcome (its keys expired, or were deleted)", sp.index)
+					}
+					if !yield(sp.storedPage, err) || err != nil {
+						return
+					}
+				}
+				group = group[n:]
 			}
 		}
 	}
+}
+
+// pageToRead is a page of a chunk: its result if it was bundled, else the
+// sizes of its result field and failure record, read by readGroup.
+type pageToRead struct {
+	storedPage
+	resultSize, failureSize int64
+	err                     error
+}
+
+// storedChunk reads the bundles of pages lo to hi-1 (lo a multiple of per)
+// and then, for the pages none of them holds, the sizes of their result
+// fields and, if failures, of their failure records: a run of small
+// results costs one round trip a chunk.
+func (c *Client) storedChunk(ctx context.Context, k runKeys, lo, hi, per int, failures bool) ([]pageToRead, error) {
+	var bundles []string
+	for b := lo / per; b*per < hi; b++ {
+		bundles = append(bundles, "b"+strconv.Itoa(b))
+	}
+	res, err := c.rdb.HMGet(ctx, k.results, bundles...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("reading pages %d-%d: %w", lo, hi-1, err)
+	}
+	bundled, err := unbundle(lo, hi, per, res)
+	if err != nil {
+		return nil, err
+	}
+	pages := make([]pageToRead, hi-lo)
+	var rest []int // positions of the pages no bundle holds
+	for j := range pages {
+		pages[j].index = lo + j
+		if pages[j].result = bundled[j]; pages[j].result == nil {
+			rest = append(rest, j)
+		}
+	}
+	if len(rest) == 0 {
+		return pages, nil
+	}
+	sizes := make([]*redis.IntCmd, len(rest))
+	fsizes := make([]*redis.IntCmd, len(rest))
+	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for n, j := range rest {
+			field := strconv.Itoa(lo + j)
+			sizes[n] = p.HStrLen(ctx, k.results, field)
+			if failures {
+				fsizes[n] = p.HStrLen(ctx, k.failures, field)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the sizes of pages %d-%d: %w", lo, hi-1, err)
+	}
+	for n, j := range rest {
+		pages[j].resultSize = sizes[n].Val()
+		if failures {
+			pages[j].failureSize = fsizes[n].Val()
+		}
+	}
+	return pages, nil
+}
+
+// readGroup reads the results and failure records of the first pages of
+// group whose sizes add up to at most c.reduceReadBytes (at least one
+// page), and returns how many pages it read.
+func (c *Client) readGroup(ctx context.Context, k runKeys, group []pageToRead) (int, error) {
+	var results, failures []string
+	var at []*pageToRead
+	var budget int64
+	n := 0
+	for ; n < len(group); n++ {
+		sp := &group[n]
+		size := sp.resultSize + sp.failureSize
+		if n > 0 && budget+size > c.reduceReadBytes {
+			break
+		}
+		budget += size
+		switch {
+		case sp.resultSize > 0:
+			results = append(results, strconv.Itoa(sp.index))
+		case sp.result == nil:
+			// A failure, or an empty result of a run started before
+			// bundles (HSTRLEN reads 0 for an empty field and for none).
+			results = append(results, strconv.Itoa(sp.index))
+			failures = append(failures, strconv.Itoa(sp.index))
+		default:
+			continue
+		}
+		at = append(at, sp)
+	}
+	if len(at) == 0 {
+		return n, nil
+	}
+	var res, fail *redis.SliceCmd
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		res = p.HMGet(ctx, k.results, results...)
+		if len(failures) > 0 {
+			fail = p.HMGet(ctx, k.failures, failures...)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("reading pages %d-%d: %w", group[0].index, group[n-1].index, err)
+	}
+	f := 0
+	for r, sp := range at {
+		s, isResult := res.Val()[r].(string)
+		if isResult {
+			sp.result = []byte(s)
+		}
+		if sp.resultSize > 0 {
+			continue
+		}
+		rec, isFailure := fail.Val()[f].(string)
+		f++
+		if isResult || !isFailure {
+			continue
+		}
+		sp.failure = &failure{}
+		if uerr := json.Unmarshal([]byte(rec), sp.failure); uerr != nil {
+			sp.err = fmt.Errorf("page %d: malformed failure record: %w", sp.index, uerr)
+		}
+	}
+	return n, nil
 }
 
 // unbundle returns the results of pages lo to hi-1 (lo a multiple of per)

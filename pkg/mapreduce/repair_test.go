@@ -463,8 +463,9 @@ func scanOrphans(t *testing.T, c *mapreduce.Client, n int) (copies int) {
 	return copies
 }
 
-// runReads is a go-redis hook that counts the run records read whole
-// (HGETALL of a key under prefix), in pipelines and alone.
+// runReads is a go-redis hook that counts the run records read (HGETALL,
+// or HMGET of their summary, of a key under prefix), in pipelines and
+// alone.
 type runReads struct {
 	prefix string
 	n      atomic.Int64
@@ -472,7 +473,7 @@ type runReads struct {
 
 func (h *runReads) count(cmds ...redis.Cmder) {
 	for _, cmd := range cmds {
-		if a := cmd.Args(); cmd.Name() == "hgetall" && len(a) == 2 && strings.HasPrefix(fmt.Sprint(a[1]), h.prefix) {
+		if a := cmd.Args(); (cmd.Name() == "hgetall" || cmd.Name() == "hmget") && len(a) >= 2 && strings.HasPrefix(fmt.Sprint(a[1]), h.prefix) {
 			h.n.Add(1)
 		}
 	}
@@ -487,7 +488,7 @@ func (h *runReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 // countingClient returns a client of e's registry on a Redis client of its
-// own, which counts the run records it reads whole.
+// own, which counts the run records it reads.
 func (e *env) countingClient(job string) (*mapreduce.Client, *runReads) {
 	e.t.Helper()
 	h := &runReads{prefix: e.prefix + ":{" + job + "}:run:"}

@@ -70,7 +70,8 @@ type Status struct {
 	// which Rate does not count. -1 if not known: a release before this
 	// field retried the run.
 	RetriedDone int
-	// Error says why a failed run failed, or that it was cancelled.
+	// Error says why a failed run failed, or that it was cancelled: its
+	// first 4 KiB.
 	Error string
 	// LastError is the latest failed attempt of one of the run's steps
 	// (a page, the split or the reduce) since Start or the last Retry,
@@ -83,6 +84,10 @@ type Status struct {
 	// Args are the run's arguments as Start stored them (JSON unless the
 	// job has another Codec).
 	Args []byte
+	// ArgsBytes and ResultBytes are the sizes of the arguments and the
+	// result in bytes, also where StatusUpTo left them out. Runs and
+	// ActiveRuns read neither: all four are zero there.
+	ArgsBytes, ResultBytes int
 
 	nonce     string // part of the run's task IDs
 	splitTask string // the last part of the ID of the run's split task
@@ -100,7 +105,6 @@ func parseStatus(id string, h map[string]string) *Status {
 		Failed:    atoi(h["failed"]),
 		Retries:   atoi(h["retries"]),
 		Error:     h["error"],
-		Args:      []byte(h["args"]),
 		nonce:     h["nonce"],
 		splitTask: h["split_task"],
 		resume:    atoi(h["resume"]),
@@ -125,6 +129,9 @@ func parseStatus(id string, h map[string]string) *Status {
 	}
 	if r, ok := h["result"]; ok {
 		st.Result = []byte(r)
+	}
+	if a, ok := h["args"]; ok {
+		st.Args = []byte(a)
 	}
 	st.Created = msTime(h["created"])
 	st.SplitDone = msTime(h["split_done"])

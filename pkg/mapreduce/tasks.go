@@ -167,7 +167,7 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 	case typeReduce:
 		err = c.handleReduce(ctx, t)
 	default:
-		err = fmt.Errorf("mapreduce: task type %q is not batchmr's (%s, %s, %s): %w", t.Type(), typeSplit, typeMap, typeReduce, asynq.SkipRetry)
+		err = fmt.Errorf("mapreduce: task type %q is not batchmr's (%s, %s, %s, %s): %w", t.Type(), typeSplit, typeMap, typePages, typeReduce, asynq.SkipRetry)
 	}
 	switch {
 	case err == nil:
@@ -391,16 +391,47 @@ func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
 // back: the error wraps errNotHosted, which IsFailure does not count and
 // RetryDelay offers again after a few seconds, so the run neither fails nor
 // loses retries. It is logged, since it means a queue is shared by workers
-// that host different jobs.
+// that host different jobs. A task that no worker could ever run — no
+// live worker announces its job and its run does not exist (a typo, a
+// retired job) — is archived instead, with an error that says so.
 func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunner, error) {
 	job, _ := jobOf(run)
 	r, ok := c.jobs.lookup(job)
 	if !ok {
+		if c.orphaned(ctx, job, run) {
+			return nil, fmt.Errorf("mapreduce: %s task of run %s: no live worker runs job %q and the run does not exist (never started, or expired after its retention): "+
+				"no worker could ever run the task, so it is archived; if job %q is meant to run, start a worker that runs it and run the task again from asynq's archive, "+
+				"else delete it there: %w", t.Type(), run, job, job, asynq.SkipRetry)
+		}
 		Logger(ctx).Warn("mapreduce: handed back a task of a job this worker does not run; a worker that runs it will take it",
 			"runs", c.jobs.Names())
 		return nil, fmt.Errorf("mapreduce: %s task of run %s: job %q: %w (it runs: %s)", t.Type(), run, job, errNotHosted, strings.Join(c.jobs.Names(), ", "))
 	}
 	return r, nil
+}
+
+// orphaned reports whether a task of run, of a job this worker does not
+// run, can never run anywhere: no live worker announces the job and the
+// run does not exist. When Redis does not answer it reports false: the
+// task is handed back, and asked about again when it returns.
+func (c *Client) orphaned(ctx context.Context, job, run string) bool {
+	k, err := c.keys(run)
+	if err != nil {
+		return false
+	}
+	if n, err := c.rdb.Exists(ctx, k.run).Result(); err != nil || n != 0 {
+		return false
+	}
+	workers, err := c.Workers(ctx)
+	if err != nil {
+		return false
+	}
+	for _, w := range workers {
+		if slices.Contains(w.Jobs, job) {
+			return false
+		}
+	}
+	return true
 }
 
 // enqueueStep enqueues the split or reduce task of a run; an existing task

@@ -150,17 +150,19 @@ func (f *Fleet) collectJobs(ctx context.Context, gauge func(*prometheus.Desc, fl
 		mapreduce.StateSucceeded, mapreduce.StateFailed, mapreduce.StateCancelled}
 	for _, j := range jobs {
 		gauge(descJobWorkers, float64(len(j.Workers)), j.Name)
-		runs, err := f.mr.Runs(ctx, j.Name)
+		// Each run's state alone, and the summaries of the runs in
+		// progress: a scrape reads no run's arguments or result.
+		byState, err := f.mr.CountRuns(ctx, j.Name)
 		if err != nil {
 			fail("runs of "+j.Name, err)
 			continue
 		}
-		byState := map[mapreduce.State]int{}
+		runs, err := f.mr.ActiveRuns(ctx, j.Name)
+		if err != nil {
+			fail("runs of "+j.Name, err)
+			continue
+		}
 		for _, r := range runs {
-			byState[r.State]++
-			if r.State.Ended() {
-				continue
-			}
 			if r.Total >= 0 {
 				gauge(descRunPages, float64(r.Total), j.Name, r.ID)
 			}

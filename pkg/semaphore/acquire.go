@@ -59,6 +59,9 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 	if n < 1 {
 		return nil, fmt.Errorf("weight %d is less than 1: ask for at least one permit", n)
 	}
+	if n > MaxLimit {
+		return nil, fmt.Errorf("%w: asked for %d, more than any limit can be (MaxLimit %d)", ErrExceedsLimit, n, MaxLimit)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,9 @@
 package semaphore
 
-import "os"
+import (
+	"context"
+	"os"
+)
 
 func init() {
 	forceEval = os.Getenv("BATCHMR_SEMAPHORE_SCRIPTS") == "eval"
@@ -49,3 +52,14 @@ func (s *Semaphore) Pending() int {
 // Handoffs is the number of this handle's releases that Redis passed
 // straight to the queue's head (handoff in scripts/lib.lua).
 func (s *Semaphore) Handoffs() uint64 { return s.handoffs.Load() }
+
+// SetLimitInRedis runs the set-limit script with limit as given, past
+// SetLimit's own checks, so that a test can prove the script's.
+func (s *Semaphore) SetLimitInRedis(ctx context.Context, limit string) error {
+	_, err := s.eval(ctx, scriptSetLimit, limit)
+	return err
+}
+
+// ConfigureLimit sets the limit s writes to Redis when Redis has none, past
+// New's checks, so that a test can prove the scripts'.
+func (s *Semaphore) ConfigureLimit(n int) { s.opts.Limit = n }

@@ -16,6 +16,12 @@ const (
 	// every Lease/3, and a shorter interval than a few milliseconds would
 	// spend more time refreshing than working.
 	MinLease = 30 * time.Millisecond
+
+	// MaxLimit is the largest limit a semaphore takes, and so the heaviest
+	// weight a request may ask for: far above any database's connections,
+	// and low enough that every sum of weights stays exact in Redis's Lua.
+	// New, SetLimit and the scripts themselves refuse a larger one.
+	MaxLimit = 1 << 20
 )
 
 // Options configure a Semaphore. The zero value of every field but Limit
@@ -24,7 +30,7 @@ type Options struct {
 	// Limit is the fleet-wide number of permits (the sum of weights that may
 	// be held at once). It is written to Redis only when Redis has no limit
 	// for this semaphore yet; after that the limit in Redis rules, and only
-	// SetLimit changes it. Required: at least 1.
+	// SetLimit changes it. Required: from 1 to MaxLimit.
 	Limit int
 
 	// Lease is how long a permit stays valid without a refresh. While a
@@ -56,8 +62,8 @@ func (o Options) withDefaults(name string) (Options, error) {
 	if strings.ContainsAny(name, "{}") {
 		return o, fmt.Errorf("semaphore %q: the name must not contain '{' or '}': they would break the Redis Cluster hash tag that keeps its keys in one slot", name)
 	}
-	if o.Limit < 1 {
-		return o, fmt.Errorf("semaphore %q: Options.Limit is %d: set it to the number of permits the fleet may hold at once (at least 1)", name, o.Limit)
+	if o.Limit < 1 || o.Limit > MaxLimit {
+		return o, fmt.Errorf("semaphore %q: Options.Limit is %d: set it to the number of permits the fleet may hold at once: at least 1, at most %d (MaxLimit)", name, o.Limit, MaxLimit)
 	}
 	if o.Lease == 0 {
 		o.Lease = DefaultLease

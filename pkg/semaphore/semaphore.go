@@ -178,7 +178,8 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 // granted or ctx is done, as Acquire does. A request at the head of the queue
 // is not overtaken by lighter requests behind it. n must be at least 1 and
 // at most the limit in Redis: otherwise AcquireN returns an error without
-// waiting (ErrExceedsLimit for n above the limit, after one round trip).
+// waiting (ErrExceedsLimit for n above the limit: at once above MaxLimit,
+// after one round trip otherwise).
 func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
 	p, err := s.acquire(ctx, n, true)
 	if err != nil {
@@ -237,10 +238,11 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 // the limit rises, waiters that now fit are granted immediately; when it
 // falls, holders keep their permits and nobody new is granted until the
 // permits held fit under n, and queued requests heavier than n fail at once
-// with ErrExceedsLimit, wherever they are in the queue.
+// with ErrExceedsLimit, wherever they are in the queue. A limit below 1 or
+// above MaxLimit is an error, and changes nothing.
 func (s *Semaphore) SetLimit(ctx context.Context, n int) error {
-	if n < 1 {
-		return fmt.Errorf("semaphore %q: set limit %d: the limit must be at least 1", s.name, n)
+	if n < 1 || n > MaxLimit {
+		return fmt.Errorf("semaphore %q: set limit %d: the limit must be a whole number from 1 to %d (MaxLimit)", s.name, n, MaxLimit)
 	}
 	if _, err := s.eval(ctx, scriptSetLimit, n); err != nil {
 		return fmt.Errorf("semaphore %q: set limit: %w", s.name, err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
 // defaultPollInterval is Config.PollInterval's default.
@@ -230,12 +231,12 @@ func (c Config) validate() error {
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		if n := c.Permits[name]; n < 1 {
+		if n := c.Permits[name]; n < 1 || n > semaphore.MaxLimit {
 			flag := "--permits " + name + "="
 			if name == DBSemaphore {
 				flag = "--db-permits "
 			}
-			bad("%s%d: a semaphore needs at least 1 permit (Config.Permits)", flag, n)
+			bad("%s%d: a semaphore needs at least 1 permit and takes at most %d (Config.Permits)", flag, n, semaphore.MaxLimit)
 		}
 	}
 	if len(errs) > 0 {

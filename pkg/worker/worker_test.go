@@ -238,6 +238,7 @@ func TestRunRefusesBadConfigsAndStopsCleanlyWithItsContext(t *testing.T) {
 		{func(c worker.Config) worker.Config { return c }, []mapreduce.AnyJob{ordersreport.Job, ordersreport.Job}, "already registered"},
 		{func(c worker.Config) worker.Config { c.ReconcileEvery = -time.Second; return c }, []mapreduce.AnyJob{ordersreport.Job}, "--reconcile-every -1s is negative"},
 		{func(c worker.Config) worker.Config { c.Permits = map[string]int{"db": 0}; return c }, []mapreduce.AnyJob{ordersreport.Job}, "--db-permits 0"},
+		{func(c worker.Config) worker.Config { c.Permits = map[string]int{"db": 1<<20 + 1}; return c }, []mapreduce.AnyJob{ordersreport.Job}, "--db-permits 1048577: a semaphore needs at least 1 permit and takes at most 1048576"},
 		{func(c worker.Config) worker.Config { c.Weights = map[string]int{"nope": 2}; return c }, []mapreduce.AnyJob{ordersreport.Job}, `"nope"`},
 		{func(c worker.Config) worker.Config { c.RedisURL = "redis://127.0.0.1:1/0"; return c }, []mapreduce.AnyJob{ordersreport.Job}, "cannot reach the Redis server"},
 		{func(c worker.Config) worker.Config { c.RequireDatabase = true; return c }, []mapreduce.AnyJob{ordersreport.Job}, "no database: pass --database-url"},

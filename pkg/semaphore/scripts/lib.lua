@@ -115,6 +115,22 @@ local function fence_of(tok)
   return fence_in(rcall('HGET', K_INFO, tok))
 end
 
+-- MAX_LIMIT is the largest limit a semaphore takes: semaphore.MaxLimit in
+-- Go. Sums of weights under it stay exact in Lua's numbers and in the
+-- integers of a reply.
+local MAX_LIMIT = 1048576
+
+-- checked_limit returns the limit s names as a number, or raises an error
+-- naming the ceiling when s is not a whole number from 1 to MAX_LIMIT.
+local function checked_limit(s)
+  local n = to_number(s)
+  if not n or n < 1 or n > MAX_LIMIT or n ~= m_floor(n) then
+    error(redis.error_reply('ERR the limit ' .. tostring(s) ..
+      ' is out of range: a semaphore limit is a whole number from 1 to ' .. int(MAX_LIMIT)))
+  end
+  return n
+end
+
 -- get_limit returns the limit, writing the client's configured one if Redis
 -- has none. (Read by read_held: call it before anything sets the limit.)
 local function get_limit()
@@ -123,7 +139,7 @@ local function get_limit()
   -- WRONGTYPE, as it must: that is someone else's data, not ours to replace.
   local l = rcall('GET', K_LIMIT)
   if l then return to_number(l) end
-  local limit = to_number(DEFAULT_LIMIT)
+  local limit = checked_limit(DEFAULT_LIMIT)
   rcall('SET', K_LIMIT, int(limit))
   return limit
 end

@@ -2,11 +2,13 @@
 -- capacity to waiters at once. Holders above a lowered limit keep their
 -- permits until they release; nobody new is granted until the sum fits.
 -- Queued requests heavier than the new limit fail at once.
---   ARGV[5] new limit (>= 1)
--- Returns the previous limit.
+--   ARGV[5] new limit: a whole number from 1 to MAX_LIMIT (lib.lua)
+-- Returns the previous limit; an error reply naming the ceiling, changing
+-- nothing, for a limit out of range.
+local limit = checked_limit(ARGV[5])
 local old = get_limit()
-rcall('SET', K_LIMIT, ARGV[5])
+rcall('SET', K_LIMIT, int(limit))
 purge_waiters()
-reject_heavy(to_number(ARGV[5]))
-grant(to_number(ARGV[5]), purge_holders())
+reject_heavy(limit)
+grant(limit, purge_holders())
 return old

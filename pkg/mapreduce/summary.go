@@ -1,0 +1,173 @@
+package mapreduce
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A run's record holds its arguments and result, which may take
+// megabytes (JobOptions.MaxArgsBytes, maxResultBytes), beside a few
+// hundred bytes of counters and times. Every read that lists or polls
+// runs reads the summary alone; Status alone reads a run whole.
+
+// summaryFields are the fields of a run's record that parseStatus reads,
+// but its arguments and result.
+var summaryFields = []string{
+	"job", "state", "total", "done", "failed", "retries", "error", "nonce", "split_task", "resume",
+	"pack", "pack_from", "map_n", "map_us", "expected", "fed", "fed_done",
+	"created", "split_done", "updated", "finished", "retried", "retried_done",
+	"last_error", "last_error_step", "last_error_at",
+}
+
+var (
+	//go:embed scripts/read.lua
+	luaRead    string
+	scriptRead = redis.NewScript(luaRead)
+)
+
+// summaryOf makes a record of the values an HMGET of summaryFields
+// returned; ok is false when the run has none of them (it does not exist).
+func summaryOf(vals []any) (h map[string]string, ok bool) {
+	h = make(map[string]string, len(summaryFields))
+	for i, v := range vals {
+		if s, isStr := v.(string); isStr && i < len(summaryFields) {
+			h[summaryFields[i]] = s
+		}
+	}
+	return h, len(h) > 0
+}
+
+// StatusUpTo returns a snapshot of the run as Status does, except that it
+// leaves out (nil) the arguments, and the result, when larger than
+// maxBytes; ArgsBytes and ResultBytes say how large they are either way.
+// StatusUpTo(ctx, id, 0) reads a few hundred bytes whatever the run
+// holds: poll a run with it (Wait does), and read it whole once. It
+// returns an error wrapping ErrRunNotFound for a run that does not exist.
+func (c *Client) StatusUpTo(ctx context.Context, id string, maxBytes int) (*Status, error) {
+	k, err := c.keys(id)
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: status: %w", err)
+	}
+	argv := make([]any, 0, 1+len(summaryFields))
+	argv = append(argv, max(maxBytes, 0))
+	for _, f := range summaryFields {
+		argv = append(argv, f)
+	}
+	res, err := scriptRead.Run(ctx, c.rdb, []string{k.run}, argv...).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("mapreduce: status %s: %w (never started, or expired after its retention)", id, ErrRunNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: status %s: %w", id, err)
+	}
+	vals, _ := res.([]any)
+	if len(vals) != 5 {
+		return nil, fmt.Errorf("mapreduce: status %s: the read script replied %v", id, res)
+	}
+	fields, _ := vals[0].([]any)
+	h, _ := summaryOf(fields)
+	if s, ok := vals[3].(string); ok {
+		h["args"] = s
+	}
+	if s, ok := vals[4].(string); ok {
+		h["result"] = s
+	}
+	st := parseStatus(id, h)
+	st.ArgsBytes = int(asInt64(vals[1]))
+	st.ResultBytes = max(int(asInt64(vals[2])), 0)
+	return st, nil
+}
+
+func asInt64(v any) int64 {
+	n, _ := v.(int64)
+	return n
+}
+
+// summaries reads the summaries of the runs ids in one round trip. It
+// returns those that exist, in the order of ids, and the IDs of those that
+// do not.
+func (c *Client) summaries(ctx context.Context, ids []string) (found []*Status, gone []string, err error) {
+	cmds := make([]*redis.SliceCmd, len(ids))
+	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			rk, _ := c.keys(id)
+			cmds[i] = p.HMGet(ctx, rk.run, summaryFields...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	found = make([]*Status, 0, len(ids))
+	for i, cmd := range cmds {
+		if h, ok := summaryOf(cmd.Val()); ok {
+			found = append(found, parseStatus(ids[i], h))
+		} else {
+			gone = append(gone, ids[i])
+		}
+	}
+	return found, gone, nil
+}
+
+// ActiveRuns returns the summaries of the job's runs that have not ended,
+// newest first, as Runs does, from the job's index of unfinished runs: it
+// reads the runs in progress, not every run kept for its retention.
+func (c *Client) ActiveRuns(ctx context.Context, job string) ([]*Status, error) {
+	if !jobNameRE.MatchString(job) {
+		return nil, fmt.Errorf("mapreduce: active runs: job name %q is invalid", job)
+	}
+	k, _ := c.keys(job + ":x")
+	ids, err := c.rdb.ZRevRange(ctx, k.unfinished, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: active runs of %q: %w", job, err)
+	}
+	found, _, err := c.summaries(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: active runs of %q: %w", job, err)
+	}
+	out := found[:0]
+	for _, st := range found {
+		if !st.State.Ended() { // ended by a release before the index: the reconciler unlists it
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
+
+// CountRuns returns how many of the job's runs within their retention are
+// in each state, reading each run's state alone.
+func (c *Client) CountRuns(ctx context.Context, job string) (map[State]int, error) {
+	if !jobNameRE.MatchString(job) {
+		return nil, fmt.Errorf("mapreduce: count runs: job name %q is invalid", job)
+	}
+	k, _ := c.keys(job + ":x")
+	ids, err := c.rdb.ZRange(ctx, k.runs, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: count runs of %q: %w", job, err)
+	}
+	cmds := make([]*redis.StringCmd, len(ids))
+	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			rk, _ := c.keys(id)
+			cmds[i] = p.HGet(ctx, rk.run, "state")
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("mapreduce: count runs of %q: %w", job, err)
+	}
+	out := map[State]int{}
+	for _, cmd := range cmds {
+		switch s, err := cmd.Result(); {
+		case err == nil:
+			out[State(s)]++
+		case !errors.Is(err, redis.Nil): // a run expired since the list was read: not counted
+			return nil, fmt.Errorf("mapreduce: count runs of %q: %w", job, err)
+		}
+	}
+	return out, nil
+}
