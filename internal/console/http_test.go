@@ -21,6 +21,7 @@ import (
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/internal/testenv/testhost"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
 // noRedirects is a client that shows redirects instead of following them.
@@ -276,7 +277,7 @@ func TestBadLimitsAreRefusedWithAMessageAndChangeNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	csrf := f.csrf("/semaphore?name=db")
-	for _, bad := range []string{"0", "-1", "abc", "", "2.5", "9999999999999999999999"} {
+	for _, bad := range []string{"0", "-1", "abc", "", "2.5", "9999999999999999999999", strconv.Itoa(semaphore.MaxLimit + 1)} {
 		resp, body := f.post("/semaphore/limit", url.Values{"csrf": {csrf}, "name": {"db"}, "limit": {bad}})
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "refused") || !strings.Contains(body, "Nothing changed") {
 			t.Errorf("limit %q: %d, want 400 and a message; body:\n%s", bad, resp.StatusCode, body)
@@ -857,5 +858,31 @@ func TestLongValuesAreCutAt200CharactersWithTheWholeValueOneClickAway(t *testing
 				t.Errorf("GET %s lacks\n%s\nbody:\n%s", path, want, body)
 			}
 		}
+	}
+}
+
+// A run whose job refused its arguments (started while no worker could
+// check them) offers no retry, which would fail the same way, and says
+// to start a new run with other arguments.
+func TestARunFailedByItsArgumentsOffersANewRunNotARetry(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	job := workJob("picky", nil, nil)
+	job.Validate = func(a workArgs) error {
+		if a.N < 1 {
+			return fmt.Errorf("n %d: use at least 1", a.N)
+		}
+		return nil
+	}
+	_, stop := testhost.Host(t, f.rdb, testhost.Options{Prefix: f.prefix, Logger: quiet}, job)
+	stop() // the job is announced, but no worker is live to check arguments
+	id := f.start("picky", workArgs{N: -1})
+	f.host(1, nil, job)
+	if st, err := f.mr.Wait(context.Background(), id); err != nil || !st.ArgsRefused() {
+		t.Fatalf("the run: %+v, %v; want failed by its arguments", st, err)
+	}
+	code, body := f.get("/run?id=" + url.QueryEscape(id))
+	if code != http.StatusOK || !strings.Contains(body, `id="args-refused"`) || !strings.Contains(body, "scheduler run picky --args") || strings.Contains(body, `id="retry"`) {
+		t.Errorf("the run's page: %d; want the new-run hint and no Retry button:\n%s", code, body)
 	}
 }

@@ -33,15 +33,19 @@ type runRow struct {
 	Stalled string  // how long an active run has not changed, once mapreduce.StalledAfter
 	Took    string
 	Link    string
-	Cancel  bool   // can be cancelled
-	Retry   bool   // can be retried
-	Of      string // the total, "~N" while the split runs and said to expect N, or "?"
+	Cancel  bool // can be cancelled
+	Retry   bool // can be retried
+	// ArgsRefused: the job refused the run's arguments, so a retry would
+	// fail the same way; a new run with other arguments is the fix.
+	ArgsRefused bool
+	Of          string // the total, "~N" while the split runs and said to expect N, or "?"
 }
 
 func row(st *mapreduce.Status, now time.Time) runRow {
 	r := runRow{Status: st, Pages: st.Done + st.Failed,
 		Link:   "/run?" + url.Values{"id": {st.ID}}.Encode(),
-		Cancel: !st.State.Ended(), Retry: st.State == mapreduce.StateFailed || st.State == mapreduce.StateCancelled}
+		Cancel: !st.State.Ended(), Retry: (st.State == mapreduce.StateFailed || st.State == mapreduce.StateCancelled),
+		ArgsRefused: st.ArgsRefused()}
 	total, _ := st.Pages()
 	r.Of = st.PagesText()
 	if total > 0 {

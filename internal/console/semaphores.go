@@ -324,7 +324,7 @@ func (c *Console) setLimit(w http.ResponseWriter, r *http.Request) {
 	}
 	link := "/semaphore?" + url.Values{"name": {name}}.Encode()
 	n, err := strconv.Atoi(input)
-	if err == nil && n > bigRaise*st.Limit && n-st.Limit > bigRaiseMin && r.PostFormValue("confirm") != strconv.Itoa(n) {
+	if err == nil && n <= semaphore.MaxLimit && n > bigRaise*st.Limit && n-st.Limit > bigRaiseMin && r.PostFormValue("confirm") != strconv.Itoa(n) {
 		v := c.view(r, "semaphore")
 		v.Problem = fmt.Sprintf("Raise the limit of %s from %d to %d, %.0f× what it is? The permits protect the database: confirm below if you mean it. Nothing changed yet.",
 			name, st.Limit, n, float64(n)/float64(st.Limit))
@@ -338,7 +338,7 @@ func (c *Console) setLimit(w http.ResponseWriter, r *http.Request) {
 		c.render(w, http.StatusOK, "semaphore", "layout", v)
 		return
 	}
-	if err == nil && n >= 1 {
+	if err == nil && n >= 1 && n <= semaphore.MaxLimit {
 		var s *semaphore.Semaphore
 		if s, err = c.handle(name); err == nil {
 			err = s.SetLimit(ctx, n)
@@ -352,7 +352,7 @@ func (c *Console) setLimit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := c.view(r, "semaphore")
-	v.Problem = fmt.Sprintf("The limit %q was refused: give a whole number of at least 1. Nothing changed.", input)
+	v.Problem = fmt.Sprintf("The limit %q was refused: give a whole number from 1 to %d. Nothing changed.", input, semaphore.MaxLimit)
 	if err := c.load(r, v, c.semaphoreData); err != nil {
 		c.failWith(w, r, err)
 		return
