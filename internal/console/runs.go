@@ -44,7 +44,7 @@ type runRow struct {
 func row(st *mapreduce.Status, now time.Time) runRow {
 	r := runRow{Status: st, Pages: st.Done + st.Failed,
 		Link:   "/run?" + url.Values{"id": {st.ID}}.Encode(),
-		Cancel: !st.State.Ended(), Retry: (st.State == mapreduce.StateFailed || st.State == mapreduce.StateCancelled),
+		Cancel: !st.State.Ended(), Retry: (st.State == mapreduce.StateFailed || st.State == mapreduce.StateCancelled) && !st.ArgsRefused(),
 		ArgsRefused: st.ArgsRefused()}
 	total, _ := st.Pages()
 	r.Of = st.PagesText()
