@@ -45,12 +45,14 @@ func main() {
 	}
 	ctx := context.Background()
 	fs := flag.NewFlagSet(os.Args[1], flag.ContinueOnError)
-	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "Postgres URL (env DATABASE_URL)")
-	redisURL := fs.String("redis-url", env("REDIS_URL", ""), "Redis URL (env REDIS_URL), for check")
+	// No default from the environment: --help would print it, password
+	// and all.
+	dbURL := fs.String("database-url", "", "Postgres URL (default: env DATABASE_URL)")
+	redisURL := fs.String("redis-url", "", "Redis URL, for check (default: env REDIS_URL)")
 	rows := fs.Int("rows", 1_000_000, "orders to create, for seed")
 	switch os.Args[1] {
 	case "seed":
-		parse(fs, os.Args[2:])
+		parse(fs, os.Args[2:], dbURL, redisURL)
 		if fs.NArg() > 0 {
 			usageError("unexpected argument %q", fs.Arg(0))
 		}
@@ -65,7 +67,7 @@ func main() {
 		}
 		fmt.Printf("seeded %d orders in %s\n", *rows, time.Since(start).Round(time.Millisecond))
 	case "check":
-		parse(fs, os.Args[2:])
+		parse(fs, os.Args[2:], dbURL, redisURL)
 		if fs.NArg() != 1 {
 			usageError("check takes one RUN")
 		}
@@ -91,7 +93,8 @@ func check(ctx context.Context, dbURL, redisURL, run string) int {
 	}
 	opt, err := redis.ParseURL(redisURL)
 	if err != nil {
-		fail("--redis-url: %v", err)
+		// Not err: go-redis quotes the whole URL, password and all.
+		fail("--redis-url (env REDIS_URL) is not a Redis URL: give redis://[user:password@]host:port/db")
 	}
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
@@ -141,7 +144,9 @@ func usageError(format string, args ...any) {
 	os.Exit(2)
 }
 
-func parse(fs *flag.FlagSet, args []string) {
+// parse parses the flags, then gives the URLs left empty their
+// environment variables.
+func parse(fs *flag.FlagSet, args []string, dbURL, redisURL *string) {
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		fmt.Print(usage)
@@ -150,6 +155,12 @@ func parse(fs *flag.FlagSet, args []string) {
 		os.Exit(0)
 	} else if err != nil {
 		usageError("%v", err)
+	}
+	if *dbURL == "" {
+		*dbURL = env("DATABASE_URL", "")
+	}
+	if *redisURL == "" {
+		*redisURL = env("REDIS_URL", "")
 	}
 }
 
