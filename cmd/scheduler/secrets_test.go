@@ -93,6 +93,15 @@ func TestNoCommandPrintsAPasswordOfItsURLs(t *testing.T) {
 		t.Errorf("worker --help: want REDIS_URL's default shown with its password masked (%s:xxxxx@...); got\n%s", user, out)
 	}
 
+	// The example's seed and check tool, a template users copy.
+	pagination := binaries.Build(t, "../../examples/pagination")
+	for _, args := range [][]string{{"seed", "--help"}, {"check", "x"}} {
+		c := exec.Command(pagination, args...)
+		c.Env = append(env, "REDIS_URL=redis://admin:"+pw+"@localhost:63x9/0")
+		out, _ := c.CombinedOutput()
+		check("pagination "+strings.Join(args, " "), string(out))
+	}
+
 	// A worker at debug level, serving /metrics, through a whole run.
 	metricsAddr := freeAddr(t)
 	w := exec.Command(workerBin, "--metrics-addr", metricsAddr, "--poll-interval", "20ms", "--concurrency", "4")
