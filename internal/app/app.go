@@ -178,6 +178,29 @@ func (r *RedisTarget) Connect(ctx context.Context, log *slog.Logger) (redis.Univ
 	return rdb, nil
 }
 
+// sentinelError says why a Sentinel target's client found no primary
+// when the Sentinels are what failed (go-redis joins their errors, one a
+// line), or returns nil.
+func sentinelError(r *RedisTarget, err error) error {
+	const none = "all sentinels specified in configuration are unreachable"
+	msg := err.Error()
+	i := strings.Index(msg, none)
+	if r.Form != Sentinel || i < 0 {
+		return nil
+	}
+	cause, _, _ := strings.Cut(strings.TrimPrefix(msg[i+len(none):], ": "), "\n")
+	at := strings.Join(r.Failover.SentinelAddrs, ", ")
+	switch {
+	case strings.Contains(msg, redis.Nil.Error()):
+		return fmt.Errorf("the Sentinels at %s know no primary named %q: give master_name= in --redis-url (env REDIS_URL) the name of their sentinel monitor line (SENTINEL MASTERS lists them)",
+			at, r.Failover.MasterName)
+	case strings.Contains(msg, "WRONGPASS") || strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "NOPERM"):
+		return fmt.Errorf("the Sentinels at %s refused: %s: check the user:password@ of --redis-url (env REDIS_URL), which is the Sentinels' (password= and username= are the primary's)",
+			at, cause)
+	}
+	return fmt.Errorf("cannot reach the Sentinels at %s (%s): check --redis-url (env REDIS_URL) and that they are up", at, cause)
+}
+
 // clusterMode reports whether the server of rdb runs in cluster mode.
 func clusterMode(ctx context.Context, rdb redis.UniversalClient) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -201,6 +224,9 @@ func (r *RedisTarget) ping(ctx context.Context, rdb redis.UniversalClient) error
 		return nil
 	}
 	server := r.Server()
+	if sentinels := sentinelError(r, err); sentinels != nil {
+		return sentinels
+	}
 	var answered redis.Error
 	switch {
 	case errors.As(err, &answered) && strings.Contains(err.Error(), "SELECT is not allowed in cluster mode"):
@@ -212,17 +238,19 @@ func (r *RedisTarget) ping(ctx context.Context, rdb redis.UniversalClient) error
 			fix = "check the primary's password= (and username=) and the database number of --redis-url (env REDIS_URL); its user:password@ is the Sentinels'"
 		}
 		return fmt.Errorf("%s refused: %w: %s", server, err, fix)
-	case errors.Is(err, context.DeadlineExceeded):
+	}
+	up := map[RedisForm]string{Standalone: "the server is up", Cluster: "the Cluster's nodes are up", Sentinel: "the Sentinels and their primary are up"}[r.Form]
+	if errors.Is(err, context.DeadlineExceeded) {
 		hint := ""
 		if r.tlsConfig() != nil {
 			hint = "; if it takes no TLS, use a redis:// URL"
 		}
-		return fmt.Errorf("cannot reach %s: no answer within 5s: check --redis-url (env REDIS_URL) and that the server is up%s", server, hint)
+		return fmt.Errorf("cannot reach %s: no answer within 5s: check --redis-url (env REDIS_URL) and that %s%s", server, up, hint)
 	}
 	if tlsErr := redisTLSError(server, r.tlsConfig(), err); tlsErr != nil {
 		return tlsErr
 	}
-	return fmt.Errorf("cannot reach %s (%w): check --redis-url (env REDIS_URL) and that the server is up", server, err)
+	return fmt.Errorf("cannot reach %s (%w): check --redis-url (env REDIS_URL) and that %s", server, err, up)
 }
 
 // Postgres connects a pool to url, naming its connections appName in
