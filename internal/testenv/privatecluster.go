@@ -1,0 +1,62 @@
+//go:build unix
+
+package testenv
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// PrivateRedisCluster starts a one-node Redis Cluster of the test's own,
+// a redis-server in cluster mode on a loopback TCP port that holds every
+// slot, and returns once the cluster is ok. Its URL is
+// redis://127.0.0.1:PORT, a plain URL of a cluster node; its Client is a
+// plain client of the node, whose INFO commandstats counts only what the
+// test sends. It is for tests that must tell what a client of theirs did
+// to a cluster (the shared one of RedisCluster serves every test at
+// once). The server stops when the test ends (and, on Linux, when the
+// test binary dies). The test is skipped when redis-server is not on PATH.
+func PrivateRedisCluster(t testing.TB, args ...string) *RedisServer {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("testenv: this test starts a redis-server of its own and none is on PATH: install redis-server (make test does)")
+	}
+	dir, err := os.MkdirTemp("", "batchmr-cluster-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	s := &RedisServer{t: t, bin: bin, URL: "redis://" + addr, logFile: filepath.Join(dir, "redis.log"),
+		Client: redis.NewClient(&redis.Options{Addr: addr})}
+	s.argv = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+		"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
+		"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", s.logFile}, args...)
+	t.Cleanup(func() {
+		_ = s.Client.Close()
+		s.Kill()
+		_ = os.RemoveAll(dir)
+	})
+	s.Start()
+	ctx := context.Background()
+	if err := s.Client.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		t.Fatalf("testenv: giving the cluster node its slots: %v", err)
+	}
+	WaitFor(t, 20*time.Second, "the one-node cluster to be ok", func() bool {
+		info, err := s.Client.ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok")
+	})
+	return s
+}
