@@ -150,8 +150,8 @@ func Redis(ctx context.Context, url string, t RedisTLS, log *slog.Logger) (redis
 }
 
 // Connect connects to r and checks that it answers, as Redis does. A
-// Standalone target whose server answers cluster_enabled:1 (INFO cluster)
-// becomes a Cluster target seeded with that server, so that r.Server()
+// Standalone target whose server runs in cluster mode (it answers CLUSTER
+// INFO, or cluster_enabled:1 in INFO cluster) becomes a Cluster target seeded with that server, so that r.Server()
 // names what the client reaches.
 func (r *RedisTarget) Connect(ctx context.Context, log *slog.Logger) (redis.UniversalClient, error) {
 	redis.SetLogger(quiet{})
@@ -205,13 +205,14 @@ func sentinelError(r *RedisTarget, err error) error {
 func clusterMode(ctx context.Context, rdb redis.UniversalClient) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	info, err := rdb.Info(ctx, "cluster").Result()
-	if err == nil {
-		return strings.Contains(info, "cluster_enabled:1")
+	// CLUSTER INFO first: an ACL without @dangerous denies INFO, and
+	// would log a denial (ACL LOG) at every connect.
+	err := rdb.ClusterInfo(ctx).Err()
+	if err == nil || strings.Contains(err.Error(), "cluster support disabled") {
+		return err == nil
 	}
-	// An ACL without @dangerous denies INFO, not CLUSTER INFO, which a
-	// server without cluster mode refuses.
-	return rdb.ClusterInfo(ctx).Err() == nil
+	info, err := rdb.Info(ctx, "cluster").Result()
+	return err == nil && strings.Contains(info, "cluster_enabled:1")
 }
 
 // ping checks that rdb, a client of r, gets an answer within 5s, and
