@@ -4,6 +4,7 @@ package worker_test
 
 import (
 	"context"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,8 +19,9 @@ import (
 
 // A worker whose RedisURL names a Redis Cluster, a cluster node alone,
 // or the primary of Sentinels completes a whole run, its pages queued
-// behind one permit, as over one server; the plain URL of a cluster node
-// gets a Cluster client, which asks the node for its slots.
+// behind one permit, and serves the fleet's metrics and readiness, as
+// over one server; the plain URL of a cluster node gets a Cluster client,
+// which asks the node for its slots.
 func TestAWorkerCompletesARunOverAClusterAndASentinelURL(t *testing.T) {
 	t.Parallel()
 	cluster := testenv.PrivateRedisCluster(t)
@@ -44,12 +46,8 @@ func TestAWorkerCompletesARunOverAClusterAndASentinelURL(t *testing.T) {
 				return 2 * p, sem.Do(ctx, func(context.Context) error { return nil })
 			}, mapreduce.JobOptions{})
 			ctx := context.Background()
-			wctx, stop := context.WithCancel(ctx)
-			stopped := make(chan error, 1)
-			go func() {
-				stopped <- worker.Run(wctx, worker.Config{RedisURL: tc.url, Prefix: prefix, Permits: map[string]int{"db": 1},
-					Concurrency: 4, PollInterval: 10 * time.Millisecond, Logger: quietLog()}, job)
-			}()
+			metrics := startMetricsWorker(t, worker.Config{RedisURL: tc.url, Prefix: prefix, Permits: map[string]int{"db": 1},
+				Concurrency: 4, PollInterval: 10 * time.Millisecond, Logger: quietLog()}, job)
 			mr := mustClient(t, tc.data, prefix)
 			id, err := job.Start(ctx, mr, 20, mapreduce.StartOptions{})
 			if err != nil {
@@ -59,19 +57,18 @@ func TestAWorkerCompletesARunOverAClusterAndASentinelURL(t *testing.T) {
 			defer cancel()
 			st, err := mr.Wait(wait, id)
 			if err != nil || st.State != mapreduce.StateSucceeded {
-				select {
-				case err := <-stopped:
-					t.Fatalf("the worker stopped: %v", err)
-				default:
-				}
 				t.Fatalf("run %s: %+v, %v; want succeeded", id, st, err)
 			}
 			if sum, err := job.Result(st); err != nil || sum != 2*(19*20/2) {
 				t.Errorf("result %d, %v; want %d", sum, err, 2*(19*20/2))
 			}
-			stop()
-			if err := <-stopped; err != nil {
-				t.Fatalf("Run: %v", err)
+			// The fleet's gauges are read from Redis at each scrape.
+			m := scrapeMetrics(t, metrics)
+			if up, limit := m.must(t, "batchmr_fleet_up"), m.must(t, "batchmr_semaphore_limit", "semaphore=db"); up != 1 || limit != 1 {
+				t.Errorf("/metrics: batchmr_fleet_up %v, batchmr_semaphore_limit %v; want 1 and the limit of 1", up, limit)
+			}
+			if code, body := get(t, metrics+"/readyz"); code != http.StatusOK {
+				t.Errorf("/readyz: %d %s; want 200", code, body)
 			}
 			asked := clusterSlotsCalls(t, cluster.Client) > slotsAsked
 			if wantCluster := tc.data == cluster.Client; asked != wantCluster {
