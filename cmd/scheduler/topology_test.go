@@ -25,7 +25,7 @@ import (
 // lists the job.
 func TestTheCommandsAndTheConsoleWorkOverAClusterAndASentinelURL(t *testing.T) {
 	t.Parallel()
-	cluster := testenv.PrivateRedisCluster(t)
+	cluster := testenv.PrivateRedisCluster(t, nil)
 	node := strings.TrimPrefix(cluster.URL, "redis://")
 	sentinels := testenv.PrivateSentinels(t, testenv.SentinelOptions{Password: "data-pw", SentinelPassword: "sentinel-pw"})
 	bin := schedulerBinary(t)
@@ -95,7 +95,7 @@ func TestTheCommandsAndTheConsoleWorkOverAClusterAndASentinelURL(t *testing.T) {
 // one line that says so and names the fix.
 func TestACommandRefusesADatabaseOtherThanZeroOfACluster(t *testing.T) {
 	t.Parallel()
-	cluster := testenv.PrivateRedisCluster(t)
+	cluster := testenv.PrivateRedisCluster(t, nil)
 	node := strings.TrimPrefix(cluster.URL, "redis://")
 	s := &scheduler{t: t, bin: schedulerBinary(t), env: os.Environ()}
 	for _, tc := range []struct{ url, want string }{

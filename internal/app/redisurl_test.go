@@ -199,3 +199,34 @@ func TestASentinelURLReachesThePrimaryAndNamesWhatIsWrong(t *testing.T) {
 		}
 	}
 }
+
+// Over TLS, a Cluster URL and a cluster node's plain rediss:// URL take
+// the CA and the client certificate of the TLS flags to every node;
+// without the CA, the error names the Cluster, the unknown authority and
+// --redis-ca-file.
+func TestAClusterOverTLSTakesTheTLSFlags(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	certs := testenv.TLSCertificates(t)
+	srv := testenv.PrivateRedisCluster(t, certs)
+	node := strings.TrimPrefix(srv.URL, "rediss://")
+	files := app.RedisTLS{CAFile: certs.CA, CertFile: certs.Client.Cert, KeyFile: certs.Client.Key}
+	for _, u := range []string{srv.URL + "?addr=" + node, srv.URL} {
+		rdb, err := app.Redis(ctx, u, files, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", u, err)
+		}
+		if _, ok := rdb.(*redis.ClusterClient); !ok {
+			t.Errorf("%s: a %T; want a *redis.ClusterClient", u, rdb)
+		}
+		key := testenv.Prefix(t)
+		if err := rdb.Set(ctx, key, "v", 0).Err(); err != nil || srv.Client.Get(ctx, key).Val() != "v" {
+			t.Errorf("%s: SET: %v; want the node to hold the key", u, err)
+		}
+		rdb.Close()
+	}
+	_, err := app.Redis(ctx, srv.URL+"?addr="+node, app.RedisTLS{CertFile: certs.Client.Cert, KeyFile: certs.Client.Key}, nil)
+	if err == nil || !strings.Contains(err.Error(), "the Redis Cluster at "+node+", "+node+" sent a certificate signed by an unknown authority") || !strings.Contains(err.Error(), "--redis-ca-file") {
+		t.Errorf("without the CA: %v; want the Cluster named, the unknown authority and --redis-ca-file", err)
+	}
+}

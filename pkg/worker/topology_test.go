@@ -24,7 +24,7 @@ import (
 // which asks the node for its slots.
 func TestAWorkerCompletesARunOverAClusterAndASentinelURL(t *testing.T) {
 	t.Parallel()
-	cluster := testenv.PrivateRedisCluster(t)
+	cluster := testenv.PrivateRedisCluster(t, nil)
 	node := strings.TrimPrefix(cluster.URL, "redis://")
 	sentinels := testenv.PrivateSentinels(t, testenv.SentinelOptions{Password: "data-pw"})
 	for _, tc := range []struct {
