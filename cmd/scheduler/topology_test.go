@@ -4,6 +4,7 @@ package main_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -19,30 +20,39 @@ import (
 )
 
 // Every command and the console reach Redis through a Cluster URL, a
-// cluster node's plain URL and a Sentinel URL as through one server: a
-// worker on the same URL runs what 'run --wait' starts, status shows
-// the run, permits set and get change and read the worker's semaphore, and the console
-// lists the job.
+// cluster node's plain URL and a Sentinel URL as through one server, as
+// the ACL user that docs/operations.md recommends: a worker on the same
+// URL runs what 'run --wait' starts, status shows the run, permits set
+// and get change and read the worker's semaphore, and the console lists
+// the job.
 func TestTheCommandsAndTheConsoleWorkOverAClusterAndASentinelURL(t *testing.T) {
 	t.Parallel()
 	cluster := testenv.PrivateRedisCluster(t, nil)
 	node := strings.TrimPrefix(cluster.URL, "redis://")
 	sentinels := testenv.PrivateSentinels(t, testenv.SentinelOptions{Password: "data-pw", SentinelPassword: "sentinel-pw"})
 	bin := schedulerBinary(t)
-	for _, tc := range []struct {
-		name, url string
-		data      *redis.Client // a plain client of the server that holds the data
+	for i, tc := range []struct {
+		name string
+		url  func(user, pw string) string
+		data *redis.Client // a plain client of the server that holds the data
 	}{
-		{"Cluster URL", "redis://" + node + "?addr=" + node, cluster.Client},
-		{"a cluster node's plain URL", cluster.URL + "/0", cluster.Client},
-		{"Sentinel URL", sentinels.URL, sentinels.Primary.Client},
+		{"Cluster URL", func(user, pw string) string { return "redis://" + user + ":" + pw + "@" + node + "?addr=" + node }, cluster.Client},
+		{"a cluster node's plain URL", func(user, pw string) string { return "redis://" + user + ":" + pw + "@" + node + "/0" }, cluster.Client},
+		{"Sentinel URL", func(user, pw string) string {
+			return strings.Replace(sentinels.URL, "password=data-pw", "password="+pw+"&username="+user, 1)
+		}, sentinels.Primary.Client},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			prefix := testenv.Prefix(t)
+			user, pw := fmt.Sprintf("batchmr-%d", i), randomHex(t)
+			if err := tc.data.Do(context.Background(), "ACL", "SETUSER", user, "on", ">"+pw, "~"+prefix+":*", "~asynq:*", "&*", "+@all", "-@dangerous").Err(); err != nil {
+				t.Fatalf("ACL SETUSER: %v", err)
+			}
+			url := tc.url(user, pw)
 			wctx, stop := context.WithCancel(context.Background())
 			stopped := make(chan error, 1)
 			go func() {
-				stopped <- worker.Run(wctx, worker.Config{RedisURL: tc.url, Prefix: prefix, Permits: map[string]int{"db": 2},
+				stopped <- worker.Run(wctx, worker.Config{RedisURL: url, Prefix: prefix, Permits: map[string]int{"db": 2},
 					PollInterval: 10 * time.Millisecond, Logger: quiet}, sumJob("sum", nil))
 			}()
 			defer func() {
@@ -59,7 +69,7 @@ func TestTheCommandsAndTheConsoleWorkOverAClusterAndASentinelURL(t *testing.T) {
 				ws, _ := mr.Workers(context.Background())
 				return slices.ContainsFunc(ws, func(w mapreduce.WorkerInfo) bool { return slices.Contains(w.Jobs, "sum") })
 			})
-			s := &scheduler{t: t, bin: bin, env: append(os.Environ(), "REDIS_URL="+tc.url, "BATCHMR_PREFIX="+prefix)}
+			s := &scheduler{t: t, bin: bin, env: append(os.Environ(), "REDIS_URL="+url, "BATCHMR_PREFIX="+prefix)}
 
 			out, errs, code := s.run("run", "sum", "--args", `{"n": 100, "page_size": 10}`, "--wait")
 			if got := lines(out); code != 0 || len(got) != 2 || got[1] != "5050" {
@@ -86,6 +96,9 @@ func TestTheCommandsAndTheConsoleWorkOverAClusterAndASentinelURL(t *testing.T) {
 				t.Errorf("the console: GET /jobs: %d, want the jobs page listing sum:\n%s", resp.StatusCode, body)
 			}
 			p.interrupt(10 * time.Second)
+			if denied, err := tc.data.Do(context.Background(), "ACL", "LOG").Result(); err != nil || strings.Contains(fmt.Sprint(denied), user) {
+				t.Errorf("ACL LOG: %v, %v; want no denial of %s", denied, err, user)
+			}
 		})
 	}
 }
