@@ -150,9 +150,10 @@ func Redis(ctx context.Context, url string, t RedisTLS, log *slog.Logger) (redis
 }
 
 // Connect connects to r and checks that it answers, as Redis does. A
-// Standalone target whose server runs in cluster mode (it answers CLUSTER
-// INFO, or cluster_enabled:1 in INFO cluster) becomes a Cluster target seeded with that server, so that r.Server()
-// names what the client reaches.
+// RedisStandalone target whose server runs in cluster mode (it answers
+// CLUSTER INFO, or cluster_enabled:1 in INFO cluster) becomes a
+// RedisCluster target seeded with that server, so that r.Server() names
+// what the client reaches.
 func (r *RedisTarget) Connect(ctx context.Context, log *slog.Logger) (redis.UniversalClient, error) {
 	redis.SetLogger(quiet{})
 	if cfg := r.tlsConfig(); cfg != nil && cfg.InsecureSkipVerify {
@@ -166,7 +167,7 @@ func (r *RedisTarget) Connect(ctx context.Context, log *slog.Logger) (redis.Univ
 		rdb.Close()
 		return nil, err
 	}
-	if r.Form == Standalone && r.Simple.Network == "tcp" && clusterMode(ctx, rdb) {
+	if r.Form == RedisStandalone && r.Simple.Network == "tcp" && clusterMode(ctx, rdb) {
 		rdb.Close()
 		r.asCluster()
 		rdb = r.NewClient()
@@ -185,7 +186,7 @@ func sentinelError(r *RedisTarget, err error) error {
 	const none = "all sentinels specified in configuration are unreachable"
 	msg := err.Error()
 	i := strings.Index(msg, none)
-	if r.Form != Sentinel || i < 0 {
+	if r.Form != RedisSentinel || i < 0 {
 		return nil
 	}
 	cause, _, _ := strings.Cut(strings.TrimPrefix(msg[i+len(none):], ": "), "\n")
@@ -235,12 +236,12 @@ func (r *RedisTarget) ping(ctx context.Context, rdb redis.UniversalClient) error
 	case errors.As(err, &answered) && !errors.Is(err, redis.Nil):
 		// It answered: the URL's database, user or password is wrong.
 		fix := "check the user, password and database number of --redis-url (env REDIS_URL)"
-		if r.Form == Sentinel {
+		if r.Form == RedisSentinel {
 			fix = "check the primary's password= (and username=) and the database number of --redis-url (env REDIS_URL); its user:password@ is the Sentinels'"
 		}
 		return fmt.Errorf("%s refused: %w: %s", server, err, fix)
 	}
-	up := map[RedisForm]string{Standalone: "the server is up", Cluster: "the Cluster's nodes are up", Sentinel: "the Sentinels and their primary are up"}[r.Form]
+	up := map[RedisForm]string{RedisStandalone: "the server is up", RedisCluster: "the Cluster's nodes are up", RedisSentinel: "the Sentinels and their primary are up"}[r.Form]
 	if errors.Is(err, context.DeadlineExceeded) {
 		hint := ""
 		if r.tlsConfig() != nil {

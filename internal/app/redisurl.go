@@ -15,17 +15,17 @@ import (
 type RedisForm int
 
 const (
-	// Standalone is one server: redis://host:port/db (rediss://, unix://).
-	// A server that answers cluster_enabled:1 makes it a Cluster at
-	// connect (Redis).
-	Standalone RedisForm = iota
-	// Cluster is a Redis Cluster: redis://host:port?addr=host2:port2,
+	// RedisStandalone is one server: redis://host:port/db (rediss://,
+	// unix://). A server in cluster mode makes it a RedisCluster at
+	// connect (RedisTarget.Connect).
+	RedisStandalone RedisForm = iota
+	// RedisCluster is a Redis Cluster: redis://host:port?addr=host2:port2,
 	// redis.ParseClusterURL's form (addr= adds seeds).
-	Cluster
-	// Sentinel is the primary that Sentinels name:
+	RedisCluster
+	// RedisSentinel is the primary that Sentinels name:
 	// redis://sentinel:26379/db?master_name=NAME&addr=sentinel2:26379,
 	// redis.ParseFailoverURL's form.
-	Sentinel
+	RedisSentinel
 )
 
 func (f RedisForm) String() string {
@@ -36,9 +36,9 @@ func (f RedisForm) String() string {
 // options of one form, the others nil.
 type RedisTarget struct {
 	Form     RedisForm
-	Simple   *redis.Options         // Form Standalone
-	Cluster  *redis.ClusterOptions  // Form Cluster
-	Failover *redis.FailoverOptions // Form Sentinel
+	Simple   *redis.Options         // Form RedisStandalone
+	Cluster  *redis.ClusterOptions  // Form RedisCluster
+	Failover *redis.FailoverOptions // Form RedisSentinel
 }
 
 // NewClient returns a client of the target, not yet connected: a
@@ -46,9 +46,9 @@ type RedisTarget struct {
 // a *redis.Client), a *redis.ClusterClient for Cluster.
 func (r *RedisTarget) NewClient() redis.UniversalClient {
 	switch r.Form {
-	case Cluster:
+	case RedisCluster:
 		return redis.NewClusterClient(r.Cluster)
-	case Sentinel:
+	case RedisSentinel:
 		return redis.NewFailoverClient(r.Failover)
 	}
 	return redis.NewClient(r.Simple)
@@ -58,9 +58,9 @@ func (r *RedisTarget) NewClient() redis.UniversalClient {
 // seeds, or the Sentinels'.
 func (r *RedisTarget) Addrs() []string {
 	switch r.Form {
-	case Cluster:
+	case RedisCluster:
 		return r.Cluster.Addrs
-	case Sentinel:
+	case RedisSentinel:
 		return r.Failover.SentinelAddrs
 	}
 	return []string{r.Simple.Addr}
@@ -72,9 +72,9 @@ func (r *RedisTarget) Addrs() []string {
 func (r *RedisTarget) Server() string {
 	addrs := strings.Join(r.Addrs(), ", ")
 	switch r.Form {
-	case Cluster:
+	case RedisCluster:
 		return "the Redis Cluster at " + addrs
-	case Sentinel:
+	case RedisSentinel:
 		return fmt.Sprintf("the Redis primary %q of the Sentinels at %s", r.Failover.MasterName, addrs)
 	}
 	return "the Redis server at " + addrs
@@ -82,9 +82,9 @@ func (r *RedisTarget) Server() string {
 
 func (r *RedisTarget) tlsConfig() *tls.Config {
 	switch r.Form {
-	case Cluster:
+	case RedisCluster:
 		return r.Cluster.TLSConfig
-	case Sentinel:
+	case RedisSentinel:
 		return r.Failover.TLSConfig
 	}
 	return r.Simple.TLSConfig
@@ -95,7 +95,7 @@ func (r *RedisTarget) tlsConfig() *tls.Config {
 // credentials, TLS and pool settings.
 func (r *RedisTarget) asCluster() {
 	o := r.Simple
-	r.Form, r.Simple = Cluster, nil
+	r.Form, r.Simple = RedisCluster, nil
 	r.Cluster = &redis.ClusterOptions{
 		Addrs: []string{o.Addr}, ClientName: o.ClientName, Protocol: o.Protocol,
 		Username: o.Username, Password: o.Password, TLSConfig: o.TLSConfig,
@@ -121,11 +121,11 @@ const (
 // their Redis connections here. master_name= makes it a Sentinel URL
 // (addr= then adds Sentinels), addr= without it a Cluster URL, neither a
 // standalone URL (redis://, rediss:// or unix://). It returns an error
-// that names the form, the flag and the fix when rawURL does not parse
-// (with the password, if any, replaced by xxxxx) or is empty, when a Cluster URL has
-// a database other than 0, when a file of t cannot be read, when t is set
-// for a URL without TLS, or when the URL asks for skip_verify=true
-// without t.InsecureSkipVerify.
+// that names the form, the flag and the fix when rawURL is empty or does
+// not parse (with the password, if any, replaced by xxxxx), when a
+// Cluster URL has a database other than 0, when a file of t cannot be
+// read, when t is set for a URL without TLS, or when the URL asks for
+// skip_verify=true without t.InsecureSkipVerify.
 func RedisOptions(rawURL string, t RedisTLS) (*RedisTarget, error) {
 	if rawURL == "" {
 		return nil, errors.New("no Redis: pass --redis-url or set REDIS_URL (e.g. redis://localhost:6379/0)")
@@ -142,7 +142,7 @@ func RedisOptions(rawURL string, t RedisTLS) (*RedisTarget, error) {
 	var parsed *tls.Config
 	switch {
 	case q.Has("master_name"):
-		r.Form = Sentinel
+		r.Form = RedisSentinel
 		if r.Failover, err = redis.ParseFailoverURL(rawURL); err != nil {
 			return nil, bad(sentinelForm, err)
 		}
@@ -151,7 +151,7 @@ func RedisOptions(rawURL string, t RedisTLS) (*RedisTarget, error) {
 		}
 		parsed = r.Failover.TLSConfig
 	case q.Has("addr"):
-		r.Form = Cluster
+		r.Form = RedisCluster
 		if u.Scheme == "unix" {
 			return nil, bad(clusterForm, errors.New("a Cluster URL is redis:// or rediss://, not unix://"))
 		}
@@ -193,11 +193,11 @@ func RedisOptions(rawURL string, t RedisTLS) (*RedisTarget, error) {
 		return nil, err
 	}
 	switch r.Form {
-	case Standalone:
+	case RedisStandalone:
 		r.Simple.TLSConfig = cfg
-	case Cluster:
+	case RedisCluster:
 		r.Cluster.TLSConfig = cfg
-	case Sentinel:
+	case RedisSentinel:
 		r.Failover.TLSConfig = cfg
 	}
 	return r, nil

@@ -23,14 +23,14 @@ func TestRedisURLFormIsSentinelWithMasterNameClusterWithAddrElseStandalone(t *te
 		addrs []string
 		check func(*app.RedisTarget) bool
 	}{
-		{"redis://:pw@h1:6380/2", app.Standalone, []string{"h1:6380"},
+		{"redis://:pw@h1:6380/2", app.RedisStandalone, []string{"h1:6380"},
 			func(r *app.RedisTarget) bool { return r.Simple.DB == 2 && r.Simple.Password == "pw" }},
-		{"unix:///run/redis.sock?db=3", app.Standalone, []string{"/run/redis.sock"},
+		{"unix:///run/redis.sock?db=3", app.RedisStandalone, []string{"/run/redis.sock"},
 			func(r *app.RedisTarget) bool { return r.Simple.Network == "unix" && r.Simple.DB == 3 }},
-		{"redis://u:pw@h1:7000?addr=h2:7001&addr=h3:7002", app.Cluster, []string{"h1:7000", "h2:7001", "h3:7002"},
+		{"redis://u:pw@h1:7000?addr=h2:7001&addr=h3:7002", app.RedisCluster, []string{"h1:7000", "h2:7001", "h3:7002"},
 			func(r *app.RedisTarget) bool { return r.Cluster.Username == "u" && r.Cluster.Password == "pw" }},
-		{"redis://h1:7000/0?addr=h2:7001", app.Cluster, []string{"h1:7000", "h2:7001"}, nil},
-		{"redis://:spw@s1:26379/1?master_name=main&addr=s2:26379&addr=s3:26379&password=pw", app.Sentinel, []string{"s1:26379", "s2:26379", "s3:26379"},
+		{"redis://h1:7000/0?addr=h2:7001", app.RedisCluster, []string{"h1:7000", "h2:7001"}, nil},
+		{"redis://:spw@s1:26379/1?master_name=main&addr=s2:26379&addr=s3:26379&password=pw", app.RedisSentinel, []string{"s1:26379", "s2:26379", "s3:26379"},
 			func(r *app.RedisTarget) bool {
 				f := r.Failover
 				return f.MasterName == "main" && f.DB == 1 && f.SentinelPassword == "spw" && f.Password == "pw"
@@ -117,9 +117,9 @@ func TestTheRedisTLSSettingsApplyToEveryForm(t *testing.T) {
 
 func tlsOf(r *app.RedisTarget) *tls.Config {
 	switch r.Form {
-	case app.Cluster:
+	case app.RedisCluster:
 		return r.Cluster.TLSConfig
-	case app.Sentinel:
+	case app.RedisSentinel:
 		return r.Failover.TLSConfig
 	}
 	return r.Simple.TLSConfig
