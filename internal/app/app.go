@@ -199,6 +199,9 @@ func sentinelError(r *RedisTarget, err error) error {
 		return fmt.Errorf("the Sentinels at %s refused: %s: check the user:password@ of --redis-url (env REDIS_URL), which is the Sentinels' (password= and username= are the primary's)",
 			at, cause)
 	}
+	if tlsErr := redisTLSError("the Sentinels at "+at, r.tlsConfig(), err); tlsErr != nil {
+		return tlsErr
+	}
 	return fmt.Errorf("cannot reach the Sentinels at %s (%s): check --redis-url (env REDIS_URL) and that they are up", at, cause)
 }
 

@@ -230,3 +230,28 @@ func TestAClusterOverTLSTakesTheTLSFlags(t *testing.T) {
 		t.Errorf("without the CA: %v; want the Cluster named, the unknown authority and --redis-ca-file", err)
 	}
 }
+
+// Over TLS, a Sentinel URL takes the CA and the client certificate of
+// the TLS flags to the Sentinels and the primary alike; without the CA,
+// the error names the Sentinels, the unknown authority and
+// --redis-ca-file.
+func TestSentinelsOverTLSTakeTheTLSFlags(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	certs := testenv.TLSCertificates(t)
+	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{Password: "data-pw", TLS: certs})
+	rdb, err := app.Redis(ctx, g.URL, app.RedisTLS{CAFile: certs.CA, CertFile: certs.Client.Cert, KeyFile: certs.Client.Key}, nil)
+	if err != nil {
+		t.Fatalf("%s: %v", g.URL, err)
+	}
+	defer rdb.Close()
+	key := testenv.Prefix(t)
+	if err := rdb.Set(ctx, key, "v", 0).Err(); err != nil || g.Primary.Client.Get(ctx, key).Val() != "v" {
+		t.Errorf("SET: %v; want the primary to hold the key", err)
+	}
+	_, err = app.Redis(ctx, g.URL, app.RedisTLS{CertFile: certs.Client.Cert, KeyFile: certs.Client.Key}, nil)
+	if err == nil || !strings.HasPrefix(err.Error(), "the Sentinels at "+g.Sentinels[0].Client.Options().Addr+", ") || !strings.Contains(err.Error(), "sent a certificate signed by an unknown authority") ||
+		!strings.Contains(err.Error(), "--redis-ca-file") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("without the CA: %v; want one line naming the Sentinels, the unknown authority and --redis-ca-file", err)
+	}
+}

@@ -4,6 +4,7 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net/url"
 	"os"
@@ -44,6 +45,11 @@ type SentinelOptions struct {
 	// SentinelPassword is the Sentinels' own (requirepass, and
 	// sentinel-pass between them).
 	SentinelPassword string
+	// TLS, if not nil, makes every server and Sentinel take TLS only,
+	// with certificates of TLS.CA (Server's, and Client's when they
+	// connect to each other), and require client certificates; the URL
+	// is then rediss://.
+	TLS *TLSCerts
 }
 
 // PrivateSentinels starts a Redis primary, one replica of it
@@ -71,9 +77,26 @@ func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 		}
 	}
 	addr := func(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
-	server := func(name, password string, argv ...string) *RedisServer {
-		s := &RedisServer{t: t, bin: bin, argv: argv, logFile: filepath.Join(dir, name+".log"),
-			Client: redis.NewClient(&redis.Options{Addr: addr(portOf(argv)), Password: password, Protocol: 2})}
+	var clientTLS *tls.Config
+	if o.TLS != nil {
+		pair, err := tls.LoadX509KeyPair(o.TLS.Client.Cert, o.TLS.Client.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clientTLS = &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}
+	}
+	// listen is where a server listens: port, or its TLS port alone.
+	listen := func(port int) []string {
+		if o.TLS == nil {
+			return []string{"--port", strconv.Itoa(port)}
+		}
+		return []string{"--port", "0", "--tls-port", strconv.Itoa(port), "--tls-cert-file", o.TLS.Server.Cert, "--tls-key-file", o.TLS.Server.Key,
+			"--tls-client-cert-file", o.TLS.Client.Cert, "--tls-client-key-file", o.TLS.Client.Key,
+			"--tls-ca-cert-file", o.TLS.CA, "--tls-auth-clients", "yes", "--tls-replication", "yes"}
+	}
+	server := func(name, password string, port int, argv ...string) *RedisServer {
+		s := &RedisServer{t: t, bin: bin, argv: append(argv, listen(port)...), logFile: filepath.Join(dir, name+".log"),
+			Client: redis.NewClient(&redis.Options{Addr: addr(port), Password: password, Protocol: 2, TLSConfig: clientTLS})}
 		t.Cleanup(func() {
 			_ = s.Client.Close()
 			s.Kill()
@@ -81,12 +104,12 @@ func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 		return s
 	}
 	data := func(name string, port int, args ...string) *RedisServer {
-		argv := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		argv := []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 			"--dir", dir, "--dbfilename", name + ".rdb", "--logfile", filepath.Join(dir, name+".log")}
 		if o.Password != "" {
 			argv = append(argv, "--requirepass", o.Password, "--masterauth", o.Password)
 		}
-		return server(name, o.Password, append(argv, args...)...)
+		return server(name, o.Password, port, append(argv, args...)...)
 	}
 	g := &SentinelGroup{Primary: data("primary", ports[0])}
 	g.Primary.Start()
@@ -96,7 +119,7 @@ func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 	for i, port := range ports[2:] {
 		name := fmt.Sprintf("sentinel%d", i+1)
 		conf := []string{
-			"port " + strconv.Itoa(port), "bind 127.0.0.1", "dir " + dir, "logfile " + filepath.Join(dir, name+".log"),
+			"bind 127.0.0.1", "dir " + dir, "logfile " + filepath.Join(dir, name+".log"),
 			fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2", SentinelMaster, ports[0]),
 			fmt.Sprintf("sentinel down-after-milliseconds %s 1000", SentinelMaster),
 			fmt.Sprintf("sentinel failover-timeout %s 5000", SentinelMaster),
@@ -111,7 +134,7 @@ func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 		if err := os.WriteFile(file, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		s := server(name, o.SentinelPassword, file, "--sentinel", "--port", strconv.Itoa(port))
+		s := server(name, o.SentinelPassword, port, file, "--sentinel")
 		s.Start()
 		g.Sentinels = append(g.Sentinels, s)
 		sentinelAddrs = append(sentinelAddrs, addr(port))
@@ -131,6 +154,9 @@ func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 		return true
 	})
 	u := url.URL{Scheme: "redis", Host: sentinelAddrs[0], Path: "/0"}
+	if o.TLS != nil {
+		u.Scheme = "rediss"
+	}
 	if o.SentinelPassword != "" {
 		u.User = url.UserPassword("", o.SentinelPassword)
 	}
@@ -141,17 +167,6 @@ func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 	u.RawQuery = q.Encode()
 	g.URL = u.String()
 	return g
-}
-
-// portOf is the value of --port in a server's arguments.
-func portOf(argv []string) int {
-	for i, a := range argv[:len(argv)-1] {
-		if a == "--port" {
-			p, _ := strconv.Atoi(argv[i+1])
-			return p
-		}
-	}
-	return 0
 }
 
 // field is the value of name in a Sentinel's flat reply of names and
