@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 
 // A worker whose RedisURL names a Redis Cluster, a cluster node alone,
 // or the primary of Sentinels completes a whole run, its pages queued
-// behind one permit, and serves the fleet's metrics and readiness, as
+// behind one permit and woken when it is handed on, and serves the fleet's metrics and readiness, as
 // over one server; the plain URL of a cluster node gets a Cluster client,
 // which asks the node for its slots.
 func TestAWorkerCompletesARunOverAClusterAndASentinelURL(t *testing.T) {
@@ -38,12 +39,31 @@ func TestAWorkerCompletesARunOverAClusterAndASentinelURL(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			slotsAsked := clusterSlotsCalls(t, cluster.Client)
 			prefix := testenv.Prefix(t)
+			var first atomic.Bool
 			job := pagesJob("topology", func(ctx context.Context, p int) (int, error) {
 				sem, err := worker.Semaphore(ctx, "db")
 				if err != nil {
 					return 0, err
 				}
-				return 2 * p, sem.Do(ctx, func(context.Context) error { return nil })
+				return 2 * p, sem.Do(ctx, func(ctx context.Context) error {
+					if !first.CompareAndSwap(false, true) {
+						return nil
+					}
+					// The first holder keeps the permit until another page
+					// waits for it, which then gets it handed over: woken
+					// through this process's wake list.
+					for {
+						st, err := sem.Stats(ctx)
+						if err != nil || len(st.Waiters) > 0 {
+							return err
+						}
+						select {
+						case <-ctx.Done():
+							return ctx.Err()
+						case <-time.After(5 * time.Millisecond):
+						}
+					}
+				})
 			}, mapreduce.JobOptions{})
 			ctx := context.Background()
 			metrics := startMetricsWorker(t, worker.Config{RedisURL: tc.url, Prefix: prefix, Permits: map[string]int{"db": 1},
