@@ -234,7 +234,7 @@ func (r *RedisTarget) ping(ctx context.Context, rdb redis.UniversalClient) error
 	}
 	var answered redis.Error
 	switch {
-	case errors.As(err, &answered) && strings.Contains(err.Error(), "SELECT is not allowed in cluster mode"):
+	case r.Form == RedisStandalone && errors.As(err, &answered) && strings.Contains(err.Error(), "SELECT is not allowed in cluster mode"):
 		return fmt.Errorf("%s runs Redis Cluster, which has only database 0: drop /%d from --redis-url (env REDIS_URL)", server, r.Simple.DB)
 	case errors.As(err, &answered) && !errors.Is(err, redis.Nil):
 		// It answered: the URL's database, user or password is wrong.
