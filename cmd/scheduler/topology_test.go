@@ -22,9 +22,9 @@ import (
 // Every command and the console reach Redis through a Cluster URL, a
 // cluster node's plain URL and a Sentinel URL as through one server, as
 // the ACL user that docs/operations.md recommends: a worker on the same
-// URL runs what 'run --wait' starts, status shows the run, permits set
-// and get change and read the worker's semaphore, and the console lists
-// the job.
+// URL runs what 'run --wait' starts, status, runs and jobs show the run
+// and the job, permits set and get change and read the worker's
+// semaphore, and the console lists the job.
 func TestTheCommandsAndTheConsoleWorkOverAClusterAndASentinelURL(t *testing.T) {
 	t.Parallel()
 	cluster := testenv.PrivateRedisCluster(t, nil)
@@ -78,6 +78,12 @@ func TestTheCommandsAndTheConsoleWorkOverAClusterAndASentinelURL(t *testing.T) {
 			id := lines(out)[0]
 			if out, errs, code := s.run("status", id); code != 0 || !strings.Contains(out, "succeeded") {
 				t.Errorf("status: exit %d, stdout %q, stderr %q; want the run succeeded", code, out, errs)
+			}
+			if out, errs, code := s.run("runs"); code != 0 || !strings.Contains(out, id) {
+				t.Errorf("runs: exit %d, stdout %q, stderr %q; want the run listed", code, out, errs)
+			}
+			if out, errs, code := s.run("jobs"); code != 0 || !strings.Contains(out, "sum") {
+				t.Errorf("jobs: exit %d, stdout %q, stderr %q; want sum listed", code, out, errs)
 			}
 			if out, errs, code := s.run("permits", "set", "db", "3"); code != 0 || !strings.HasPrefix(out, "semaphore db: limit 3") {
 				t.Errorf("permits set db 3: exit %d, stdout %q, stderr %q", code, out, errs)
