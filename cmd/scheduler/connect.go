@@ -13,15 +13,19 @@ import (
 // that runs no job of its own. It starts and inspects runs of any job the
 // catalogue lists.
 type conn struct {
-	rdb  *redis.Client
-	mr   *mapreduce.Client
-	addr string // the Redis server's address, for messages
+	rdb    redis.UniversalClient
+	mr     *mapreduce.Client
+	server string // what rdb reaches, for messages: "the Redis server at ADDR"
 }
 
 // connect connects to Redis, exiting with one line when it cannot.
 func connect(ctx context.Context, r redisFlags) *conn {
 	log, _ := app.Logger("text", "warn")
-	rdb, err := app.Redis(ctx, r.url, r.tls, log)
+	target, err := app.RedisOptions(r.url, r.tls)
+	if err != nil {
+		app.Fail("%v", err)
+	}
+	rdb, err := target.Connect(ctx, log)
 	if err != nil {
 		app.Fail("%v", err)
 	}
@@ -29,7 +33,7 @@ func connect(ctx context.Context, r redisFlags) *conn {
 	if err != nil {
 		app.Fail("%v", err)
 	}
-	return &conn{rdb: rdb, mr: mr, addr: rdb.Options().Addr}
+	return &conn{rdb: rdb, mr: mr, server: target.Server()}
 }
 
 func (c *conn) close() { c.rdb.Close() }

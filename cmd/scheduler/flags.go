@@ -20,7 +20,7 @@ type redisFlags struct {
 // --redis-insecure-skip-verify).
 func redisFlag(fs *flag.FlagSet) *redisFlags {
 	r := &redisFlags{}
-	fs.StringVar(&r.url, "redis-url", app.Env("REDIS_URL", ""), "Redis URL; rediss:// for TLS (env REDIS_URL)")
+	fs.StringVar(&r.url, "redis-url", app.Env("REDIS_URL", ""), "Redis URL: redis://host:port/db, redis://host:port?addr=host2:port2 (Cluster) or redis://sentinel:26379/db?master_name=NAME (Sentinel); rediss:// for TLS (env REDIS_URL)")
 	r.tls.AddFlags(fs)
 	return r
 }

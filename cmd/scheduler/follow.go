@@ -63,7 +63,7 @@ func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*ma
 		case err == nil:
 			if unreachable {
 				unreachable = false
-				say("Redis at %s is back; following %s", c.addr, id)
+				say("%s is back; following %s", c.server, id)
 			}
 			if e := st.LastError; !st.State.Ended() && e.At.After(errorSeen) && time.Since(errorShown) >= errorEvery {
 				errorSeen, errorShown = e.At, time.Now()
@@ -91,7 +91,7 @@ func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*ma
 			return nil, err
 		case !unreachable:
 			unreachable = true
-			say("cannot reach the Redis server at %s (%v); the run goes on: still following %s until Redis is back (Ctrl-C stops following)", c.addr, rootCause(err), id)
+			say("cannot reach %s (%v); the run goes on: still following %s until Redis is back (Ctrl-C stops following)", c.server, rootCause(err), id)
 		}
 		select {
 		case <-ctx.Done():

@@ -166,9 +166,12 @@ func TestNoCommandPrintsAPasswordOfItsURLs(t *testing.T) {
 
 	// Errors: malformed, unreachable and refused, each holding a password.
 	bad := map[string]string{
-		"a malformed Redis URL": "redis://admin:" + pw + "@localhost:63x9/0",
-		"an unreachable Redis":  "redis://admin:" + pw + "@127.0.0.1:1/0",
-		"a refused password":    strings.Replace(redisURL.String(), pw, pw+"x", 1),
+		"a malformed Redis URL":    "redis://admin:" + pw + "@localhost:63x9/0",
+		"an unreachable Redis":     "redis://admin:" + pw + "@127.0.0.1:1/0",
+		"a refused password":       strings.Replace(redisURL.String(), pw, pw+"x", 1),
+		"a malformed Cluster URL":  "redis://admin:" + pw + "@localhost:7000?addr=localhost",
+		"an unreachable Cluster":   "redis://admin:" + pw + "@127.0.0.1:1?addr=127.0.0.1:2",
+		"a malformed Sentinel URL": "redis://:" + pw + "@localhost:26379/0?master_name=main&password=" + pw + "&bogus=1",
 	}
 	for what, u := range bad {
 		_, errOut, code := sched.with("REDIS_URL=" + u).run("jobs")

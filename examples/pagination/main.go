@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"time"
 
@@ -81,6 +82,35 @@ func main() {
 	}
 }
 
+// redisClient returns a client of redisURL in go-redis's three forms:
+// master_name= names a primary behind Sentinels, addr= a Cluster's seeds,
+// neither one server.
+func redisClient(redisURL string) (redis.UniversalClient, error) {
+	u, err := url.Parse(redisURL)
+	if err != nil {
+		return nil, err
+	}
+	switch q := u.Query(); {
+	case q.Has("master_name"):
+		opt, err := redis.ParseFailoverURL(redisURL)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewFailoverClient(opt), nil
+	case q.Has("addr"):
+		opt, err := redis.ParseClusterURL(redisURL)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewClusterClient(opt), nil
+	}
+	opt, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(opt), nil
+}
+
 // check compares a succeeded run's report with the SQL aggregate.
 func check(ctx context.Context, dbURL, redisURL, run string) int {
 	pool, err := connectPostgres(ctx, dbURL, "batchmr-check")
@@ -91,12 +121,12 @@ func check(ctx context.Context, dbURL, redisURL, run string) int {
 	if redisURL == "" {
 		usageError("no Redis: pass --redis-url or set REDIS_URL")
 	}
-	opt, err := redis.ParseURL(redisURL)
+	rdb, err := redisClient(redisURL)
 	if err != nil {
 		// Not err: go-redis quotes the whole URL, password and all.
-		fail("--redis-url (env REDIS_URL) is not a Redis URL: give redis://[user:password@]host:port/db")
+		fail("--redis-url (env REDIS_URL) is not a Redis URL: give redis://[user:password@]host:port/db, " +
+			"redis://host:port?addr=host2:port2 (Cluster) or redis://sentinel:26379/db?master_name=NAME (Sentinel)")
 	}
-	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: env("BATCHMR_PREFIX", "")})
 	if err != nil {

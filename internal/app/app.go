@@ -123,55 +123,139 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q (env LOG_FORMAT): use text or json", format)
 }
 
+// failoverAddr is the Addr in the options of go-redis's FailoverClient,
+// whose server is the primary that the Sentinels name.
+const failoverAddr = "FailoverClient"
+
 // quiet drops go-redis's own log lines ("failed to dial after 5
 // attempts"): the commands report errors themselves, in one line.
 type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-// Redis connects to url with the TLS settings t and checks that the
-// server answers. A client that does not verify the server's certificate
-// (t.InsecureSkipVerify) logs a warning on log (nil: slog.Default()). Its
-// errors name the problem and the flag that fixes it, and never hold the
-// URL's password.
-func Redis(ctx context.Context, url string, t RedisTLS, log *slog.Logger) (*redis.Client, error) {
-	redis.SetLogger(quiet{})
-	if url == "" {
-		return nil, errors.New("no Redis: pass --redis-url or set REDIS_URL (e.g. redis://localhost:6379/0)")
-	}
-	opt, err := RedisOptions(url, t)
+// Redis connects to url, in any of RedisOptions's three forms, with the
+// TLS settings t, and checks that the server answers. It returns a
+// *redis.Client for a standalone or a Sentinel URL (go-redis's
+// FailoverClient is one), and a *redis.ClusterClient for a Cluster URL or
+// for a standalone URL whose server runs in cluster mode. A client that
+// does not verify the server's certificate (t.InsecureSkipVerify) logs a
+// warning on log (nil: slog.Default()). Its errors name the problem and
+// the flag that fixes it, and never hold the URL's password.
+func Redis(ctx context.Context, url string, t RedisTLS, log *slog.Logger) (redis.UniversalClient, error) {
+	r, err := RedisOptions(url, t)
 	if err != nil {
 		return nil, err
 	}
-	if opt.TLSConfig != nil && opt.TLSConfig.InsecureSkipVerify {
+	return r.Connect(ctx, log)
+}
+
+// Connect connects to r and checks that it answers, as Redis does. A
+// RedisStandalone target whose server runs in cluster mode (it answers
+// CLUSTER INFO, or cluster_enabled:1 in INFO cluster) becomes a
+// RedisCluster target seeded with that server, so that r.Server() names
+// what the client reaches.
+func (r *RedisTarget) Connect(ctx context.Context, log *slog.Logger) (redis.UniversalClient, error) {
+	redis.SetLogger(quiet{})
+	if cfg := r.tlsConfig(); cfg != nil && cfg.InsecureSkipVerify {
 		if log == nil {
 			log = slog.Default()
 		}
-		log.Warn(insecureWarning, "redis", opt.Addr)
+		log.Warn(insecureWarning, "redis", strings.Join(r.Addrs(), ","))
 	}
-	rdb := redis.NewClient(opt)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := rdb.Ping(pctx).Err(); err != nil {
+	rdb := r.NewClient()
+	if err := r.ping(ctx, rdb); err != nil {
 		rdb.Close()
-		var answered redis.Error
-		switch {
-		case errors.As(err, &answered):
-			// It answered: the URL's database, user or password is wrong.
-			return nil, fmt.Errorf("the Redis server at %s refused: %w: check the user, password and database number of --redis-url (env REDIS_URL)", opt.Addr, err)
-		case errors.Is(err, context.DeadlineExceeded):
-			hint := ""
-			if opt.TLSConfig != nil {
-				hint = "; if it takes no TLS, use a redis:// URL"
-			}
-			return nil, fmt.Errorf("cannot reach the Redis server at %s: no answer within 5s: check --redis-url (env REDIS_URL) and that the server is up%s", opt.Addr, hint)
+		return nil, err
+	}
+	if r.Form == RedisStandalone && r.Simple.Network == "tcp" && clusterMode(ctx, rdb) {
+		rdb.Close()
+		r.asCluster()
+		rdb = r.NewClient()
+		if err := r.ping(ctx, rdb); err != nil {
+			rdb.Close()
+			return nil, err
 		}
-		if tlsErr := redisTLSError(opt, err); tlsErr != nil {
-			return nil, tlsErr
-		}
-		return nil, fmt.Errorf("cannot reach the Redis server at %s (%w): check --redis-url (env REDIS_URL) and that the server is up", opt.Addr, err)
 	}
 	return rdb, nil
+}
+
+// sentinelError says why a Sentinel target's client found no primary
+// when the Sentinels are what failed (go-redis joins their errors, one a
+// line), or returns nil.
+func sentinelError(r *RedisTarget, err error) error {
+	const none = "all sentinels specified in configuration are unreachable"
+	msg := err.Error()
+	i := strings.Index(msg, none)
+	if r.Form != RedisSentinel || i < 0 {
+		return nil
+	}
+	cause, _, _ := strings.Cut(strings.TrimPrefix(msg[i+len(none):], ": "), "\n")
+	at := strings.Join(r.Failover.SentinelAddrs, ", ")
+	switch {
+	case strings.Contains(msg, redis.Nil.Error()):
+		return fmt.Errorf("the Sentinels at %s know no primary named %q: give master_name= in --redis-url (env REDIS_URL) the name of their sentinel monitor line (SENTINEL MASTERS lists them)",
+			at, r.Failover.MasterName)
+	case strings.Contains(msg, "WRONGPASS") || strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "NOPERM"):
+		return fmt.Errorf("the Sentinels at %s refused: %s: check the user:password@ of --redis-url (env REDIS_URL), which is the Sentinels' (password= and username= are the primary's)",
+			at, cause)
+	}
+	if tlsErr := redisTLSError("the Sentinels at "+at, r.tlsConfig(), err); tlsErr != nil {
+		return tlsErr
+	}
+	return fmt.Errorf("cannot reach the Sentinels at %s (%s): check --redis-url (env REDIS_URL) and that they are up", at, cause)
+}
+
+// clusterMode reports whether the server of rdb runs in cluster mode.
+func clusterMode(ctx context.Context, rdb redis.UniversalClient) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	// CLUSTER INFO first: an ACL without @dangerous denies INFO, and
+	// would log a denial (ACL LOG) at every connect.
+	err := rdb.ClusterInfo(ctx).Err()
+	if err == nil || strings.Contains(err.Error(), "cluster support disabled") {
+		return err == nil
+	}
+	info, err := rdb.Info(ctx, "cluster").Result()
+	return err == nil && strings.Contains(info, "cluster_enabled:1")
+}
+
+// ping checks that rdb, a client of r, gets an answer within 5s, and
+// says why not and what fixes it.
+func (r *RedisTarget) ping(ctx context.Context, rdb redis.UniversalClient) error {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err := rdb.Ping(pctx).Err()
+	if err == nil {
+		return nil
+	}
+	server := r.Server()
+	if sentinels := sentinelError(r, err); sentinels != nil {
+		return sentinels
+	}
+	var answered redis.Error
+	switch {
+	case r.Form == RedisStandalone && errors.As(err, &answered) && strings.Contains(err.Error(), "SELECT is not allowed in cluster mode"):
+		return fmt.Errorf("%s runs Redis Cluster, which has only database 0: drop /%d from --redis-url (env REDIS_URL)", server, r.Simple.DB)
+	case errors.As(err, &answered) && !errors.Is(err, redis.Nil):
+		// It answered: the URL's database, user or password is wrong.
+		fix := "check the user, password and database number of --redis-url (env REDIS_URL)"
+		if r.Form == RedisSentinel {
+			fix = "check the primary's password= (and username=) and the database number of --redis-url (env REDIS_URL); its user:password@ is the Sentinels'"
+		}
+		return fmt.Errorf("%s refused: %w: %s", server, err, fix)
+	}
+	up := map[RedisForm]string{RedisStandalone: "the server is up", RedisCluster: "the Cluster's nodes are up", RedisSentinel: "the Sentinels and their primary are up"}[r.Form]
+	if errors.Is(err, context.DeadlineExceeded) {
+		hint := ""
+		if r.tlsConfig() != nil {
+			hint = "; if it takes no TLS, use a redis:// URL"
+		}
+		return fmt.Errorf("cannot reach %s: no answer within 5s: check --redis-url (env REDIS_URL) and that %s%s", server, up, hint)
+	}
+	if tlsErr := redisTLSError(server, r.tlsConfig(), err); tlsErr != nil {
+		return tlsErr
+	}
+	return fmt.Errorf("cannot reach %s (%w): check --redis-url (env REDIS_URL) and that %s", server, err, up)
 }
 
 // Postgres connects a pool to url, naming its connections appName in
@@ -262,18 +346,25 @@ worker and scheduler of a deployment must agree on it.
 
 // MapReduce returns a mapreduce client under Prefix that runs jobs (nil:
 // one that only starts, inspects and cancels runs).
-func MapReduce(rdb *redis.Client, jobs *mapreduce.Jobs, log *slog.Logger) (*mapreduce.Client, error) {
+func MapReduce(rdb redis.UniversalClient, jobs *mapreduce.Jobs, log *slog.Logger) (*mapreduce.Client, error) {
 	return mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: Prefix, Logger: log})
 }
 
 // EmptyCatalogue says that no worker has announced a job where rdb and
 // prefix point, naming both: a REDIS_URL with another database number, or
 // another BATCHMR_PREFIX, than the workers' is the likeliest cause when
-// workers do run. (The database is named when rdb is a *redis.Client.)
+// workers do run. (The database is named when rdb is a *redis.Client,
+// the Cluster's seeds when it is a *redis.ClusterClient.)
 func EmptyCatalogue(rdb redis.UniversalClient, prefix string) string {
 	where := ""
-	if rc, ok := rdb.(*redis.Client); ok {
+	switch rc := rdb.(type) {
+	case *redis.Client:
 		where = fmt.Sprintf(" in Redis database %d at %s", rc.Options().DB, rc.Options().Addr)
+		if rc.Options().Addr == failoverAddr {
+			where = fmt.Sprintf(" in Redis database %d of the Sentinels' primary", rc.Options().DB)
+		}
+	case *redis.ClusterClient:
+		where = " in the Redis Cluster at " + strings.Join(rc.Options().Addrs, ", ")
 	}
 	return fmt.Sprintf("the catalogue is empty: no worker has announced a job under prefix %q%s. "+
 		"Start a worker that runs your jobs; if workers do run, use the REDIS_URL (with its database number) and BATCHMR_PREFIX they use",
@@ -371,7 +462,7 @@ func JSONError(s string) error {
 }
 
 // Semaphore opens the named fleet-wide semaphore under Prefix.
-func Semaphore(rdb *redis.Client, name string, opts semaphore.Options) (*semaphore.Semaphore, error) {
+func Semaphore(rdb redis.UniversalClient, name string, opts semaphore.Options) (*semaphore.Semaphore, error) {
 	opts.Prefix = Prefix + ":sem"
 	return semaphore.New(rdb, name, opts)
 }

@@ -14,7 +14,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 )
 
 // RedisTLS is how a Redis connection uses TLS beyond what its URL says: a
@@ -58,39 +57,28 @@ func (t *RedisTLS) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&t.InsecureSkipVerify, "redis-insecure-skip-verify", EnvBool("REDIS_INSECURE_SKIP_VERIFY", false), "accept any certificate from Redis: insecure, for tests only; allows skip_verify=true in the URL (env REDIS_INSECURE_SKIP_VERIFY)")
 }
 
-// RedisOptions parses url (redis://, rediss:// or unix://) into go-redis
-// options and applies t to a rediss:// URL's TLS configuration: every
-// command and the worker build their Redis connections here. It returns
-// an error that names the flag and the fix when url does not parse (with
-// the password, if any, replaced by xxxxx), when a file of t cannot be
-// read, when t is set for a URL without TLS, or when the URL asks for
-// skip_verify=true without t.InsecureSkipVerify.
-func RedisOptions(rawURL string, t RedisTLS) (*redis.Options, error) {
-	if _, err := url.Parse(rawURL); err != nil {
-		return nil, fmt.Errorf("--redis-url (env REDIS_URL) %s: %s: give it as redis://[user:password@]host:port/db, e.g. redis://localhost:6379/0 (rediss:// for TLS)",
-			Redact(rawURL), urlCause(err, rawURL))
-	}
-	opt, err := redis.ParseURL(rawURL)
-	if err != nil {
-		return nil, fmt.Errorf("--redis-url (env REDIS_URL) %s: %w: give it as redis://[user:password@]host:port/db, e.g. redis://localhost:6379/0 (rediss:// for TLS)",
-			Redact(rawURL), err)
-	}
-	if opt.TLSConfig == nil {
+// apply applies t to parsed, the TLS configuration that go-redis read
+// from rawURL (nil: the URL has no TLS), and returns the configuration to
+// connect with. It returns an error that names the flag and the fix when
+// a file of t cannot be read, when t is set for a URL without TLS, or when
+// the URL asks for skip_verify=true without t.InsecureSkipVerify.
+func (t RedisTLS) apply(parsed *tls.Config, rawURL string) (*tls.Config, error) {
+	if parsed == nil {
 		if t.any() {
 			return nil, fmt.Errorf("--redis-url (env REDIS_URL) %s has no TLS, yet %s is set: use a rediss:// URL for TLS, or drop the TLS settings",
 				Redact(rawURL), t.named())
 		}
-		return opt, nil
+		return nil, nil
 	}
-	if opt.TLSConfig.InsecureSkipVerify && !t.InsecureSkipVerify {
+	if parsed.InsecureSkipVerify && !t.InsecureSkipVerify {
 		return nil, errors.New("--redis-url (env REDIS_URL) has skip_verify=true, which accepts any certificate from Redis: " +
 			"give Redis's CA with --redis-ca-file (env REDIS_CA_FILE) and drop skip_verify, or, for a test, add --redis-insecure-skip-verify (env REDIS_INSECURE_SKIP_VERIFY=true)")
 	}
-	cfg := opt.TLSConfig
+	cfg := parsed
 	if t.Config != nil {
 		cfg = t.Config.Clone()
 		if cfg.ServerName == "" {
-			cfg.ServerName = opt.TLSConfig.ServerName
+			cfg.ServerName = parsed.ServerName
 		}
 		cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS12)
 	}
@@ -121,8 +109,7 @@ func RedisOptions(rawURL string, t RedisTLS) (*redis.Options, error) {
 	case t.KeyFile != "":
 		return nil, errors.New("--redis-key-file (env REDIS_KEY_FILE) without --redis-cert-file (env REDIS_CERT_FILE): give the PEM file of the client's certificate too")
 	}
-	opt.TLSConfig = cfg
-	return opt, nil
+	return cfg, nil
 }
 
 // named lists the TLS settings that are set, by their flags.
@@ -145,13 +132,12 @@ func (t RedisTLS) named() string {
 const insecureWarning = "Redis's certificate is not verified (--redis-insecure-skip-verify): anyone on the path can read and change what this process sends; " +
 	"give Redis's CA with --redis-ca-file instead"
 
-// redisTLSError says why a TLS connection to the Redis server of opt
-// failed and which flag fixes it, or returns nil when err is no TLS
-// failure.
-func redisTLSError(opt *redis.Options, err error) error {
-	addr := opt.Addr
-	tlsOn := opt.TLSConfig != nil
-	hasCert := tlsOn && (len(opt.TLSConfig.Certificates) > 0 || opt.TLSConfig.GetClientCertificate != nil)
+// redisTLSError says why a TLS connection to server (Server's words),
+// configured with cfg (nil: no TLS), failed and which flag fixes it, or
+// returns nil when err is no TLS failure.
+func redisTLSError(server string, cfg *tls.Config, err error) error {
+	tlsOn := cfg != nil
+	hasCert := tlsOn && (len(cfg.Certificates) > 0 || cfg.GetClientCertificate != nil)
 	var verify *tls.CertificateVerificationError
 	if errors.As(err, &verify) {
 		var (
@@ -161,37 +147,37 @@ func redisTLSError(opt *redis.Options, err error) error {
 		)
 		switch {
 		case errors.As(verify.Err, &unknown):
-			return fmt.Errorf("the Redis server at %s sent a certificate signed by an unknown authority (%v): "+
-				"give the PEM file of the CA that signed it with --redis-ca-file (env REDIS_CA_FILE)", addr, verify.Err)
+			return fmt.Errorf("%s sent a certificate signed by an unknown authority (%v): "+
+				"give the PEM file of the CA that signed it with --redis-ca-file (env REDIS_CA_FILE)", server, verify.Err)
 		case errors.As(verify.Err, &hostname):
-			return fmt.Errorf("the Redis server at %s sent a certificate for another name (%v): "+
-				"connect by a name the certificate was issued for in --redis-url (env REDIS_URL), or reissue the server's certificate (tls-cert-file) for the name you use", addr, verify.Err)
+			return fmt.Errorf("%s sent a certificate for another name (%v): "+
+				"connect by a name the certificate was issued for in --redis-url (env REDIS_URL), or reissue the server's certificate (tls-cert-file) for the name you use", server, verify.Err)
 		case errors.As(verify.Err, &invalid) && invalid.Reason == x509.Expired:
-			return fmt.Errorf("the Redis server at %s sent a certificate that has expired or is not valid yet (%v): "+
-				"renew the server's certificate (tls-cert-file), or correct this host's clock if it is wrong", addr, verify.Err)
+			return fmt.Errorf("%s sent a certificate that has expired or is not valid yet (%v): "+
+				"renew the server's certificate (tls-cert-file), or correct this host's clock if it is wrong", server, verify.Err)
 		}
-		return fmt.Errorf("the Redis server at %s sent a certificate that did not verify (%v): "+
-			"give the PEM file of the CA that signed it with --redis-ca-file (env REDIS_CA_FILE)", addr, verify.Err)
+		return fmt.Errorf("%s sent a certificate that did not verify (%v): "+
+			"give the PEM file of the CA that signed it with --redis-ca-file (env REDIS_CA_FILE)", server, verify.Err)
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "remote error" {
 		switch alert := op.Err.Error(); {
 		// TLS 1.3 says so; TLS 1.2 servers end the handshake.
 		case alert == "tls: certificate required" || alert == "tls: handshake failure" && !hasCert:
-			return fmt.Errorf("the Redis server at %s requires a client certificate (%v): "+
-				"give this client's with --redis-cert-file and --redis-key-file (env REDIS_CERT_FILE, REDIS_KEY_FILE)", addr, op.Err)
+			return fmt.Errorf("%s requires a client certificate (%v): "+
+				"give this client's with --redis-cert-file and --redis-key-file (env REDIS_CERT_FILE, REDIS_KEY_FILE)", server, op.Err)
 		case hasCert && slices.Contains([]string{"tls: bad certificate", "tls: unknown certificate authority", "tls: certificate expired",
 			"tls: unsupported certificate", "tls: revoked certificate", "tls: unknown certificate"}, alert):
-			return fmt.Errorf("the Redis server at %s refused this client's certificate (%v): "+
-				"give with --redis-cert-file (env REDIS_CERT_FILE) a valid certificate signed by a CA the server trusts (its tls-ca-cert-file), and its key with --redis-key-file", addr, op.Err)
+			return fmt.Errorf("%s refused this client's certificate (%v): "+
+				"give with --redis-cert-file (env REDIS_CERT_FILE) a valid certificate signed by a CA the server trusts (its tls-ca-cert-file), and its key with --redis-key-file", server, op.Err)
 		}
 	}
 	var record tls.RecordHeaderError
 	if errors.As(err, &record) {
-		return fmt.Errorf("the Redis server at %s does not speak TLS: use a redis:// URL in --redis-url (env REDIS_URL), or turn TLS on in Redis (tls-port)", addr)
+		return fmt.Errorf("%s does not speak TLS: use a redis:// URL in --redis-url (env REDIS_URL), or turn TLS on in Redis (tls-port)", server)
 	}
 	if !tlsOn && (errors.Is(err, io.EOF) || strings.Contains(err.Error(), "connection reset by peer")) {
-		return fmt.Errorf("the Redis server at %s closed the connection (%v): if it takes TLS only, use a rediss:// URL in --redis-url (env REDIS_URL); otherwise check that it is up", addr, err)
+		return fmt.Errorf("%s closed the connection (%v): if it takes TLS only, use a rediss:// URL in --redis-url (env REDIS_URL); otherwise check that it is up", server, err)
 	}
 	return nil
 }

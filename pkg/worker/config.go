@@ -24,7 +24,15 @@ const defaultPollInterval = mapreduce.DefaultPollInterval
 // Run); zero values take the documented defaults.
 type Config struct {
 	// RedisURL locates the Redis that holds runs, tasks and semaphores
-	// (--redis-url, REDIS_URL). Required.
+	// (--redis-url, REDIS_URL), in one of three forms. Required.
+	//   - one server: redis://[user:password@]host:port/db (rediss://
+	//     for TLS, unix:///path/redis.sock); a server in cluster mode is
+	//     used as a Cluster's seed
+	//   - Redis Cluster: redis://host:port?addr=host2:port2&addr=host3:port3
+	//     (no /db: a Cluster has only database 0)
+	//   - Sentinel: redis://sentinel:26379/db?master_name=NAME&addr=sentinel2:26379
+	//     (user:password@ is the Sentinels'; password= the primary's)
+	// The TLS settings below apply to all three.
 	RedisURL string
 	// RedisCAFile is a PEM file of the CA that signed the certificate of
 	// a rediss:// RedisURL's server (--redis-ca-file, REDIS_CA_FILE).

@@ -103,7 +103,7 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	name := filepath.Base(os.Args[0])
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var cfg Config
-	fs.StringVar(&cfg.RedisURL, "redis-url", app.Env("REDIS_URL", ""), "Redis URL (env REDIS_URL)")
+	fs.StringVar(&cfg.RedisURL, "redis-url", app.Env("REDIS_URL", ""), "Redis URL: redis://host:port/db, redis://host:port?addr=host2:port2 (Cluster) or redis://sentinel:26379/db?master_name=NAME (Sentinel); rediss:// for TLS (env REDIS_URL)")
 	var redisTLS app.RedisTLS
 	redisTLS.AddFlags(fs)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", app.Env("DATABASE_URL", ""), "Postgres URL; none: the jobs get no database (env DATABASE_URL)")

@@ -162,7 +162,7 @@ var skewedJob = mapreduce.Job[int, int, int, int]{
 	Map:   func(context.Context, int) (int, error) { return 0, nil },
 }
 
-func mustClient(t *testing.T, rdb *redis.Client, prefix string) *mapreduce.Client {
+func mustClient(t *testing.T, rdb redis.UniversalClient, prefix string) *mapreduce.Client {
 	t.Helper()
 	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: prefix})
 	if err != nil {

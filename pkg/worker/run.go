@@ -56,7 +56,7 @@ func Run(ctx context.Context, cfg Config, jobs ...mapreduce.AnyJob) error {
 // running is a started worker.
 type running struct {
 	cfg    Config
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	env    *Env
 	srv    *asynq.Server
 	cancel context.CancelFunc
