@@ -153,6 +153,9 @@ fi
 
 tmp=""
 redis_pids=()
+cluster_create_pid=""
+initdb_pid=""
+cmd_pid=""
 pg_running=0
 cmd_started=0
 
@@ -160,9 +163,9 @@ cmd_started=0
 # because the unprivileged user may not be able to enter our cwd (e.g. /root).
 as_pg() {
 	if [[ $is_root -eq 1 ]]; then
-		(cd "$tmp" && runuser -u "$pg_user" -- "$@")
+		(cd "$tmp" && exec runuser -u "$pg_user" -- "$@")
 	else
-		(cd "$tmp" && "$@")
+		(cd "$tmp" && exec "$@")
 	fi
 }
 
@@ -183,6 +186,13 @@ cleanup() {
 	set +e
 	trap - EXIT INT TERM
 	local pid
+	[[ -n "$cmd_pid" ]] && stop_pid "$cmd_pid"
+	[[ -n "$cluster_create_pid" ]] && stop_pid "$cluster_create_pid"
+	[[ -n "$initdb_pid" ]] && stop_pid "$initdb_pid"
+	# All at once, then each waited for: the servers stop together.
+	for pid in "${redis_pids[@]}"; do
+		kill -TERM "$pid" 2>/dev/null
+	done
 	for pid in "${redis_pids[@]}"; do
 		stop_pid "$pid"
 	done
@@ -211,9 +221,23 @@ fi
 tmp=$(mktemp -d "$tmp_base/batchmr-test.XXXXXX")
 chmod 755 "$tmp"
 
+# --- Postgres's data directory, made while Redis starts ----------------------
+
+mkdir "$tmp/pgdata" "$tmp/pgsock"
+touch "$tmp/pg.log" "$tmp/initdb.log"
+if [[ $is_root -eq 1 ]]; then
+	chown "$pg_user" "$tmp/pgdata" "$tmp/pgsock" "$tmp/pg.log" "$tmp/initdb.log"
+fi
+
+# C.UTF-8 always exists on Debian, unlike whatever LANG the caller has.
+as_pg "$pg_bin/initdb" -D "$tmp/pgdata" -A trust -U postgres --no-sync \
+	-E UTF8 --locale=C.UTF-8 >"$tmp/initdb.log" 2>&1 </dev/null &
+initdb_pid=$!
+
 # --- Ports ----------------------------------------------------------------------
 
 used_ports=" "
+port_pool=()
 
 # Sets $port to a TCP port on 127.0.0.1 that is free right now. (A global,
 # not output: used_ports must survive between calls.) Another process may
@@ -222,10 +246,18 @@ used_ports=" "
 pick_port() {
 	local p i
 	for i in $(seq 1 200); do
+		if [[ ${#port_pool[@]} -eq 0 ]] && command -v python3 >/dev/null 2>&1; then
+			# Binding port 0 lets the kernel pick ones nobody has bound;
+			# two dozen at once, because python3 is slow to start.
+			mapfile -t port_pool < <(python3 -c 'import socket
+ss = [socket.socket() for _ in range(24)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print("\n".join(str(s.getsockname()[1]) for s in ss))' 2>/dev/null)
+		fi
 		p=""
-		if command -v python3 >/dev/null 2>&1; then
-			# Binding port 0 lets the kernel pick one nobody has bound.
-			p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null) || p=""
+		if [[ ${#port_pool[@]} -gt 0 ]]; then
+			p=${port_pool[0]}
+			port_pool=("${port_pool[@]:1}")
 		fi
 		if [[ ! "$p" =~ ^[0-9]+$ ]]; then
 			# No python3 on a fresh machine: try random ports below Linux's
@@ -253,12 +285,18 @@ redis_cli() {
 	timeout 5 redis-cli -h 127.0.0.1 -p "$port" "$@"
 }
 
-# start_redis NAME EXTRA_ARGS... : starts a redis-server on a free port, sets
-# $port and appends its pid to redis_pids. In EXTRA_ARGS, @PORT@ stands for
-# the chosen port and @BUSPORT@ for a second free port (cluster bus).
+# start_redis NAME [CONFIG_FILE] EXTRA_ARGS... : starts a redis-server on a
+# free port, sets $port and appends its pid to redis_pids. In EXTRA_ARGS,
+# @PORT@ stands for the chosen port and @BUSPORT@ for a second free port
+# (cluster bus).
 start_redis() {
 	local name=$1
 	shift
+	local conf=()
+	if [[ $# -gt 0 && -f "$1" ]]; then
+		conf=("$1") # redis-server takes its config file first
+		shift
+	fi
 	local pid log i arg args busport=""
 	for _ in 1 2 3 4 5; do
 		if [[ "$*" == *@BUSPORT@* ]]; then
@@ -272,13 +310,15 @@ start_redis() {
 			arg=${arg//@PORT@/$port}
 			args+=("${arg//@BUSPORT@/$busport}")
 		done
-		redis-server --port "$port" --bind 127.0.0.1 --protected-mode no \
-			--save "" --appendonly no --daemonize no --dir "$tmp" \
-			"${args[@]}" >"$log" 2>&1 &
+		# Each its own dump file, which a replica writes as it syncs; no
+		# delay before a primary streams its data to a replica.
+		redis-server "${conf[@]}" --port "$port" --bind 127.0.0.1 --protected-mode no \
+			--save "" --appendonly no --daemonize no --dir "$tmp" --dbfilename "dump-$port.rdb" \
+			--repl-diskless-sync-delay 0 "${args[@]}" >"$log" 2>&1 &
 		pid=$!
 		# Recorded at once so a signal during startup still stops it.
 		redis_pids+=("$pid")
-		for i in $(seq 1 100); do
+		for i in $(seq 1 400); do
 			if ! kill -0 "$pid" 2>/dev/null; then
 				wait "$pid" 2>/dev/null || true
 				break
@@ -288,7 +328,7 @@ start_redis() {
 			if [[ "$(redis_cli "$port" info server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')" == "$pid" ]]; then
 				return 0
 			fi
-			sleep 0.2
+			sleep 0.05
 		done
 		if kill -0 "$pid" 2>/dev/null; then
 			stop_pid "$pid"
@@ -309,48 +349,90 @@ start_redis() {
 start_redis standalone
 redis_standalone_port=$port
 
-# The bus port gets its own free port: by default it is PORT+10000, which
+# --- Redis Cluster: three primaries, three replicas -----------------------------
+
+# Each node's bus gets its own free port: by default it is PORT+10000, which
 # may be taken, or past 65535 for the high ports pick_port can return.
 # --cluster-announce-ip makes CLUSTER SLOTS/SHARDS report 127.0.0.1 instead of
 # an empty address, so cluster clients can follow the topology.
-start_redis cluster --cluster-enabled yes --cluster-config-file "$tmp/nodes-@PORT@.conf" \
-	--cluster-port @BUSPORT@ --cluster-announce-ip 127.0.0.1
-redis_cluster_port=$port
-
-# ADDSLOTSRANGE is Redis 7+; the long form keeps older servers working.
-# (Outputs are captured, not piped into grep -q, so pipefail can't trip on
-# SIGPIPE.)
-out=$(redis_cli "$redis_cluster_port" cluster addslotsrange 0 16383 2>&1 || true)
-if [[ "$out" != OK* ]]; then
-	# shellcheck disable=SC2046
-	out=$(redis_cli "$redis_cluster_port" cluster addslots $(seq 0 16383) 2>&1 || true)
-	[[ "$out" == OK* ]] || die "could not assign cluster slots on 127.0.0.1:$redis_cluster_port: $out"
-fi
-for i in $(seq 1 100); do
-	out=$(redis_cli "$redis_cluster_port" cluster info 2>&1 || true)
-	[[ "$out" == *cluster_state:ok* ]] && break
-	if [[ $i -eq 100 ]]; then
-		echo "$out" >&2
-		cat "$tmp"/redis-cluster-*.log >&2
-		die "redis cluster on 127.0.0.1:$redis_cluster_port did not reach cluster_state:ok within 20s"
-	fi
-	sleep 0.2
+cluster_ports=()
+cluster_addrs=()
+for i in 1 2 3 4 5 6; do
+	start_redis "cluster$i" --cluster-enabled yes --cluster-config-file "$tmp/nodes-@PORT@.conf" \
+		--cluster-port @BUSPORT@ --cluster-announce-ip 127.0.0.1 --cluster-node-timeout 2000
+	cluster_ports+=("$port")
+	cluster_addrs+=("127.0.0.1:$port")
 done
+# redis-cli makes the first three primaries, splits the slots between them
+# and gives each a replica. (It warns that primary and replica share a host:
+# on loopback they must.)
+# It waits for the nodes to agree in steps of a second: the Sentinels and
+# Postgres start meanwhile.
+timeout 60 redis-cli --cluster create "${cluster_addrs[@]}" --cluster-replicas 1 --cluster-yes \
+	>"$tmp/cluster-create.log" 2>&1 </dev/null &
+cluster_create_pid=$!
+
+# cluster_ready: every node sees six nodes and cluster_state:ok, and every
+# node is a primary with its replica or a replica in sync with its primary.
+cluster_ready() {
+	local p info
+	for p in "${cluster_ports[@]}"; do
+		info=$(redis_cli "$p" cluster info 2>&1 || true)
+		[[ "$info" == *cluster_state:ok* && "$info" == *cluster_known_nodes:6* ]] || return 1
+		info=$(redis_cli "$p" info replication 2>&1 || true)
+		[[ "$info" == *role:master*connected_slaves:1* ||
+			( "$info" == *role:slave* && "$info" == *master_link_status:up* && "$info" == *master_sync_in_progress:0* ) ]] || return 1
+	done
+}
+
+# --- Sentinel group: a primary, its replica, three Sentinels --------------------
+
+sentinel_master=batchmr
+start_redis sentinel-primary
+sentinel_primary_port=$port
+start_redis sentinel-replica --replicaof 127.0.0.1 "$sentinel_primary_port"
+sentinel_replica_port=$port
+# The Sentinels learn the replicas from the primary's INFO, at once when they
+# connect and then only every ten seconds: start them once the replica is in.
+for i in $(seq 1 300); do
+	out=$(redis_cli "$sentinel_replica_port" info replication 2>&1 || true)
+	[[ "$out" == *master_link_status:up* ]] && break
+	if [[ $i -eq 300 ]]; then
+		echo "$out" >&2
+		die "the replica 127.0.0.1:$sentinel_replica_port did not sync with 127.0.0.1:$sentinel_primary_port within 30s"
+	fi
+	sleep 0.1
+done
+sentinel_ports=()
+for i in 1 2 3; do
+	printf '%s\n' "sentinel monitor $sentinel_master 127.0.0.1 $sentinel_primary_port 2" \
+		"sentinel down-after-milliseconds $sentinel_master 1000" \
+		"sentinel failover-timeout $sentinel_master 5000" >"$tmp/sentinel$i.conf"
+	start_redis "sentinel$i" "$tmp/sentinel$i.conf" --sentinel
+	sentinel_ports+=("$port")
+done
+
+# sentinels_ready: every Sentinel monitors the primary as up, with its replica
+# and the other two Sentinels. (They find each other through hello messages
+# every two seconds, so this is checked after Postgres has started.)
+sentinels_ready() {
+	local p m
+	for p in "${sentinel_ports[@]}"; do
+		# SENTINEL MASTER answers names and values on alternate lines.
+		m=$(redis_cli "$p" sentinel master "$sentinel_master" 2>/dev/null | tr -d '\r' |
+			awk 'NR % 2 == 1 { k = $0; next } { printf " %s=%s", k, $0 } END { print " " }' || true)
+		[[ "$m" == *" flags=master "* && "$m" == *" num-slaves=1 "* && "$m" == *" num-other-sentinels=2 "* ]] || return 1
+	done
+}
 
 # --- Postgres -------------------------------------------------------------------
 
-mkdir "$tmp/pgdata" "$tmp/pgsock"
-touch "$tmp/pg.log" "$tmp/initdb.log"
-if [[ $is_root -eq 1 ]]; then
-	chown "$pg_user" "$tmp/pgdata" "$tmp/pgsock" "$tmp/pg.log" "$tmp/initdb.log"
-fi
-
-# C.UTF-8 always exists on Debian, unlike whatever LANG the caller has.
-if ! as_pg "$pg_bin/initdb" -D "$tmp/pgdata" -A trust -U postgres --no-sync \
-	-E UTF8 --locale=C.UTF-8 >"$tmp/initdb.log" 2>&1; then
+if ! wait "$initdb_pid"; then
+	initdb_pid=""
 	cat "$tmp/initdb.log" >&2
 	die "initdb failed (log above)"
 fi
+initdb_pid=""
 
 for _ in 1 2 3 4 5; do
 	pick_port
@@ -378,15 +460,57 @@ done
 	-c 'CREATE DATABASE batchmr_test' >/dev/null ||
 	die "could not create database batchmr_test"
 
+# --- Wait for the Cluster and the Sentinels ------------------------------------
+
+if ! wait "$cluster_create_pid"; then
+	cluster_create_pid=""
+	cat "$tmp/cluster-create.log" >&2
+	die "redis-cli --cluster create ${cluster_addrs[*]} failed (output above)"
+fi
+cluster_create_pid=""
+for i in $(seq 1 300); do
+	cluster_ready && break
+	if [[ $i -eq 300 ]]; then
+		for p in "${cluster_ports[@]}"; do
+			redis_cli "$p" cluster nodes >&2 || true
+		done
+		die "the redis cluster ${cluster_addrs[*]} was not ok with every replica in sync within 30s"
+	fi
+	sleep 0.1
+done
+for i in $(seq 1 300); do
+	sentinels_ready && break
+	if [[ $i -eq 300 ]]; then
+		for p in "${sentinel_ports[@]}"; do
+			redis_cli "$p" sentinel master "$sentinel_master" >&2 || true
+		done
+		die "the sentinels on ports ${sentinel_ports[*]} did not all see the primary, its replica and each other within 30s"
+	fi
+	sleep 0.1
+done
+
 # --- Run the command ------------------------------------------------------------
 
 export BATCHMR_TEST_REDIS_URL="redis://127.0.0.1:$redis_standalone_port/0"
-export BATCHMR_TEST_REDIS_CLUSTER_ADDR="127.0.0.1:$redis_cluster_port"
+export BATCHMR_TEST_REDIS_CLUSTER_ADDRS
+BATCHMR_TEST_REDIS_CLUSTER_ADDRS=$(IFS=,; echo "${cluster_addrs[*]}")
+export BATCHMR_TEST_REDIS_SENTINEL_URL="redis://127.0.0.1:${sentinel_ports[0]}/0?master_name=$sentinel_master&addr=127.0.0.1:${sentinel_ports[1]}&addr=127.0.0.1:${sentinel_ports[2]}"
 export BATCHMR_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/batchmr_test?sslmode=disable"
-say "redis :$redis_standalone_port, redis cluster :$redis_cluster_port, postgres :$pg_port (BATCHMR_TEST_REDIS_URL, BATCHMR_TEST_REDIS_CLUSTER_ADDR, BATCHMR_TEST_DATABASE_URL)"
+say "redis :$redis_standalone_port, cluster :${cluster_ports[*]}, sentinels :${sentinel_ports[*]} (primary :$sentinel_primary_port), postgres :$pg_port"
 
-# Not exec: we still have to tear the servers down afterwards.
+# Not exec: we still have to tear the servers down afterwards. In the
+# background, because bash runs a trap only once a foreground command ends:
+# a TERM sent to this script alone stops the command and the servers at once.
+# The command keeps our stdin, and gets back the INT and QUIT that bash
+# ignores in background commands, so Ctrl-C still stops it.
 cmd_started=1
+default_signals=()
+if env --default-signal=INT,QUIT true 2>/dev/null; then
+	default_signals=(env --default-signal=INT,QUIT)
+fi
+"${default_signals[@]}" "$@" <&0 &
+cmd_pid=$!
 status=0
-"$@" || status=$?
+wait "$cmd_pid" || status=$?
+cmd_pid=""
 exit "$status"

@@ -3,7 +3,6 @@ package app_test
 import (
 	"context"
 	"crypto/tls"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -125,22 +124,15 @@ func tlsOf(r *app.RedisTarget) *tls.Config {
 	return r.Simple.TLSConfig
 }
 
-// clusterAddr is the test Cluster's node, host:port; the test is
-// skipped without one.
-func clusterAddr(t *testing.T) string {
-	t.Helper()
-	testenv.RedisCluster(t)
-	return os.Getenv(testenv.RedisClusterAddVar)
-}
-
 // A plain URL of a server in cluster mode gets a Cluster client, which
 // reaches keys of every slot; one that asks for a database other than 0
 // is refused, saying that a Cluster has only 0.
 func TestAStandaloneURLOfAClusterNodeGetsAClusterClient(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	addr := clusterAddr(t)
-	for _, u := range []string{"redis://" + addr, "redis://" + addr + "/0", "redis://" + addr + "?addr=" + addr} {
+	seeds := testenv.RedisClusterAddrs(t)
+	addr := seeds[0]
+	for _, u := range []string{"redis://" + addr, "redis://" + addr + "/0", "redis://" + addr + "?addr=" + seeds[1]} {
 		rdb, err := app.Redis(ctx, u, app.RedisTLS{}, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", u, err)

@@ -8,6 +8,14 @@
 //     test binary with testcontainers-go;
 //  3. otherwise the test fails with a message naming both fixes.
 //
+// The shared Redis Cluster (RedisCluster) and Sentinel group
+// (RedisSentinel) come only from BATCHMR_TEST_REDIS_CLUSTER_ADDRS and
+// BATCHMR_TEST_REDIS_SENTINEL_URL, which make test sets to a six-node
+// Cluster and a Sentinel group of its own; testcontainers-go starts
+// neither, so without them those tests are skipped, saying so. Tests that
+// stop, cut or fail over servers start their own (PrivateRedisCluster,
+// PrivateSentinels) and leave the shared ones alone.
+//
 // Isolation is by name, never by flushing: every test gets its own key
 // prefix and its own Postgres schema, and removes only those when it ends, so
 // tests run in parallel and are safe against a shared server.
@@ -36,9 +44,13 @@ import (
 
 // The variables that point tests at existing servers.
 const (
-	RedisURLVar        = "BATCHMR_TEST_REDIS_URL"
-	DatabaseURLVar     = "BATCHMR_TEST_DATABASE_URL"
-	RedisClusterAddVar = "BATCHMR_TEST_REDIS_CLUSTER_ADDR"
+	RedisURLVar    = "BATCHMR_TEST_REDIS_URL"
+	DatabaseURLVar = "BATCHMR_TEST_DATABASE_URL"
+	// The shared Cluster's seeds, host:port,host:port,...
+	RedisClusterAddrsVar = "BATCHMR_TEST_REDIS_CLUSTER_ADDRS"
+	// The shared Sentinel group, in go-redis's Sentinel URL form:
+	// redis://sentinel/0?master_name=NAME&addr=sentinel2&addr=sentinel3
+	RedisSentinelURLVar = "BATCHMR_TEST_REDIS_SENTINEL_URL"
 )
 
 var (
@@ -138,22 +150,69 @@ func Redis(t testing.TB) (*redis.Client, string) {
 	return rdb, prefix
 }
 
-// RedisCluster returns a client of the test Redis Cluster and a key prefix
-// that no other test uses. The test is skipped when BATCHMR_TEST_REDIS_CLUSTER_ADDR
-// is unset (make test sets it to a one-node cluster it starts).
+// RedisClusterAddrs returns the seeds of the shared Redis Cluster,
+// host:port each. The test is skipped when BATCHMR_TEST_REDIS_CLUSTER_ADDRS
+// is unset (make test sets it to a Cluster of three primaries and three
+// replicas that it starts).
+func RedisClusterAddrs(t testing.TB) []string {
+	t.Helper()
+	v := os.Getenv(RedisClusterAddrsVar)
+	if v == "" {
+		t.Skipf("no Redis Cluster: set %s to its nodes' host:port, comma-separated (make test starts one)", RedisClusterAddrsVar)
+	}
+	return strings.Split(v, ",")
+}
+
+// RedisCluster returns a client of the shared Redis Cluster and a key
+// prefix that no other test uses; every key under the prefix is deleted,
+// on every primary, when the test ends. The test is skipped as
+// RedisClusterAddrs says. Keys of different hash tags land on different
+// primaries: a multi-key script must keep to one tag.
 func RedisCluster(t testing.TB) (*redis.ClusterClient, string) {
 	t.Helper()
-	addr := os.Getenv(RedisClusterAddVar)
-	if addr == "" {
-		t.Skipf("no Redis Cluster: set %s to a cluster node's host:port (make test starts one)", RedisClusterAddVar)
-	}
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}})
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: RedisClusterAddrs(t)})
 	prefix := Prefix(t)
 	t.Cleanup(func() {
-		_ = rdb.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
+		err := rdb.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
 			deleteKeys(t, node, prefix)
 			return nil
 		})
+		if err != nil {
+			t.Logf("testenv: deleting %s* on the cluster's primaries: %v", prefix, err)
+		}
+		_ = rdb.Close()
+	})
+	return rdb, prefix
+}
+
+// RedisSentinelURL returns the Sentinel URL of the shared Sentinel group
+// (a primary, its replica and three Sentinels), in go-redis's form, which
+// --redis-url takes. The test is skipped when
+// BATCHMR_TEST_REDIS_SENTINEL_URL is unset (make test sets it to a group
+// it starts).
+func RedisSentinelURL(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv(RedisSentinelURLVar)
+	if u == "" {
+		t.Skipf("no Sentinel group: set %s to redis://SENTINEL/0?master_name=NAME&addr=SENTINEL2... (make test starts one)", RedisSentinelURLVar)
+	}
+	return u
+}
+
+// RedisSentinel returns a client of the shared Sentinel group's primary,
+// found through its Sentinels, and a key prefix that no other test uses.
+// Every key under the prefix is deleted when the test ends. The test is
+// skipped as RedisSentinelURL says.
+func RedisSentinel(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	opt, err := redis.ParseFailoverURL(RedisSentinelURL(t))
+	if err != nil {
+		t.Fatalf("%s: %v", RedisSentinelURLVar, err)
+	}
+	rdb := redis.NewFailoverClient(opt)
+	prefix := Prefix(t)
+	t.Cleanup(func() {
+		deleteKeys(t, rdb, prefix)
 		_ = rdb.Close()
 	})
 	return rdb, prefix
