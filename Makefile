@@ -1,6 +1,8 @@
 # Targets that need servers wrap themselves in scripts/with-servers.sh, which
-# starts throwaway Redis, Redis Cluster and Postgres instances (installing
-# them with apt-get as root when missing) and removes them afterwards.
+# starts throwaway servers on loopback (a Redis, a Redis Cluster of three
+# primaries and three replicas, a Sentinel group of a primary, a replica and
+# three Sentinels, and Postgres; installing them with apt-get as root when
+# missing) and removes them afterwards.
 
 # Newest staticcheck that builds with this module's Go (1.26); bump on purpose.
 STATICCHECK_VERSION := v0.8.2
@@ -36,7 +38,7 @@ check: $(STATICCHECK) $(STATICCHECK_STAMP)
 		echo "$(STATICCHECK) ./..." && $(STATICCHECK) ./...; \
 	fi
 
-# test: run check and the full test suite against throwaway servers.
+# test: run check and the full test suite against the throwaway servers.
 test: tools
 	scripts/with-servers.sh $(MAKE) --no-print-directory test-inner
 

@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# Run a command against throwaway Redis, Redis Cluster and Postgres servers.
+# Run a command against throwaway Redis, Redis Cluster, Redis Sentinel and
+# Postgres servers.
 #
 #   scripts/with-servers.sh COMMAND [ARGS...]
 #
 # The command sees:
-#   BATCHMR_TEST_REDIS_URL           redis://127.0.0.1:PORT/0      (standalone)
-#   BATCHMR_TEST_REDIS_CLUSTER_ADDR  127.0.0.1:PORT                (one-node cluster)
-#   BATCHMR_TEST_DATABASE_URL        postgres://postgres@127.0.0.1:PORT/batchmr_test?sslmode=disable
-#   BATCHMR_TEST_CHROMIUM            /usr/bin/chromium             (the console's browser tests)
+#   BATCHMR_TEST_REDIS_URL            redis://127.0.0.1:PORT/0      (standalone)
+#   BATCHMR_TEST_REDIS_CLUSTER_ADDRS  127.0.0.1:PORT,...            (Cluster: three primaries,
+#                                     three replicas, cluster-node-timeout 2s)
+#   BATCHMR_TEST_REDIS_SENTINEL_URL   redis://127.0.0.1:PORT/0?master_name=batchmr&addr=127.0.0.1:PORT&addr=...
+#                                     (a primary, its replica, three Sentinels, down after 1s)
+#   BATCHMR_TEST_DATABASE_URL         postgres://postgres@127.0.0.1:PORT/batchmr_test?sslmode=disable
+#   BATCHMR_TEST_CHROMIUM             /usr/bin/chromium             (the console's browser tests)
 #
 # Everything lives in one private temp dir on random loopback ports, so
 # parallel runs don't collide and any Redis/Postgres already on the machine
-# is left alone. The servers are always torn down, and the script exits with
-# the command's status.
+# is left alone. The servers are always torn down, also when this script
+# gets INT or TERM, and the script exits with the command's status. Startup
+# takes a few seconds on an idle machine.
 #
 # To use servers of your own instead, set BATCHMR_TEST_REDIS_URL and
-# BATCHMR_TEST_DATABASE_URL (and optionally BATCHMR_TEST_REDIS_CLUSTER_ADDR).
+# BATCHMR_TEST_DATABASE_URL (and optionally BATCHMR_TEST_REDIS_CLUSTER_ADDRS
+# and BATCHMR_TEST_REDIS_SENTINEL_URL: without them the Cluster and Sentinel
+# tests are skipped).
 set -euo pipefail
 
 prog=with-servers.sh
