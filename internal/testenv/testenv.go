@@ -385,6 +385,53 @@ func KeysInOneSlot(t testing.TB, rdb *redis.ClusterClient, prefix string, min in
 	}
 }
 
+// TagsOnDifferentPrimaries returns n names whose hash tags ("{name}" in a
+// key) fall in slots of n different primaries of rdb's cluster, so that
+// the test can show keys of different tags living apart. It fails the
+// test when the cluster has fewer primaries.
+func TagsOnDifferentPrimaries(t testing.TB, rdb *redis.ClusterClient, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	seen := map[string]bool{}
+	var names []string
+	for i := 0; i < 1000 && len(names) < n; i++ {
+		name := "tag" + strconv.Itoa(i)
+		node, err := rdb.MasterForKey(ctx, "{"+name+"}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if addr := node.Options().Addr; !seen[addr] {
+			seen[addr] = true
+			names = append(names, name)
+		}
+	}
+	if len(names) < n {
+		t.Fatalf("testenv: the cluster has %d primaries, the test needs %d", len(seen), n)
+	}
+	return names
+}
+
+// KeysByPrimary returns the keys under prefix that each primary of rdb's
+// cluster holds, by the primary's address, scanning each one directly.
+func KeysByPrimary(t testing.TB, rdb *redis.ClusterClient, prefix string) map[string][]string {
+	t.Helper()
+	var mu sync.Mutex
+	keys := map[string][]string{}
+	err := rdb.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
+		iter := node.Scan(ctx, 0, prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			keys[node.Options().Addr] = append(keys[node.Options().Addr], iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
 // Binaries builds main packages once per test binary, for packages whose
 // tests start the same program many times: Build links it again for every
 // test. Declare one in a package variable, and Remove its files in

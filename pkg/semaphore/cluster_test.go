@@ -2,6 +2,7 @@ package semaphore_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,4 +41,57 @@ func TestWorksOnRedisCluster(t *testing.T) {
 	}
 	_ = q.Release(ctx)
 	_ = r.Release(ctx)
+}
+
+// Semaphores of different names hash to different slots, which a Cluster
+// may give to different primaries: each keeps all its keys on its own
+// primary, and hands its permit over there.
+func TestSemaphoresOfDifferentNamesWorkOnDifferentPrimaries(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.RedisCluster(t)
+	ctx := context.Background()
+	names := testenv.TagsOnDifferentPrimaries(t, rdb, 2)
+	var grants []*semaphore.Permit
+	for _, name := range names {
+		var handles [2]*semaphore.Semaphore
+		for i := range handles {
+			s, err := semaphore.New(rdb, name, semaphore.Options{Limit: 1, Prefix: prefix})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			handles[i] = s
+		}
+		p := mustAcquire(t, handles[0])
+		got := acquireQueued(t, handles[1], handles[0], 1)
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		grants = append(grants, receiveGrant(t, got, 10*time.Second, "the waiter of "+name+", after the release"))
+	}
+	holders := map[string]string{} // semaphore name -> the primary with its keys
+	for addr, keys := range testenv.KeysByPrimary(t, rdb, prefix) {
+		for _, k := range keys {
+			for _, name := range names {
+				if !strings.HasPrefix(k, prefix+":{"+name+"}:") {
+					continue
+				}
+				if other, ok := holders[name]; ok && other != addr {
+					t.Errorf("semaphore %s has keys on %s and on %s", name, other, addr)
+				}
+				holders[name] = addr
+			}
+		}
+	}
+	if holders[names[0]] == "" || holders[names[1]] == "" || holders[names[0]] == holders[names[1]] {
+		t.Errorf("semaphores %v keep their keys on %v; want two different primaries", names, holders)
+	}
+	for _, name := range names {
+		testenv.KeysInOneSlot(t, rdb, prefix+":{"+name+"}", 3)
+	}
+	for _, q := range grants {
+		if err := q.Release(ctx); err != nil {
+			t.Error(err)
+		}
+	}
 }
