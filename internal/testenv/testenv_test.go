@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestRedisKeysUnderTheTestsPrefixAreDeletedWhenItEnds(t *testing.T) {
@@ -31,6 +33,69 @@ func TestRedisKeysUnderTheTestsPrefixAreDeletedWhenItEnds(t *testing.T) {
 	if n := len(admin.Keys(ctx, prefix+"*").Val()); n != 0 {
 		t.Errorf("%d keys under %s survived the test", n, prefix)
 	}
+}
+
+// The shared Cluster is three primaries, each with a replica in sync;
+// keys of the test's prefix are deleted on every primary when it ends.
+func TestSharedClusterKeysUnderTheTestsPrefixAreDeletedOnEveryPrimary(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, _ := testenv.RedisCluster(t)
+	var prefix string
+	t.Run("inner", func(t *testing.T) {
+		rdb, p := testenv.RedisCluster(t)
+		prefix = p
+		for _, tag := range testenv.TagsOnDifferentPrimaries(t, rdb, 3) {
+			if err := rdb.Set(ctx, p+":{"+tag+"}:k", 1, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := len(testenv.KeysByPrimary(t, rdb, p)); n != 3 {
+			t.Errorf("the keys are on %d primaries, want 3", n)
+		}
+	})
+	if keys := testenv.KeysByPrimary(t, admin, prefix); len(keys) != 0 {
+		t.Errorf("keys under %s survived the test: %v", prefix, keys)
+	}
+	err := admin.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+		info, err := node.Info(ctx, "replication").Result()
+		if err == nil && !strings.Contains(info, "role:master") && !strings.Contains(info, "master_link_status:up") {
+			t.Errorf("replica %s is not in sync:\n%s", node.Options().Addr, info)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The shared Sentinel group's URL reaches its primary, whose replica copies
+// what it is told; keys of the test's prefix are deleted when it ends.
+func TestSharedSentinelKeysReachTheReplicaAndAreDeletedWhenTheTestEnds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	opt, err := redis.ParseFailoverURL(testenv.RedisSentinelURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.ReplicaOnly = true
+	replica := redis.NewFailoverClient(opt)
+	defer replica.Close()
+	var key string
+	t.Run("inner", func(t *testing.T) {
+		rdb, p := testenv.RedisSentinel(t)
+		key = p + ":k"
+		if err := rdb.Set(ctx, key, "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		testenv.WaitFor(t, 10*time.Second, "the replica to copy the key", func() bool {
+			return replica.Get(ctx, key).Val() == "v"
+		})
+	})
+	testenv.WaitFor(t, 10*time.Second, "the key's deletion to reach the replica", func() bool {
+		n, err := replica.Exists(ctx, key).Result()
+		return err == nil && n == 0
+	})
 }
 
 func TestPrefixesAreUniqueAndFreeOfHashTags(t *testing.T) {
