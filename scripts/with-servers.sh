@@ -371,10 +371,9 @@ for i in 1 2 3 4 5 6; do
 	cluster_addrs+=("127.0.0.1:$port")
 done
 # redis-cli makes the first three primaries, splits the slots between them
-# and gives each a replica. (It warns that primary and replica share a host:
-# on loopback they must.)
-# It waits for the nodes to agree in steps of a second: the Sentinels and
-# Postgres start meanwhile.
+# and gives each a replica (it warns that primary and replica share a host:
+# on loopback they must). It waits for the nodes to agree in steps of a
+# second, so it runs while the Sentinels and Postgres start.
 timeout 60 redis-cli --cluster create "${cluster_addrs[@]}" --cluster-replicas 1 --cluster-yes \
 	>"$tmp/cluster-create.log" 2>&1 </dev/null &
 cluster_create_pid=$!
