@@ -512,6 +512,7 @@ say "redis :$redis_standalone_port, cluster :${cluster_ports[*]}, sentinels :${s
 cmd_started=1
 default_signals=()
 if env --default-signal=INT,QUIT true 2>/dev/null; then
+	# shellcheck disable=SC2054 # one argument: env takes a list of signals
 	default_signals=(env --default-signal=INT,QUIT)
 fi
 "${default_signals[@]}" "$@" <&0 &
