@@ -55,3 +55,65 @@ func TestRunsWorkOnRedisCluster(t *testing.T) {
 	}
 	testenv.KeysInOneSlot(t, rdb, prefix, 4)
 }
+
+// Runs of different jobs hash to different slots, which a Cluster may give
+// to different primaries: runs of two jobs complete side by side, each
+// job's keys on its own primary.
+func TestRunsOfDifferentJobsWorkOnDifferentPrimaries(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.RedisCluster(t)
+	ctx := context.Background()
+	queue := strings.ReplaceAll(prefix, ":", "-")
+	t.Cleanup(func() {
+		_ = rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			deleteQueue(node, queue)
+			return nil
+		})
+	})
+	names := testenv.TagsOnDifferentPrimaries(t, rdb, 2)
+	jobs := mapreduce.NewJobs()
+	for _, name := range names {
+		if err := mapreduce.AddJob(jobs, sumJob(name, newCounts(), mapreduce.JobOptions{Queue: queue})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, name := range names {
+		ids = append(ids, mustStart(t, c, name, sumArgs{N: 100, PageSize: 10}, mapreduce.StartOptions{}))
+	}
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: 4, Queues: map[string]int{queue: 1},
+		TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
+	mux := asynq.NewServeMux()
+	c.Register(mux)
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	for _, id := range ids {
+		st := wait(t, c, id, 30*time.Second)
+		if st.State != mapreduce.StateSucceeded || resultOf(t, c, st) != 100*99/2 {
+			t.Fatalf("run %s: state %s (%s), want succeeded with %d", id, st.State, st.Error, 100*99/2)
+		}
+	}
+	holders := map[string]string{} // job -> the primary with its keys
+	for addr, keys := range testenv.KeysByPrimary(t, rdb, prefix) {
+		for _, k := range keys {
+			for _, name := range names {
+				if !strings.HasPrefix(k, prefix+":{"+name+"}:") {
+					continue
+				}
+				if other, ok := holders[name]; ok && other != addr {
+					t.Errorf("job %s has keys on %s and on %s", name, other, addr)
+				}
+				holders[name] = addr
+			}
+		}
+	}
+	if holders[names[0]] == "" || holders[names[1]] == "" || holders[names[0]] == holders[names[1]] {
+		t.Errorf("jobs %v keep their keys on %v; want two different primaries", names, holders)
+	}
+}
