@@ -3,11 +3,19 @@
 package faults_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"os/exec"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
 )
 
@@ -24,6 +32,7 @@ const (
 	reqFailoverCost   = "a run rides out a failover: it ends within the failover (the Sentinels' down-after plus election) plus 10 s over an undisturbed run"
 	reqFailoverPages  = "no page fails for a failover"
 	reqFailoverAlive  = "no worker exits for a failover"
+	reqFailoverFollow = "scheduler run --wait follows a run through a failover and exits 0 with its result"
 	failoverCost      = 10 * time.Second
 	failoverPromotion = 30 * time.Second // the Sentinels promote the replica within this, or the scenario is broken
 )
@@ -45,7 +54,8 @@ func TestARunRidesOutASentinelFailoverOfItsRedisAndEndsExact(t *testing.T) {
 		f := newFleet(t, fleetConfig{Sentinel: true})
 		a := defaultRun()
 		base := f.baseline(a)
-		id := f.start(a)
+		sched := f.startFollowed(a)
+		id := sched.id
 		f.waitDone(id, a.pages(f)/4)
 
 		before, err := f.mr.Status(ctx, id)
@@ -74,6 +84,7 @@ func TestARunRidesOutASentinelFailoverOfItsRedisAndEndsExact(t *testing.T) {
 			failover.Round(time.Millisecond), before.Done, kept)
 
 		st := f.finish(id, a, promoted.Add(base+failoverCost+5*time.Second), reqFailoverCost)
+		sched.check(f, st)
 		if st == nil {
 			f.checkAlive()
 			return
@@ -114,6 +125,69 @@ func TestARunRidesOutASentinelFailoverOfItsRedisAndEndsExact(t *testing.T) {
 			t.Errorf("the sampler saw no worker query in pg_stat_activity (application_name %s)", f.app)
 		}
 	})
+}
+
+// followed is a run started, and followed to its end, by
+// `scheduler run --wait`, as an operator's script starts one.
+type followed struct {
+	id     string
+	cmd    *exec.Cmd
+	stdout bytes.Buffer // what it printed after the run's ID
+	stderr testenv.LogBuffer
+	exited chan struct{}
+}
+
+// startFollowed starts run a with `scheduler run --wait` and returns once
+// it has printed the run's ID.
+func (f *fleet) startFollowed(a runArgs) *followed {
+	f.t.Helper()
+	b, _ := json.Marshal(a)
+	r := &followed{exited: make(chan struct{})}
+	r.cmd = exec.Command(binaries.Build(f.t, "../../cmd/scheduler"), "run", a.job(), "--args", string(b), "--wait")
+	r.cmd.Env = f.env
+	r.cmd.Stderr = &r.stderr
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := r.cmd.StdoutPipe()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := r.cmd.Start(); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		_ = r.cmd.Process.Kill()
+		<-r.exited
+	})
+	lines := bufio.NewReader(out)
+	id, err := lines.ReadString('\n')
+	if err != nil {
+		_ = r.cmd.Process.Kill()
+		f.t.Fatalf("scheduler run printed no run ID (%v): %s", err, r.stderr.String())
+	}
+	r.id = strings.TrimSpace(id)
+	go func() {
+		_, _ = io.Copy(&r.stdout, lines)
+		_ = r.cmd.Wait()
+		close(r.exited)
+	}()
+	return r
+}
+
+// check fails the test unless the scheduler exits 0 within 10 s of the
+// run's end, having printed the run's result.
+func (r *followed) check(f *fleet, st *mapreduce.Status) {
+	f.t.Helper()
+	select {
+	case <-r.exited:
+	case <-time.After(10 * time.Second):
+		f.t.Errorf("%s: it had not exited 10 s after the run ended; its stderr:\n%s", reqFailoverFollow, r.stderr.Tail(20))
+		return
+	}
+	if code := r.cmd.ProcessState.ExitCode(); code != 0 || st == nil || !strings.Contains(r.stdout.String(), `"sum":`) {
+		f.t.Errorf("%s: it exited %d, printing %q; its stderr:\n%s", reqFailoverFollow, code, r.stdout.String(), r.stderr.Tail(20))
+		return
+	}
+	f.t.Logf("scheduler run --wait followed the run through the failover and exited 0; it said:\n%s", r.stderr.Tail(6))
 }
 
 // checkAlive fails the test if a worker has exited, showing why.
