@@ -4,8 +4,11 @@ import (
 	"context"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,5 +107,79 @@ func TestWithoutAReplicaLedgerWritesWaitForNone(t *testing.T) {
 	}
 	if asks > 3 {
 		t.Fatalf("a run of a few seconds asked for replicas %d times, want once and then every 5 s", asks)
+	}
+}
+
+// A replica that stops answering (paused) mid-run holds a write up for at
+// most the WAIT's bound, a second: the write is retried, and once no
+// replica acknowledges a WAIT the writes stop waiting for one until a
+// replica answers again. The run goes on, slower by a second or two, not
+// stalled.
+func TestAReplicaThatStopsAnsweringCostsARunSecondsNotTheRun(t *testing.T) {
+	t.Parallel()
+	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+	ctx := context.Background()
+	info, err := g.Replica.Client.Info(ctx, "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := 0
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid, _ = strconv.Atoi(v)
+		}
+	}
+	if pid == 0 {
+		t.Fatalf("no process_id in the replica's INFO server: %q", info)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the replica to be online", func() bool {
+		info, err := g.Primary.Client.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "state=online")
+	})
+	var waits, waitsBefore atomic.Int32 // the synced writes' WAITs
+	stop := testenv.Monitor(t, "tcp", g.Primary.Client.Options().Addr, func(line string) {
+		if m := monitorLine.FindStringSubmatch(line); m != nil && strings.EqualFold(m[2], "WAIT") && m[3] == "1" && m[4] == "1000" {
+			waits.Add(1)
+		}
+	})
+	defer stop()
+
+	rdb := g.Primary.Client
+	prefix := testenv.Prefix(t)
+	e := &env{t: t, rdb: rdb, prefix: prefix, queue: testenv.Queue(t, rdb, prefix), jobs: mapreduce.NewJobs()}
+	job := sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))
+	gate := make(chan struct{})
+	inner := job.Map
+	job.Map = func(ctx context.Context, p span) (int, error) {
+		if p.Lo >= 200 {
+			<-gate // the second half runs once the replica is paused
+		}
+		return inner(ctx, p)
+	}
+	e.addJob(mapreduce.AddJob(e.jobs, job))
+	c := e.client()
+	e.worker(c, 4)
+	id := mustStart(t, c, "sum", sumArgs{N: 400, PageSize: 10}, mapreduce.StartOptions{})
+	testenv.WaitFor(t, 20*time.Second, "the first half of the run to be recorded", func() bool {
+		st, err := c.Status(ctx, id)
+		return err == nil && st.Done >= 20
+	})
+	waitsBefore.Store(waits.Load())
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	paused := time.Now()
+	close(gate)
+	if st := wait(t, c, id, 20*time.Second); st.State != mapreduce.StateSucceeded || resultOf(t, c, st) != 400*399/2 {
+		t.Fatalf("state %s (%s), want succeeded with %d", st.State, st.Error, 400*399/2)
+	}
+	took := time.Since(paused)
+	t.Logf("the second half of the run took %v with its replica paused", took.Round(time.Millisecond))
+	if took > 5*time.Second {
+		t.Errorf("the second half of the run took %v with its replica paused, want a second or two", took.Round(time.Millisecond))
+	}
+	if waitsBefore.Load() == 0 {
+		t.Errorf("no write waited for the replica before it was paused: the test proves nothing")
 	}
 }
