@@ -10,6 +10,7 @@ import (
 	"io"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -54,6 +55,14 @@ func TestARunRidesOutASentinelFailoverOfItsRedisAndEndsExact(t *testing.T) {
 		f := newFleet(t, fleetConfig{Sentinel: true})
 		a := defaultRun()
 		base := f.baseline(a)
+		// The ledger's writes wait for the replica (WAIT 1 1000 on their
+		// connection): counted on the primary until it dies.
+		var synced atomic.Int32
+		testenv.Monitor(t, "tcp", f.redis.Client.Options().Addr, func(line string) {
+			if strings.Contains(line, `"WAIT" "1" "1000"`) || strings.Contains(line, `"wait" "1" "1000"`) {
+				synced.Add(1)
+			}
+		})
 		sched := f.startFollowed(a)
 		id := sched.id
 		f.waitDone(id, a.pages(f)/4)
@@ -62,6 +71,10 @@ func TestARunRidesOutASentinelFailoverOfItsRedisAndEndsExact(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if synced.Load() == 0 {
+			t.Errorf("no write of the run waited for the replica before the kill: the ledger's writes must (WAIT 1)")
+		}
+		t.Logf("%d round trips of the run's writes waited for the replica before the kill", synced.Load())
 		killed := time.Now()
 		f.redis.Kill()
 		f.follow(id)

@@ -101,15 +101,31 @@ func (r *replicas) forget() {
 // countReplicas asks node how many replicas it has, with WAIT 0 0 on a
 // connection of its own (see above).
 func countReplicas(ctx context.Context, node *redis.Client) (int64, error) {
-	opt := *node.Options()
-	opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns = 1, 0, 0
-	c := redis.NewClient(&opt)
+	c := redis.NewClient(askOptions(node.Options()))
 	defer c.Close()
 	n, err := c.Do(ctx, "WAIT", 0, 0).Int64()
 	if err != nil || n > 0 {
 		return n, err
 	}
 	return c.Do(ctx, "WAIT", 1, replicaAsk.Milliseconds()).Int64()
+}
+
+// askOptions are the options of a client that reaches the server o does,
+// as o's client does (its dialer, which follows a Sentinel failover, its
+// credentials and TLS), for one connection and nothing else: none of the
+// state o's client may share with its clones (push notification
+// handlers, a client-side cache), which a second client on the same
+// options would register again, and RESP2, which needs none of it.
+func askOptions(o *redis.Options) *redis.Options {
+	return &redis.Options{
+		Network: o.Network, Addr: o.Addr, Dialer: o.Dialer, ClientName: o.ClientName, Protocol: 2,
+		Username: o.Username, Password: o.Password,
+		CredentialsProvider: o.CredentialsProvider, CredentialsProviderContext: o.CredentialsProviderContext,
+		DB: o.DB, TLSConfig: o.TLSConfig, DisableIdentity: true,
+		DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout,
+		ContextTimeoutEnabled: o.ContextTimeoutEnabled,
+		PoolSize:              1, MaxRetries: -1,
+	}
 }
 
 // node returns the client of the primary that holds the batcher's keys,
