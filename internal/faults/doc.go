@@ -36,9 +36,14 @@
 //	  3 s lease, then continued (SIGCONT)       costs ≤ pause + 10 s
 //	a worker whose clock ran 2 h fast killed    the run ends ≤ 3 min after the kill
 //	tasks no step can run in a job's queue      archived ≤ 3 s, no retry, short error
+//	the Sentinel primary killed (kill -9), its  ends ≤ failover + 10 s, no page failed,
+//	  replica promoted (a Sentinel deployment)    no worker exits, `scheduler run
+//	                                              --wait` follows it to its end
 //
 // and every scenario checks the permits, and every run it does not cancel
-// its exact result. Each test logs what it measured (t.Logf: run -v), for
+// its exact result. Through a failover the permits are checked until the
+// kill, and after it only measured (grantsWaitForAReplica in
+// failover_test.go) until the semaphore's grants wait for a replica. Each test logs what it measured (t.Logf: run -v), for
 // docs/operations.md.
 //
 // The suite takes a few minutes: the 60 s outage is inherent. Scenarios

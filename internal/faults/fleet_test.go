@@ -15,11 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 )
 
 // The deployment every scenario runs: the suite's worker binary
@@ -125,6 +127,11 @@ type fleetConfig struct {
 	// the test can cut or blackhole; the test's own clients never go
 	// through it.
 	Proxy bool
+	// Sentinel deploys Redis as testenv.PrivateSentinels does (a primary,
+	// a replica, three Sentinels) instead of one server with AOF; the
+	// workers and the test's own clients get the Sentinel URL, and
+	// f.redis is the primary, which the test can kill.
+	Sentinel bool
 }
 
 // fleet is one scenario's deployment: a Redis with AOF and a Postgres of
@@ -132,7 +139,9 @@ type fleetConfig struct {
 // Postgres runs, and the test's own clients, which reach Redis directly.
 type fleet struct {
 	t       *testing.T
-	redis   *testenv.RedisServer
+	redis   *testenv.RedisServer   // the server the workers write to (Sentinel: the first primary)
+	group   *testenv.SentinelGroup // nil unless cfg.Sentinel
+	rdb     redis.UniversalClient  // the test's own client of Redis, whatever its form
 	pg      *testenv.PostgresServer
 	proxy   *testenv.Proxy // nil unless cfg.Proxy
 	env     []string       // the workers' environment
@@ -188,15 +197,27 @@ func newFleet(t *testing.T, cfg fleetConfig) *fleet {
 	f := &fleet{t: t, rows: int64(defaultPages(t) * rowsPerPage)}
 	p := testenv.Prefix(t) // ends in random hex
 	f.app = "faults-" + p[len(p)-8:]
-	// AOF, as docs/operations.md asks of production.
-	f.redis = testenv.PrivateRedisServer(t, "--appendonly", "yes", "--appendfsync", "everysec")
+	var redisURL string
+	if cfg.Sentinel {
+		f.group = testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+		f.redis, redisURL = f.group.Primary, f.group.URL
+		rdb, err := app.Redis(ctx, redisURL, app.RedisTLS{}, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rdb.Close() })
+		f.rdb = rdb
+	} else {
+		// AOF, as docs/operations.md asks of production.
+		f.redis = testenv.PrivateRedisServer(t, "--appendonly", "yes", "--appendfsync", "everysec")
+		f.rdb, redisURL = f.redis.Client, f.redis.URL
+	}
 	f.pg = testenv.PrivatePostgres(t)
 	f.seed(ctx)
 	f.sampler = startSampler(t, f.pg.URL, f.app)
 
-	redisURL := f.redis.URL
 	if cfg.Proxy {
-		f.proxy, redisURL = testenv.RedisProxy(t, f.redis.URL)
+		f.proxy, redisURL = testenv.RedisProxy(t, redisURL)
 	}
 	f.env = append(os.Environ(), "REDIS_URL="+redisURL, "DATABASE_URL="+f.pg.URL, "BATCHMR_PREFIX="+prefix)
 	f.args = []string{"--db-permits", strconv.Itoa(permits), "--application-name", f.app, "--log-level", "info"}
@@ -209,10 +230,10 @@ func newFleet(t *testing.T, cfg fleetConfig) *fleet {
 	}
 
 	var err error
-	if f.mr, err = mapreduce.New(f.redis.Client, mapreduce.Config{Prefix: prefix, Logger: quiet}); err != nil {
+	if f.mr, err = mapreduce.New(f.rdb, mapreduce.Config{Prefix: prefix, Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
-	if f.sem, err = semaphore.New(f.redis.Client, "db", semaphore.Options{Limit: permits, Prefix: prefix + ":sem", Logger: quiet}); err != nil {
+	if f.sem, err = semaphore.New(f.rdb, "db", semaphore.Options{Limit: permits, Prefix: prefix + ":sem", Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = f.sem.Close() })
@@ -512,7 +533,7 @@ func soak(t *testing.T, scenario func(t *testing.T)) {
 // progress and its queue's counts in asynq: where a stall after a fault
 // sits (a page in retry, a task active that nobody works on) shows in it.
 func (f *fleet) follow(id string) {
-	insp := asynq.NewInspectorFromRedisClient(f.redis.Client)
+	insp := asynq.NewInspectorFromRedisClient(f.rdb)
 	start := time.Now()
 	go func() {
 		last := ""

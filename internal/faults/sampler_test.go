@@ -38,11 +38,18 @@ type sampler struct {
 	lastActive time.Time // the latest sample that saw a worker query
 	lastSeen   []query   // the worker queries that sample saw
 	starts     map[query]struct{}
+	counts     []count   // every sample's count, in order
 	failed     int       // samples that failed (the server was away)
 	closely    time.Time // until when to sample every sampleCloselyEvery
 
 	stop chan struct{}
 	done chan struct{}
+}
+
+// count is how many worker queries one sample saw, and when.
+type count struct {
+	at time.Time
+	n  int
 }
 
 // query is one worker query: the backend that ran it and when it started.
@@ -125,6 +132,7 @@ func (s *sampler) record(at time.Time, qs []query) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.active, s.sampledAt = len(qs), at
+	s.counts = append(s.counts, count{at, len(qs)})
 	if len(qs) > s.max {
 		s.max, s.maxAt = len(qs), at
 	}
@@ -201,4 +209,25 @@ func (s *sampler) startsBetween(from, to time.Time) int {
 		}
 	}
 	return n
+}
+
+// over measures, from from on, the samples that saw more than limit worker
+// queries: how many, for how long in all (each such sample counts until
+// the next sample), and when the first was taken.
+func (s *sampler) over(limit int, from time.Time) (samples int, d time.Duration, first time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, c := range s.counts {
+		if c.at.Before(from) || c.n <= limit {
+			continue
+		}
+		if samples == 0 {
+			first = c.at
+		}
+		samples++
+		if i+1 < len(s.counts) {
+			d += s.counts[i+1].at.Sub(c.at)
+		}
+	}
+	return samples, d, first
 }

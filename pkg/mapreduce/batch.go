@@ -3,6 +3,7 @@ package mapreduce
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,7 +37,9 @@ const batchTimeout = 30 * time.Second
 // another handler's on average, a serial dequeue starting handlers one by
 // one, and a split's enqueues go up to EnqueueConcurrency to a trip.
 type batcher struct {
-	rdb redis.UniversalClient
+	rdb      redis.UniversalClient
+	tag      string // the hash tag of the batcher's keys
+	replicas replicas
 
 	mu      sync.Mutex
 	waiting []*batchCall
@@ -54,7 +57,7 @@ func batcherIn(m *sync.Map, key string, rdb redis.UniversalClient) *batcher {
 	if b, ok := m.Load(key); ok {
 		return b.(*batcher)
 	}
-	b, _ := m.LoadOrStore(key, &batcher{rdb: rdb})
+	b, _ := m.LoadOrStore(key, &batcher{rdb: rdb, tag: key})
 	return b.(*batcher)
 }
 
@@ -110,6 +113,7 @@ func (e batchedScripts) EvalSha(ctx context.Context, sha1 string, keys []string,
 type batchCall struct {
 	ctx  context.Context
 	fill func(redis.Pipeliner)
+	sync bool  // a write exactly-once rests on: it waits for a replica (replicas.go)
 	err  error // set if the call was not sent, or its trip failed unsent
 	done chan struct{}
 }
@@ -122,7 +126,20 @@ type batchCall struct {
 // filling them in. A command may still run after do returned with ctx's
 // error, as a command sent alone may.
 func (b *batcher) do(ctx context.Context, fill func(redis.Pipeliner)) error {
-	call := &batchCall{ctx: ctx, fill: fill, done: make(chan struct{})}
+	return b.queue(&batchCall{ctx: ctx, fill: fill, done: make(chan struct{})})
+}
+
+// doSynced is do for writes that a run's exactly-once rests on: where
+// their primary has a replica, they return once one has them, and fail
+// with errNotReplicated (transient) if none acknowledges them within
+// replicaWait (replicas.go).
+func (b *batcher) doSynced(ctx context.Context, fill func(redis.Pipeliner)) error {
+	return b.queue(&batchCall{ctx: ctx, fill: fill, sync: true, done: make(chan struct{})})
+}
+
+// queue queues call and waits for it, as do.
+func (b *batcher) queue(call *batchCall) error {
+	ctx := call.ctx
 	b.mu.Lock()
 	b.waiting = append(b.waiting, call)
 	if !b.sending {
@@ -161,8 +178,9 @@ func (b *batcher) send() {
 	}
 }
 
-// trip sends calls in one pipeline. A panic in a call's fill or in a
-// client hook fails every call of the trip instead of the process.
+// trip sends calls in one pipeline (tripSynced if one of them is synced).
+// A panic in a call's fill or in a client hook fails every call of the
+// trip instead of the process.
 func (b *batcher) trip(calls []*batchCall) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -172,13 +190,17 @@ func (b *batcher) trip(calls []*batchCall) {
 			}
 		}
 	}()
-	pl := b.rdb.Pipeline()
-	for _, call := range calls {
-		if err := call.ctx.Err(); err != nil {
-			call.err = err // its caller has gone: do not send it
-			continue
-		}
-		call.fill(pl)
+	if slices.ContainsFunc(calls, func(c *batchCall) bool { return c.sync }) {
+		b.tripSynced(calls)
+		return
+	}
+	b.tripOn(b.rdb.Pipeline(), calls)
+}
+
+// tripOn sends calls in pl.
+func (b *batcher) tripOn(pl redis.Pipeliner, calls []*batchCall) {
+	if !b.fill(pl, calls) {
+		return
 	}
 	// The client's read and write timeouts bound the round trip, as they
 	// bound every command, and so does batchTimeout where the client
@@ -187,16 +209,36 @@ func (b *batcher) trip(calls []*batchCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
 	cmds, err := pl.Exec(ctx)
+	b.settle(calls, cmds, err)
+}
+
+// fill adds the commands of the calls whose callers still wait to pl, and
+// reports whether there were any.
+func (b *batcher) fill(pl redis.Pipeliner, calls []*batchCall) bool {
+	filled := false
+	for _, call := range calls {
+		if err := call.ctx.Err(); err != nil {
+			call.err = err // its caller has gone: do not send it
+			continue
+		}
+		call.fill(pl)
+		filled = true
+	}
+	return filled
+}
+
+// settle gives the calls of a pipeline that failed with no command the
+// wiser (a client hook that returned an error without sending) its error.
+// Otherwise errors are each command's: each call reads its own.
+func (b *batcher) settle(calls []*batchCall, cmds []redis.Cmder, err error) {
 	if err == nil {
 		return
 	}
 	for _, cmd := range cmds {
 		if cmd.Err() != nil {
-			return // errors are each command's: each call reads its own
+			return
 		}
 	}
-	// The pipeline failed with no command the wiser: a client hook
-	// that returned an error without sending. It is every call's error.
 	for _, call := range calls {
 		if call.err == nil {
 			call.err = err
@@ -206,8 +248,18 @@ func (b *batcher) trip(calls []*batchCall) {
 
 // runScript is script.Run in a batch: EVALSHA, sent with other calls.
 func (b *batcher) runScript(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	return b.runScriptAs(ctx, false, script, keys, args...)
+}
+
+// runScriptSynced is runScript for a write that a run's exactly-once rests
+// on (doSynced).
+func (b *batcher) runScriptSynced(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	return b.runScriptAs(ctx, true, script, keys, args...)
+}
+
+func (b *batcher) runScriptAs(ctx context.Context, synced bool, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	var sha *redis.Cmd
-	if err := b.doScript(ctx, script, func(pl redis.Pipeliner) *redis.Cmd {
+	if err := b.doScriptAs(ctx, synced, script, func(pl redis.Pipeliner) *redis.Cmd {
 		sha = script.EvalSha(ctx, pl, keys, args...)
 		return sha
 	}); err != nil {
@@ -221,9 +273,17 @@ func (b *batcher) runScript(ctx context.Context, script *redis.Script, keys []st
 // Redis, SCRIPT FLUSH), doScript loads it and sends fill once more: the
 // script's body crosses the network once, not with every call that waited.
 func (b *batcher) doScript(ctx context.Context, script *redis.Script, fill func(redis.Pipeliner) *redis.Cmd) error {
+	return b.doScriptAs(ctx, false, script, fill)
+}
+
+func (b *batcher) doScriptAs(ctx context.Context, synced bool, script *redis.Script, fill func(redis.Pipeliner) *redis.Cmd) error {
+	do := b.do
+	if synced {
+		do = b.doSynced
+	}
 	for loaded := false; ; loaded = true {
 		var sha *redis.Cmd
-		if err := b.do(ctx, func(pl redis.Pipeliner) { sha = fill(pl) }); err != nil {
+		if err := do(ctx, func(pl redis.Pipeliner) { sha = fill(pl) }); err != nil {
 			return err
 		}
 		if loaded || !redis.HasErrorPrefix(sha.Err(), "NOSCRIPT") {

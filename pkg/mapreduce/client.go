@@ -357,7 +357,7 @@ func (c *Client) finish(ctx context.Context, id, nonce string, to State, result 
 	msg = shorten.To(msg, errorMax)
 	var res []any
 	err = c.withRedis(ctx, "ending a run", func(ctx context.Context) (err error) {
-		res, err = scriptFinish.Run(ctx, c.rdb, k.all(), id, string(to), string(result), msg, string(from), hasResult, nonce).Slice()
+		res, err = c.batch(k.job).runScriptSynced(ctx, scriptFinish, k.all(), id, string(to), string(result), msg, string(from), hasResult, nonce).Slice()
 		return err
 	})
 	if err != nil {

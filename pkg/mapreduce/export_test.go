@@ -182,3 +182,10 @@ func (c *Client) Unlist(ctx context.Context, job string, ids ...string) (int, er
 // SetReduceReadBytes sets the most bytes of results one read of c's
 // reduces fetches.
 func (c *Client) SetReduceReadBytes(n int64) { c.reduceReadBytes = n }
+
+// SyncedScripts are the SHA1s of the scripts whose writes wait for a
+// replica where there is one: a page's record, the split's total, a
+// run's end.
+func SyncedScripts() []string {
+	return []string{scriptRecord.Hash(), scriptSplitDone.Hash(), scriptFinish.Hash()}
+}

@@ -316,7 +316,7 @@ func (c *Client) record(ctx context.Context, k runKeys, nonce string, pages []pa
 		}
 		args = append(args, p.i, p.outcome, flag)
 	}
-	res, err := c.batch(k.job).runScript(ctx, scriptRecord, keys, args...).Slice()
+	res, err := c.batch(k.job).runScriptSynced(ctx, scriptRecord, keys, args...).Slice()
 	if err != nil {
 		return "", err
 	}

@@ -319,7 +319,29 @@ func (h *failSplitDone) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h *failSplitDone) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	// The total goes in a pipeline with other handlers' calls, which go
+	// on without it.
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var kept []redis.Cmder
+		var failed error
+		for _, cmd := range cmds {
+			if mapreduce.IsSplitDone(cmd.Args()) && h.fired.CompareAndSwap(false, true) {
+				failed = errors.New("injected: the worker died before recording the total")
+				cmd.SetErr(failed)
+				continue
+			}
+			kept = append(kept, cmd)
+		}
+		if failed == nil {
+			return next(ctx, cmds)
+		}
+		if len(kept) > 0 {
+			if err := next(ctx, kept); err != nil {
+				return err
+			}
+		}
+		return failed
+	}
 }
 
 // growingSplit emits a.N pages of one number each on its first attempt

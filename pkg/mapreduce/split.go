@@ -187,7 +187,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	}
 	var st string
 	err = c.withRedis(rctx, "recording the split's total", func(ctx context.Context) (err error) {
-		st, err = scriptSplitDone.Run(ctx, c.rdb, []string{k.run, k.recorded}, n, nonce).Text()
+		st, err = c.batch(k.job).runScriptSynced(ctx, scriptSplitDone, []string{k.run, k.recorded}, n, nonce).Text()
 		return err
 	})
 	if err != nil {

@@ -79,6 +79,9 @@ func IsTransient(err error) bool {
 	// A reply of Redis's own (LOADING, TRYAGAIN, a failover). Not the
 	// message of any error: a job's own error that merely mentions
 	// "connection refused" is the job's to classify, with Transient.
+	if errors.Is(err, errNotReplicated) {
+		return true
+	}
 	var redisErr redis.Error
 	return errors.As(err, &redisErr) && rediserr.Transient(redisErr)
 }
@@ -212,7 +215,7 @@ func (c *Client) withRedis(ctx context.Context, what string, fn func(context.Con
 	var warned bool
 	for {
 		err := fn(ctx)
-		if err == nil || !rediserr.Transient(err) || ctx.Err() != nil {
+		if err == nil || !(rediserr.Transient(err) || errors.Is(err, errNotReplicated)) || ctx.Err() != nil {
 			if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 				err = fmt.Errorf("%w (%w)", err, ctx.Err())
 			}
