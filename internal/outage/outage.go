@@ -41,6 +41,12 @@ const (
 // on, so that one that never ends is not silent.
 const RemindEvery = time.Minute
 
+// Settle is how long after an outage ends a failure of its cause is
+// taken for a straggler of it (an attempt that began before the end and
+// failed after it) and logged at debug, not as a new outage: failures
+// that go on past it start one.
+const Settle = 5 * time.Second
+
 // Log logs outages. Its methods may be called from many goroutines. The
 // zero value is not usable: use New.
 type Log struct {
@@ -51,6 +57,7 @@ type Log struct {
 	ongoing atomic.Int32 // len(spells), read without the lock
 	mu      sync.Mutex
 	spells  map[Cause]*spell
+	ended   map[Cause]time.Time // when each cause's last outage ended
 }
 
 // spell is one outage of a cause, while it lasts.
@@ -69,14 +76,15 @@ func New(log *slog.Logger, prefix string) *Log {
 
 // NewWithClock is New with now for the clock, for tests.
 func NewWithClock(log *slog.Logger, prefix string, now func() time.Time) *Log {
-	return &Log{log: log, prefix: prefix, now: now, spells: map[Cause]*spell{}}
+	return &Log{log: log, prefix: prefix, now: now, spells: map[Cause]*spell{}, ended: map[Cause]time.Time{}}
 }
 
 // Failed records an attempt that failed with err for cause, done by
 // scope (a job's name, a component: what Ended needs to see succeed).
 // The first failure of an outage of cause is logged at warn, with err and
 // attrs, through l (nil: the Log's logger), and so is a reminder once
-// RemindEvery has passed since the last; the others at debug.
+// RemindEvery has passed since the last; the others at debug, as are
+// failures within Settle of the end of the cause's last outage.
 func (o *Log) Failed(l *slog.Logger, cause Cause, scope string, err error, attrs ...slog.Attr) {
 	if l == nil {
 		l = o.log
@@ -84,6 +92,12 @@ func (o *Log) Failed(l *slog.Logger, cause Cause, scope string, err error, attrs
 	now := o.now()
 	o.mu.Lock()
 	s := o.spells[cause]
+	if s == nil && now.Sub(o.ended[cause]) < Settle {
+		o.mu.Unlock()
+		attrs = append(attrs, slog.String("cause", string(cause)), slog.Any("error", err))
+		l.LogAttrs(context.Background(), slog.LevelDebug, o.prefix+": failed as an outage ended: "+string(cause), attrs...)
+		return
+	}
 	first := s == nil
 	if first {
 		s = &spell{began: now, reminded: now, scopes: map[string]bool{}}
@@ -128,6 +142,7 @@ func (o *Log) Ended(cause Cause, scope string) {
 		return
 	}
 	delete(o.spells, cause)
+	o.ended[cause] = now
 	o.ongoing.Store(int32(len(o.spells)))
 	o.mu.Unlock()
 	o.log.LogAttrs(context.Background(), slog.LevelInfo, o.prefix+": "+string(cause)+": over",

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -123,6 +125,7 @@ func TestEachCauseIsItsOwnOutage(t *testing.T) {
 	if got := levels(records()); got != "DEBUG" {
 		t.Errorf("the database outage went on: %s", got)
 	}
+	c.advance(outage.Settle)
 	o.Failed(nil, outage.Redis, "sums", errDown)
 	if got := levels(records()); got != "WARN" {
 		t.Errorf("a cause that ended and comes back is a new outage: %s", got)
@@ -162,5 +165,41 @@ func TestTheFirstFailureLogsThroughTheCallersLoggerWithItsAttributes(t *testing.
 	}
 	if recs := records(); len(recs) != 0 {
 		t.Errorf("and goes nowhere else: %v", recs)
+	}
+}
+
+func TestAMarkedErrorKeepsItsTextAndSaysItsCause(t *testing.T) {
+	t.Parallel()
+	err := fmt.Errorf("pgsource: fetching page: %w", outage.Mark(io.ErrUnexpectedEOF, outage.Database))
+	if got := outage.CauseOf(err); got != outage.Database {
+		t.Errorf("CauseOf a wrapped mark: %q, want %q", got, outage.Database)
+	}
+	if !errors.Is(err, io.ErrUnexpectedEOF) || err.Error() != "pgsource: fetching page: unexpected EOF" {
+		t.Errorf("the mark changed the error: %v", err)
+	}
+	if outage.CauseOf(io.ErrUnexpectedEOF) != "" || outage.Mark(nil, outage.Database) != nil {
+		t.Error("an unmarked error has a cause, or a nil error was marked")
+	}
+}
+
+// An attempt that began before an outage ended may fail after: such
+// stragglers log at debug, and only failures that go on past Settle make
+// a new outage.
+func TestFailuresJustAfterAnOutageEndedAreStragglersNotANewOutage(t *testing.T) {
+	t.Parallel()
+	o, c, records := newLog(t)
+	o.Failed(nil, outage.Redis, "asynq", errDown)
+	c.advance(10 * time.Second)
+	o.Ended(outage.Redis, "")
+	records()
+	c.advance(outage.Settle - time.Millisecond)
+	o.Failed(nil, outage.Redis, "asynq", errDown)
+	if got := levels(records()); got != "DEBUG" || o.Ongoing() {
+		t.Errorf("a failure within Settle of the end: %s (ongoing %v), want DEBUG and no outage", got, o.Ongoing())
+	}
+	c.advance(time.Millisecond)
+	o.Failed(nil, outage.Redis, "asynq", errDown)
+	if got := levels(records()); got != "WARN" {
+		t.Errorf("a failure at Settle after the end starts a new outage: %s", got)
 	}
 }
