@@ -42,6 +42,17 @@ func outageOf(err error) outage.Cause {
 	return ""
 }
 
+// redisOutage is the outage of err, an error of Redis's that
+// rediserr.Transient accepts: a failover's refusal (READONLY, LOADING, …)
+// or Redis unreachable.
+func redisOutage(err error) outage.Cause {
+	var redisErr redis.Error
+	if errors.As(err, &redisErr) {
+		return outage.RedisFailover
+	}
+	return outage.Redis
+}
+
 // sqlState is the SQLSTATE err carries, or "".
 func sqlState(err error) string {
 	var coded interface{ SQLState() string }
