@@ -125,6 +125,9 @@ type fleetConfig struct {
 	// the test can cut or blackhole; the test's own clients never go
 	// through it.
 	Proxy bool
+	// JSONLogs makes the workers log JSON (--log-format json), for a test
+	// that reads their records.
+	JSONLogs bool
 }
 
 // fleet is one scenario's deployment: a Redis with AOF and a Postgres of
@@ -202,6 +205,9 @@ func newFleet(t *testing.T, cfg fleetConfig) *fleet {
 	f.args = []string{"--db-permits", strconv.Itoa(permits), "--application-name", f.app, "--log-level", "info"}
 	if cfg.Lease > 0 {
 		f.args = append(f.args, "--lease", cfg.Lease.String())
+	}
+	if cfg.JSONLogs {
+		f.args = append(f.args, "--log-format", "json")
 	}
 	f.bin = workerBinary(t)
 	for range workers {
