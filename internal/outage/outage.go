@@ -65,6 +65,7 @@ type spell struct {
 	began    time.Time
 	reminded time.Time // when it was last logged at warn
 	failures int
+	last     time.Time       // its last failure
 	scopes   map[string]bool // what failed for it, for Ended
 }
 
@@ -84,7 +85,10 @@ func NewWithClock(log *slog.Logger, prefix string, now func() time.Time) *Log {
 // The first failure of an outage of cause is logged at warn, with err and
 // attrs, through l (nil: the Log's logger), and so is a reminder once
 // RemindEvery has passed since the last; the others at debug, as are
-// failures within Settle of the end of the cause's last outage.
+// failures within Settle of the end of the cause's last outage. An
+// outage with no failure for RemindEvery, which nothing here was seen to
+// end, is taken to have ended at its last failure: the next failure
+// logs that end, and starts a new outage.
 func (o *Log) Failed(l *slog.Logger, cause Cause, scope string, err error, attrs ...slog.Attr) {
 	if l == nil {
 		l = o.log
@@ -92,7 +96,15 @@ func (o *Log) Failed(l *slog.Logger, cause Cause, scope string, err error, attrs
 	now := o.now()
 	o.mu.Lock()
 	s := o.spells[cause]
-	if s == nil && now.Sub(o.ended[cause]) < Settle {
+	var stale *spell
+	if s != nil && now.Sub(s.last) >= RemindEvery {
+		// Nothing failed for it for a minute, and nothing that did
+		// succeeded here since (its job's steps went to other workers):
+		// it was over. This failure is a new outage's.
+		stale, s = s, nil
+		delete(o.spells, cause)
+	}
+	if s == nil && stale == nil && now.Sub(o.ended[cause]) < Settle {
 		o.mu.Unlock()
 		attrs = append(attrs, slog.String("cause", string(cause)), slog.Any("error", err))
 		l.LogAttrs(context.Background(), slog.LevelDebug, o.prefix+": failed as an outage ended: "+string(cause), attrs...)
@@ -105,6 +117,7 @@ func (o *Log) Failed(l *slog.Logger, cause Cause, scope string, err error, attrs
 		o.ongoing.Store(int32(len(o.spells)))
 	}
 	s.failures++
+	s.last = now
 	s.scopes[scope] = true
 	remind := !first && now.Sub(s.reminded) >= RemindEvery
 	if remind {
@@ -113,6 +126,9 @@ func (o *Log) Failed(l *slog.Logger, cause Cause, scope string, err error, attrs
 	began, failures := s.began, s.failures
 	o.mu.Unlock()
 
+	if stale != nil {
+		o.logEnd(cause, stale, stale.last)
+	}
 	attrs = append(attrs, slog.String("cause", string(cause)), slog.Any("error", err))
 	switch {
 	case first:
@@ -145,8 +161,13 @@ func (o *Log) Ended(cause Cause, scope string) {
 	o.ended[cause] = now
 	o.ongoing.Store(int32(len(o.spells)))
 	o.mu.Unlock()
+	o.logEnd(cause, s, now)
+}
+
+// logEnd logs that the outage s of cause ended at end.
+func (o *Log) logEnd(cause Cause, s *spell, end time.Time) {
 	o.log.LogAttrs(context.Background(), slog.LevelInfo, o.prefix+": "+string(cause)+": over",
-		slog.String("cause", string(cause)), slog.Duration("lasted", now.Sub(s.began).Round(time.Millisecond)), slog.Int("failures", s.failures))
+		slog.String("cause", string(cause)), slog.Duration("lasted", end.Sub(s.began).Round(time.Millisecond)), slog.Int("failures", s.failures))
 }
 
 // EndedAll ends every outage that scope failed for, as Ended does for

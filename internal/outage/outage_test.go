@@ -203,3 +203,30 @@ func TestFailuresJustAfterAnOutageEndedAreStragglersNotANewOutage(t *testing.T) 
 		t.Errorf("a failure at Settle after the end starts a new outage: %s", got)
 	}
 }
+
+// An outage that nothing here saw end (what failed for it succeeded on
+// other workers) is over once nothing failed for it for a minute: a
+// failure after that logs its end, at its last failure, and starts a new
+// outage, rather than remind of one that lasted for days.
+func TestAnOutageWithNoFailureForAMinuteWasOverAndTheNextFailureStartsANewOne(t *testing.T) {
+	t.Parallel()
+	o, c, records := newLog(t)
+	o.Failed(nil, outage.Database, "sums", errDown)
+	c.advance(3 * time.Second)
+	o.Failed(nil, outage.Database, "sums", errDown)
+	records()
+	c.advance(48 * time.Hour)
+	o.Failed(nil, outage.Database, "sums", errDown)
+	recs := records()
+	if got := levels(recs); got != "INFO WARN" {
+		t.Fatalf("levels %s, want INFO (the old outage over) WARN (a new one): %v", got, recs)
+	}
+	if recs[0]["lasted"] != float64(3*time.Second) || recs[0]["failures"] != 2.0 {
+		t.Errorf("the old outage's end: %v; want lasted 3s (to its last failure), 2 failures", recs[0])
+	}
+	c.advance(time.Second)
+	o.Ended(outage.Database, "sums")
+	if recs := records(); len(recs) != 1 || recs[0]["failures"] != 1.0 || recs[0]["lasted"] != float64(time.Second) {
+		t.Errorf("the new outage's end: %v; want 1 failure, lasted 1s", recs)
+	}
+}
