@@ -224,12 +224,10 @@ func (c *Client) withRedis(ctx context.Context, what string, fn func(context.Con
 			}
 			return err
 		}
-		if !warned {
-			// Once per call, and once per outage in the log: every
-			// handler at work waits here while Redis is away.
-			warned, cause = true, redisOutage(err)
-			c.outages.Failed(nil, cause, "", err, slog.String("while", what))
-		}
+		// A warning once per outage, however many handlers wait here
+		// while Redis is away; each try at debug.
+		warned, cause = true, redisOutage(err)
+		c.outages.Failed(nil, cause, "", err, slog.String("while", what))
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)
