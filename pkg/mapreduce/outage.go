@@ -53,6 +53,31 @@ func redisOutage(err error) outage.Cause {
 	return outage.Redis
 }
 
+// backgroundFailed reports whether err, an error of a background loop
+// of c's (the reconciler, the cancellation watch, the announcer), is a
+// Redis outage's, which it then counts in c's outage log: its warning
+// comes once per outage, not per loop and try. The loop logs any other
+// error itself.
+func (c *Client) backgroundFailed(err error, what string) bool {
+	if !rediserr.Transient(err) {
+		return false
+	}
+	c.outages.Failed(nil, redisOutage(err), "", err, slog.String("while", what))
+	return true
+}
+
+// backgroundAnswered ends c's outage of Redis unreachable: a background
+// loop got its answers; and, if wrote, that of a failover too.
+func (c *Client) backgroundAnswered(wrote bool) {
+	if !c.outages.Ongoing() {
+		return
+	}
+	c.outages.Ended(outage.Redis, "")
+	if wrote {
+		c.outages.Ended(outage.RedisFailover, "")
+	}
+}
+
 // sqlState is the SQLSTATE err carries, or "".
 func sqlState(err error) string {
 	var coded interface{ SQLState() string }
