@@ -132,6 +132,9 @@ type fleetConfig struct {
 	// workers and the test's own clients get the Sentinel URL, and
 	// f.redis is the primary, which the test can kill.
 	Sentinel bool
+	// JSONLogs makes the workers log JSON (--log-format json), for a test
+	// that reads their records.
+	JSONLogs bool
 }
 
 // fleet is one scenario's deployment: a Redis with AOF and a Postgres of
@@ -223,6 +226,9 @@ func newFleet(t *testing.T, cfg fleetConfig) *fleet {
 	f.args = []string{"--db-permits", strconv.Itoa(permits), "--application-name", f.app, "--log-level", "info"}
 	if cfg.Lease > 0 {
 		f.args = append(f.args, "--lease", cfg.Lease.String())
+	}
+	if cfg.JSONLogs {
+		f.args = append(f.args, "--log-format", "json")
 	}
 	f.bin = workerBinary(t)
 	for range workers {

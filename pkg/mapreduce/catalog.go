@@ -255,7 +255,11 @@ func (c *Client) Announce(ctx context.Context, w WorkerInfo) error {
 	}
 	var lastWarn time.Time
 	for {
-		if err := c.announce(ctx, w, infos); err != nil && ctx.Err() == nil && time.Since(lastWarn) > time.Minute {
+		err := c.announce(ctx, w, infos)
+		if err == nil {
+			c.backgroundAnswered(true)
+		}
+		if err != nil && ctx.Err() == nil && !c.backgroundFailed(err, "announcing this worker's jobs") && time.Since(lastWarn) > time.Minute {
 			lastWarn = time.Now()
 			c.log.Warn("mapreduce: announcing this worker's jobs failed; retrying", "error", err)
 		}

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/outage"
 	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/batchmr/batchmr/internal/shorten"
 	"github.com/hibiken/asynq"
@@ -78,6 +79,7 @@ type Client struct {
 
 	bigResultWarned atomic.Int64 // unix ns of the last warning of a large result
 	handBackWarned  atomic.Int64 // unix ns of the last warning of a step its code handed back
+	outages         *outage.Log  // steps' failed attempts that outages caused
 }
 
 // New returns a Client that keeps runs in rdb and enqueues tasks through
@@ -120,6 +122,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		stallHandOff:    stallHandOff,
 		reduceReadBytes: reduceReadBytes,
 	}
+	c.outages = outage.New(c.log, "mapreduce")
 	c.enqueue = batchedScripts{UniversalClient: rdb, batches: &sync.Map{}}
 	c.aq = asynq.NewClientFromRedisClient(c.enqueue)
 	return c, nil

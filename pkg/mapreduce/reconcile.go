@@ -83,7 +83,10 @@ func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
 	var lastWarn time.Time
 	for {
 		rep, err := c.Reconcile(ctx)
-		if err != nil && ctx.Err() == nil {
+		switch {
+		case err == nil:
+			c.backgroundAnswered(true)
+		case ctx.Err() == nil && !c.backgroundFailed(err, "reconciling"):
 			c.log.Warn("mapreduce: reconcile failed; retrying at the next interval", "error", err)
 		}
 		if rep.total() > 0 {
@@ -101,7 +104,7 @@ func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
 			case <-orphans.C:
 				// Quietly: an outage fails every scan, and the full pass
 				// above reports failures once per interval.
-				if _, err := c.reconcileOrphans(ctx); err != nil && ctx.Err() == nil && time.Since(lastWarn) > interval {
+				if _, err := c.reconcileOrphans(ctx); err != nil && ctx.Err() == nil && !c.backgroundFailed(err, "looking for orphaned tasks") && time.Since(lastWarn) > interval {
 					lastWarn = time.Now()
 					c.log.Warn("mapreduce: looking for orphaned tasks failed; retrying", "error", err)
 				}

@@ -172,13 +172,14 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 	switch {
 	case err == nil:
 		Logger(ctx).LogAttrs(ctx, slog.LevelDebug, "mapreduce: "+stepName(t)+" done", slog.Duration("took", time.Since(start)))
+		c.endOutages(t)
 	case errors.Is(err, errStopping):
 		Logger(ctx).Info("mapreduce: " + stepName(t) + " handed back: this worker is stopping, and it had not got its permit yet")
 	case errors.Is(err, errElsewhere):
 		c.logHandBack(ctx, t, err)
 		c.noteError(ctx, t, err)
 	case !errors.Is(err, errNotHosted):
-		logFailure(ctx, t, err)
+		c.logAttempt(ctx, t, err)
 		c.noteError(ctx, t, err)
 	}
 	if err != nil {

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"syscall"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/backoff"
+	"github.com/batchmr/batchmr/internal/outage"
 	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
@@ -213,6 +215,7 @@ func (c *Client) countTransient(ctx context.Context, k runKeys, step string, o J
 func (c *Client) withRedis(ctx context.Context, what string, fn func(context.Context) error) error {
 	bo := backoff.Backoff{Max: 500 * time.Millisecond}
 	var warned bool
+	var cause outage.Cause
 	for {
 		err := fn(ctx)
 		if err == nil || !(rediserr.Transient(err) || errors.Is(err, errNotReplicated)) || ctx.Err() != nil {
@@ -220,14 +223,14 @@ func (c *Client) withRedis(ctx context.Context, what string, fn func(context.Con
 				err = fmt.Errorf("%w (%w)", err, ctx.Err())
 			}
 			if warned && err == nil {
-				c.log.Info("mapreduce: Redis answers again", "while", what)
+				c.outages.Ended(cause, "")
 			}
 			return err
 		}
-		if !warned {
-			warned = true
-			c.log.Warn("mapreduce: Redis unavailable; retrying until it answers", "while", what, "error", err)
-		}
+		// A warning once per outage, however many handlers wait here
+		// while Redis is away; each try at debug.
+		warned, cause = true, redisOutage(err)
+		c.outages.Failed(nil, cause, "", err, slog.String("while", what))
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)

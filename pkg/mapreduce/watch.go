@@ -79,12 +79,13 @@ func (c *Client) pollRuns() {
 		cancel()
 		if err != nil && err != redis.Nil {
 			// Unreachable Redis: handlers go on; the next poll tries again.
-			if time.Since(lastWarn) > 10*time.Second {
+			if !c.backgroundFailed(err, "checking runs for cancellation") && time.Since(lastWarn) > 10*time.Second {
 				lastWarn = time.Now()
 				c.log.Warn("mapreduce: checking runs for cancellation failed; retrying", "error", err)
 			}
 			continue
 		}
+		c.backgroundAnswered(false)
 		for i, run := range runs {
 			cause := ErrRunEnded
 			switch st := State(cmds[i].Val()); {

@@ -2,16 +2,23 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 
+	"github.com/batchmr/batchmr/internal/outage"
 	"github.com/hibiken/asynq"
 )
 
 // asynqLogger sends asynq's logs to the worker's slog logger, each record
-// with component=asynq.
-type asynqLogger struct{ log *slog.Logger }
+// with component=asynq. Its warnings and errors of a Redis outage go to
+// outages (asynqOutage): asynq repeats them every few seconds while Redis
+// is away.
+type asynqLogger struct {
+	log     *slog.Logger
+	outages *outage.Log
+}
 
 func (l asynqLogger) Debug(args ...any) { l.emit(slog.LevelDebug, args) }
 func (l asynqLogger) Info(args ...any)  { l.emit(slog.LevelInfo, args) }
@@ -30,6 +37,13 @@ func (l asynqLogger) Fatal(args ...any) {
 
 func (l asynqLogger) emit(level slog.Level, args []any) {
 	ctx := context.Background()
+	if level >= slog.LevelWarn && l.outages != nil {
+		msg := fmt.Sprint(args...)
+		if cause := asynqOutage(msg); cause != "" {
+			l.outages.Failed(nil, cause, "asynq", errors.New(msg))
+			return
+		}
+	}
 	if l.log.Enabled(ctx, level) {
 		l.log.Log(ctx, level, fmt.Sprint(args...), "component", "asynq")
 	}

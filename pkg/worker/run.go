@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/internal/outage"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/metrics"
 	"github.com/batchmr/batchmr/pkg/semaphore"
@@ -142,13 +143,17 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	if err != nil {
 		return nil, fmt.Errorf("worker: --weight: %w", err)
 	}
+	// asynq's lines of a Redis outage: one when it starts, one when the
+	// worker's client sees Redis answer again.
+	asynqOutages := outage.New(log.With("component", "asynq"), "worker: asynq")
+	w.rdb.AddHook(redisBack{asynqOutages})
 	scfg, err := mr.ServerConfig(asynq.Config{
 		Concurrency:       cfg.Concurrency,
 		TaskCheckInterval: cfg.PollInterval,
 		Queues:            queues,
 		ShutdownTimeout:   cfg.ShutdownTimeout,
 		BaseContext:       func() context.Context { return NewContext(context.Background(), w.env) },
-		Logger:            asynqLogger{log},
+		Logger:            asynqLogger{log: log, outages: asynqOutages},
 		LogLevel:          asynqLevel(log),
 	})
 	if err != nil {

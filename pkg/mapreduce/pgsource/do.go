@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/outage"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5"
@@ -65,10 +66,10 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 	if sem == nil {
 		conn, err := db.Acquire(ctx)
 		if err != nil {
-			return err
+			return fromDatabase(err)
 		}
 		defer conn.Release()
-		return fn(ctx, conn.Conn())
+		return fromDatabase(fn(ctx, conn.Conn()))
 	}
 	if semaphore.Holding(ctx, sem) {
 		return fmt.Errorf("pgsource: %w: run the query on the connection that the enclosing Do gave its function; "+
@@ -80,7 +81,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 	}
 	pctx := p.Context()
 	if pctx.Err() == nil {
-		err = onOneConn(pctx, mapreduce.Logger(ctx).With("semaphore", sem.Name()), db, sem.Lease(), fn)
+		err = fromDatabase(onOneConn(pctx, mapreduce.Logger(ctx).With("semaphore", sem.Name()), db, sem.Lease(), fn))
 		if err != nil && pctx.Err() != nil && !errors.Is(err, pctx.Err()) {
 			// A cancel on the server reads as a query error
 			// (SQLSTATE 57014): say why the query was cancelled.
@@ -97,6 +98,18 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	return errors.Join(err, p.Release(rctx))
+}
+
+// fromDatabase marks err, from a query or a connection of the pool, as the
+// database's when it is transient: a broken connection's error may not
+// say it was Postgres's (a bare "unexpected EOF"), and a worker logs a
+// database outage once, not per page. Other errors are left as they are,
+// so that a caller comparing them with == still finds its own.
+func fromDatabase(err error) error {
+	if mapreduce.IsTransient(err) {
+		return outage.Mark(err, outage.Database)
+	}
+	return err
 }
 
 // NestedError is Do's error (and that of the functions built on it) when

@@ -1,0 +1,128 @@
+package mapreduce_test
+
+import (
+	"context"
+	"errors"
+	"iter"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/pkg/mapreduce"
+)
+
+// pgError is an error of Postgres's as pgx gives it: with its SQLSTATE.
+type pgError struct{ code, msg string }
+
+func (e *pgError) Error() string    { return e.msg + " (SQLSTATE " + e.code + ")" }
+func (e *pgError) SQLState() string { return e.code }
+
+// failingCalls sums its pages, each of whose Map calls fails with fail(n)
+// for the nth call of the run's (from 1) while it returns an error.
+func failingCalls(name string, fail func(n int64) error, o mapreduce.JobOptions) mapreduce.Job[sumArgs, span, int, int] {
+	var calls atomic.Int64
+	return mapreduce.Job[sumArgs, span, int, int]{
+		Name:  name,
+		Split: splitSpans,
+		Map: func(ctx context.Context, p span) (int, error) {
+			if err := fail(calls.Add(1)); err != nil {
+				return 0, err
+			}
+			return sumSpan(p), nil
+		},
+		Reduce: func(ctx context.Context, _ sumArgs, pages iter.Seq2[mapreduce.PageResult[span, int], error]) (int, error) {
+			total := 0
+			for pr, err := range pages {
+				if err != nil {
+					return 0, err
+				}
+				total += pr.Result
+			}
+			return total, nil
+		},
+		Options: o,
+	}
+}
+
+// byMessage counts records at warn and above by message, and returns
+// the records whose message has prefix.
+func byMessage(recs []map[string]any, prefix string) (map[string]int, []map[string]any) {
+	warns := map[string]int{}
+	var with []map[string]any
+	for _, r := range recs {
+		msg, _ := r["msg"].(string)
+		if r["level"] == "WARN" || r["level"] == "ERROR" {
+			warns[msg]++
+		}
+		if strings.HasPrefix(msg, prefix) {
+			with = append(with, r)
+		}
+	}
+	return warns, with
+}
+
+// Pages that fail because the database is away (here: SQLSTATE 08006, a
+// connection failure, 40 times over 10 pages) retry without spending
+// their retries, and the outage is two lines, not one per attempt: a
+// warning when it starts, with the first error and the page's
+// attributes, and once a page of the job succeeds, an info line with how
+// many attempts failed for it.
+func TestADatabaseOutageIsLoggedWhenItStartsAndWhenItEndsNotPerAttempt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const outageFailures = 40
+	down := &pgError{"08006", "FATAL: terminating connection: server closed the connection unexpectedly"}
+	e.addJob(e.jobs.Add(failingCalls("outaged", func(n int64) error {
+		if n <= outageFailures {
+			return down
+		}
+		return nil
+	}, e.opts(mapreduce.JobOptions{MapRetries: 0, TransientBackoff: func(int) time.Duration { return 5 * time.Millisecond }}))))
+	c, logs := e.loggedClient(slog.LevelInfo)
+	e.worker(c, 4)
+	id := mustStart(t, c, "outaged", sumArgs{N: 100, PageSize: 10}, mapreduce.StartOptions{})
+	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded || st.Failed != 0 {
+		t.Fatalf("the run ended %s with %d failed pages; want succeeded, exact, the outage spending no retry", st.State, st.Failed)
+	}
+	warns, lines := byMessage(logs.Records(t), "mapreduce: database unreachable")
+	if len(lines) != 2 {
+		t.Fatalf("want two lines of the outage, its start and its end; got %d: %v", len(lines), lines)
+	}
+	start, end := lines[0], lines[1]
+	if start["level"] != "WARN" || start["run"] != id || start["page"] == nil || !strings.Contains(start["error"].(string), down.msg) {
+		t.Errorf("the outage's start: %v; want a warning with the run, the page and the first error", start)
+	}
+	if end["level"] != "INFO" || end["failures"] != float64(outageFailures) || end["lasted"] == nil {
+		t.Errorf("the outage's end: %v; want info with how long it lasted and the %d attempts that failed for it", end, outageFailures)
+	}
+	delete(warns, start["msg"].(string))
+	if len(warns) != 0 {
+		t.Errorf("the outage logged other warnings: %v", warns)
+	}
+}
+
+// A page's own errors are no outage, also those its job marks transient
+// (a rate limit of its own): each failed attempt is a warning of its own.
+func TestAPagesOwnTransientErrorsAreLoggedEachTime(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	own := mapreduce.Transient(errors.New("the pricing service says: slow down"))
+	e.addJob(e.jobs.Add(failingCalls("limited", func(n int64) error {
+		if n <= 6 {
+			return own
+		}
+		return nil
+	}, e.opts(mapreduce.JobOptions{TransientBackoff: func(int) time.Duration { return 5 * time.Millisecond }}))))
+	c, logs := e.loggedClient(slog.LevelInfo)
+	e.worker(c, 2)
+	id := mustStart(t, c, "limited", sumArgs{N: 20, PageSize: 10}, mapreduce.StartOptions{})
+	if st := wait(t, c, id, 30*time.Second); st.State != mapreduce.StateSucceeded {
+		t.Fatalf("the run ended %s; want succeeded", st.State)
+	}
+	warns, _ := byMessage(logs.Records(t), "")
+	if got := warns["mapreduce: page failed; retrying"]; got != 6 {
+		t.Errorf("the page's own transient error logged %d times, want each of its 6 failures: %v", got, warns)
+	}
+}
