@@ -12,6 +12,9 @@ const (
 	DefaultLease  = 30 * time.Second
 	DefaultPrefix = "batchmr:sem"
 
+	// DefaultReplicaWait bounds each WAIT for a replica's acknowledgement.
+	DefaultReplicaWait = time.Second
+
 	// MinLease is the shortest lease New accepts: the watchdog refreshes
 	// every Lease/3, and a shorter interval than a few milliseconds would
 	// spend more time refreshing than working.
@@ -49,6 +52,19 @@ type Options struct {
 	// (refreshes, wake-ups). Default slog.Default().
 	Logger *slog.Logger
 
+	// ReplicaWait bounds each WAIT for a replica to acknowledge a grant or
+	// a limit change, where the Redis primary has replicas (a deployment
+	// without replicas sends no WAIT). A grant that no replica
+	// acknowledged in time is not handed over yet: WAIT is sent again,
+	// for as long as the Acquire's context lives, until a replica
+	// acknowledges it, or until the primary has no replica connected
+	// (then the grant goes on, as without replicas, with a warning).
+	// Keep it below the redis client's ReadTimeout, which bounds the
+	// call that carries the WAIT. Default DefaultReplicaWait (1s); a
+	// negative value sends no WAIT at all, trading the guarantee through
+	// a failover for a round trip less.
+	ReplicaWait time.Duration
+
 	// Observer, if not nil, is told of every grant, release and lost lease
 	// of this handle's permits (see Observer). Nil: none.
 	Observer Observer
@@ -76,6 +92,9 @@ func (o Options) withDefaults(name string) (Options, error) {
 	}
 	if strings.ContainsAny(o.Prefix, "{}") {
 		return o, fmt.Errorf("semaphore %q: Options.Prefix %q must not contain '{' or '}'", name, o.Prefix)
+	}
+	if o.ReplicaWait == 0 {
+		o.ReplicaWait = DefaultReplicaWait
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

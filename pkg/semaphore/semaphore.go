@@ -55,6 +55,7 @@ type Semaphore struct {
 	lib            *library      // the function library its scripts run as
 	scriptMode     atomic.Int32  // how scripts run: see run
 	functionsAfter atomic.Int64  // unix ns before which scripts run with EVALSHA
+	replicas       replicas      // the primary's replicas: replicas.go
 
 	mu           sync.Mutex
 	waiters      map[string]*waiter
@@ -95,6 +96,9 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 	if err != nil {
 		return nil, err
 	}
+	if rt := readTimeout(rdb); rt > 0 && opts.ReplicaWait >= rt {
+		return nil, fmt.Errorf("semaphore %q: Options.ReplicaWait %v is not below the redis client's ReadTimeout %v, which would cut the WAIT short: lower ReplicaWait or raise ReadTimeout", name, opts.ReplicaWait, rt)
+	}
 	base := opts.Prefix + ":{" + name + "}:"
 	process := newProcessID()
 	s := &Semaphore{
@@ -116,6 +120,7 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 		draining:   make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 	}
+	s.replicas.n.Store(-1)
 	if forceEval {
 		s.scriptMode.Store(modeEval)
 	}
@@ -239,13 +244,23 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 // falls, holders keep their permits and nobody new is granted until the
 // permits held fit under n, and queued requests heavier than n fail at once
 // with ErrExceedsLimit, wherever they are in the queue. A limit below 1 or
-// above MaxLimit is an error, and changes nothing.
+// above MaxLimit is an error, and changes nothing. Where the Redis primary
+// has replicas, SetLimit returns once one of them has the new limit (see
+// Options.ReplicaWait), or with an error wrapping ctx's once ctx is done
+// before (the limit is set on the primary all the same).
 func (s *Semaphore) SetLimit(ctx context.Context, n int) error {
 	if n < 1 || n > MaxLimit {
 		return fmt.Errorf("semaphore %q: set limit %d: the limit must be a whole number from 1 to %d (MaxLimit)", s.name, n, MaxLimit)
 	}
-	if _, err := s.eval(ctx, scriptSetLimit, n); err != nil {
+	actx, ack := s.askReplica(ctx)
+	sent := time.Now()
+	if _, err := s.eval(actx, scriptSetLimit, n); err != nil {
 		return fmt.Errorf("semaphore %q: set limit: %w", s.name, err)
+	}
+	if ack != nil {
+		if err := s.confirmReplicated(ctx, ack.acked(), sent); err != nil {
+			return fmt.Errorf("semaphore %q: set limit: the limit is set, but %w", s.name, err)
+		}
 	}
 	return nil
 }
