@@ -32,6 +32,19 @@ func pauseReplica(t *testing.T, g *testenv.SentinelGroup) (resume func()) {
 	return resume
 }
 
+// cutReplica pauses g's replica and has the primary drop its link to it,
+// so that nothing the primary writes from now on reaches the replica (a
+// paused replica would still read what its kernel had buffered). The
+// returned function resumes it; it reconnects if the primary lives.
+func cutReplica(t *testing.T, g *testenv.SentinelGroup) (resume func()) {
+	t.Helper()
+	resume = pauseReplica(t, g)
+	if err := g.Primary.Client.Do(context.Background(), "client", "kill", "type", "replica").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return resume
+}
+
 // countWaits counts, with MONITOR on server, the WAITs for one replica
 // (WAIT 1 …) that clients send it.
 func countWaits(t *testing.T, server *redis.Client) *atomic.Int64 {
@@ -300,8 +313,9 @@ func failOver(t *testing.T, g *testenv.SentinelGroup, resume func()) {
 }
 
 // TestAFailoverToAReplicaThatMissedTheGrantsGrantsNoPermitTwice: the
-// primary records grants up to the limit that its paused replica never
-// receives, and dies (kill -9); the Sentinels promote the replica. No
+// primary records grants up to the limit that its replica, cut off, never
+// receives, and dies (kill -9) before ReplicaWait has passed; the
+// Sentinels promote the replica. No
 // permit is held twice: every permit the Acquire calls returned is one
 // the new primary counts, it counts no more than the limit, and another
 // process finds no free permit.
@@ -313,10 +327,12 @@ func TestAFailoverToAReplicaThatMissedTheGrantsGrantsNoPermitTwice(t *testing.T)
 	prefix := testenv.Prefix(t)
 	opts := semaphore.Options{Limit: limit, ReplicaWait: 2 * time.Second}
 	s := newSem(t, rdb, prefix, opts)
+	waits := countWaits(t, g.Primary.Client)
 	if err := mustAcquire(t, s).Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	resume := pauseReplica(t, g)
+	testenv.WaitFor(t, 5*time.Second, "the first grant's WAIT (the handle found the replica)", func() bool { return waits.Load() > 0 })
+	resume := cutReplica(t, g)
 	got := make(chan *semaphore.Permit, limit)
 	for range limit {
 		go func() {
@@ -364,7 +380,7 @@ func TestAHolderWhoseGrantAFailoverLostIsToldAtItsNextRefresh(t *testing.T) {
 	if err := mustAcquire(t, s).Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	resume := pauseReplica(t, g)
+	resume := cutReplica(t, g)
 	p := mustAcquire(t, s) // returns at once: nothing waits for the replica
 	failOver(t, g, resume)
 	promoted := time.Now()
