@@ -36,13 +36,13 @@ import (
 // where it was.)
 //
 // Without replicas nothing of this is sent. Whether the primary has any
-// is asked with WAIT 0 0 on a connection of its own, which answers how
-// many replicas have acknowledged that connection's last write: every
-// connected one, since it has none (INFO and ROLE need @dangerous in an
-// ACL; WAIT does not). The answer is kept, and asked again in the
-// background every replicaRecheck while none were found (a replica added
-// later), and whenever a WAIT finds no replica (one gone, or a failover
-// to a primary without any).
+// is asked with WAIT 0 0 as the first command of a new connection, which
+// counts every connected replica: such a connection has written nothing
+// (INFO and ROLE need @dangerous in an ACL; WAIT does not). The answer is
+// kept, and asked again in the background every replicaRecheck while none
+// were found (a replica added later). A grant that no replica acknowledges
+// within Options.ReplicaWait goes on with a warning, and the handle counts
+// none until a check finds one again: docs/semaphore.md says why.
 
 // replicaRecheck is how often a handle that found no replica asks again,
 // in the background, when it makes a call.
