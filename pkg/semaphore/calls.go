@@ -133,7 +133,7 @@ func (s *Semaphore) call(ctx context.Context, once bool, name, payload string, a
 		c = onceCmd{cmd}
 	}
 	if a, _ := ctx.Value(replicaAckKey{}).(*replicaAck); a != nil {
-		n, _ := s.callSynced(ctx, c, s.opts.ReplicaWait) // cmd's own error is in cmd
+		n, _ := s.callSynced(ctx, c, s.waitBound) // cmd's own error is in cmd
 		a.n.Store(int64(n))
 		return cmd.Result()
 	}

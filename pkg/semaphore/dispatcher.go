@@ -92,9 +92,9 @@ func (s *Semaphore) dispatch() {
 			ctx, cancel := bounded(context.Background(), releaseTimeout)
 			var n int
 			if conn != nil {
-				n, err = s.syncReplicaOn(ctx, conn, s.opts.ReplicaWait)
+				n, err = s.syncReplicaOn(ctx, conn, s.waitBound)
 			} else {
-				n, err = s.syncReplica(ctx, s.opts.ReplicaWait)
+				n, err = s.syncReplica(ctx, s.waitBound)
 			}
 			cancel()
 			acked = n

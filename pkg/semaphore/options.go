@@ -52,17 +52,16 @@ type Options struct {
 	// (refreshes, wake-ups). Default slog.Default().
 	Logger *slog.Logger
 
-	// ReplicaWait bounds each WAIT for a replica to acknowledge a grant or
-	// a limit change, where the Redis primary has replicas (a deployment
-	// without replicas sends no WAIT). A grant that no replica
-	// acknowledged in time is not handed over yet: WAIT is sent again,
-	// for as long as the Acquire's context lives, until a replica
-	// acknowledges it, or until the primary has no replica connected
-	// (then the grant goes on, as without replicas, with a warning).
-	// Keep it below the redis client's ReadTimeout, which bounds the
-	// call that carries the WAIT. Default DefaultReplicaWait (1s); a
-	// negative value sends no WAIT at all, trading the guarantee through
-	// a failover for a round trip less.
+	// ReplicaWait is how long a grant or a limit change waits for a
+	// replica to acknowledge it (WAIT), where the Redis primary has
+	// replicas; a deployment without replicas sends no WAIT. A grant is
+	// handed over once a replica has it; if none has it within
+	// ReplicaWait, it is handed over all the same, with a warning (see
+	// docs/semaphore.md, "Through a Redis failover"), unless the
+	// Acquire's context ends first. One WAIT lasts at most half the redis
+	// client's ReadTimeout; a longer ReplicaWait sends several. Default
+	// DefaultReplicaWait (1s); a negative value sends no WAIT at all,
+	// giving up that guarantee through a failover.
 	ReplicaWait time.Duration
 
 	// Observer, if not nil, is told of every grant, release and lost lease

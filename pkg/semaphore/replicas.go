@@ -162,7 +162,7 @@ func (s *Semaphore) countReplicas(ctx context.Context) (int, error) {
 	if err != nil || n > 0 {
 		return n, err
 	}
-	return c.Do(ctx, "wait", 1, min(s.opts.ReplicaWait, replicaProbe).Milliseconds()).Int()
+	return c.Do(ctx, "wait", 1, max(min(s.waitBound, replicaProbe), time.Millisecond).Milliseconds()).Int()
 }
 
 // replicaProbe bounds the WAIT that asks a primary, over an authenticated
@@ -297,7 +297,7 @@ func (s *Semaphore) confirmReplicated(ctx context.Context, acked int, since time
 		if s.stopped() {
 			return ErrClosed
 		}
-		n, err := s.syncReplica(ctx, left)
+		n, err := s.syncReplica(ctx, min(left, s.waitBound))
 		acked = n
 		if err != nil {
 			acked = grantUnconfirmed
@@ -317,7 +317,7 @@ func (s *Semaphore) confirmReplicated(ctx context.Context, acked int, since time
 func (s *Semaphore) confirmGrant(ctx context.Context, token string, fence int64, acked int) error {
 	since := time.Now()
 	if acked == 0 {
-		since = since.Add(-s.opts.ReplicaWait) // a whole WAIT went unacknowledged
+		since = since.Add(-s.waitBound) // a whole WAIT went unacknowledged
 	}
 	var bo backoff.Backoff
 	for {

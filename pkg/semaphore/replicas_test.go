@@ -18,6 +18,20 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// sentinels starts a Sentinel group (testenv.PrivateSentinels) and
+// returns once its primary counts the replica as online, as a handle's
+// first look for replicas does: a replica still finishing its first sync
+// is not counted yet.
+func sentinels(t *testing.T) *testenv.SentinelGroup {
+	t.Helper()
+	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+	testenv.WaitFor(t, 20*time.Second, "the primary to count its replica", func() bool {
+		n, err := g.Primary.Client.Do(context.Background(), "wait", 1, 100).Int()
+		return err == nil && n == 1
+	})
+	return g
+}
+
 // pauseReplica stops g's replica with SIGSTOP: it stays connected to the
 // primary and acknowledges nothing until the returned function resumes it.
 func pauseReplica(t *testing.T, g *testenv.SentinelGroup) (resume func()) {
@@ -101,7 +115,7 @@ func receive(t *testing.T, got <-chan *semaphore.Permit) *semaphore.Permit {
 // has the holder by then.
 func TestAGrantIsHandedOverOnlyOnceAReplicaHasIt(t *testing.T) {
 	t.Parallel()
-	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+	g := sentinels(t)
 	// A read timeout above the WAIT's bound, which New insists on.
 	rdb := redis.NewClient(&redis.Options{Addr: g.Primary.Client.Options().Addr, ReadTimeout: 20 * time.Second})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -177,7 +191,7 @@ func TestAGrantIsHandedOverOnlyOnceAReplicaHasIt(t *testing.T) {
 // one is in sync again.
 func TestAGrantNoReplicaAcknowledgesGoesOnAfterReplicaWait(t *testing.T) {
 	t.Parallel()
-	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+	g := sentinels(t)
 	rdb := g.Primary.Client
 	prefix := testenv.Prefix(t)
 	var logs testenv.LogBuffer
@@ -322,7 +336,7 @@ func failOver(t *testing.T, g *testenv.SentinelGroup, resume func()) {
 func TestAFailoverToAReplicaThatMissedTheGrantsGrantsNoPermitTwice(t *testing.T) {
 	t.Parallel()
 	const limit = 3
-	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+	g := sentinels(t)
 	rdb := failoverClient(t, g)
 	prefix := testenv.Prefix(t)
 	opts := semaphore.Options{Limit: limit, ReplicaWait: 2 * time.Second}
@@ -372,7 +386,7 @@ func TestAFailoverToAReplicaThatMissedTheGrantsGrantsNoPermitTwice(t *testing.T)
 // promotion, and Release says so.
 func TestAHolderWhoseGrantAFailoverLostIsToldAtItsNextRefresh(t *testing.T) {
 	t.Parallel()
-	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+	g := sentinels(t)
 	rdb := failoverClient(t, g)
 	prefix := testenv.Prefix(t)
 	const lease = 3 * time.Second

@@ -56,6 +56,7 @@ type Semaphore struct {
 	scriptMode     atomic.Int32  // how scripts run: see run
 	functionsAfter atomic.Int64  // unix ns before which scripts run with EVALSHA
 	replicas       replicas      // the primary's replicas: replicas.go
+	waitBound      time.Duration // bounds one WAIT: ReplicaWait, below the client's ReadTimeout
 
 	mu           sync.Mutex
 	waiters      map[string]*waiter
@@ -96,9 +97,6 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 	if err != nil {
 		return nil, err
 	}
-	if rt := readTimeout(rdb); rt > 0 && opts.ReplicaWait >= rt {
-		return nil, fmt.Errorf("semaphore %q: Options.ReplicaWait %v is not below the redis client's ReadTimeout %v, which would cut the WAIT short: lower ReplicaWait or raise ReadTimeout", name, opts.ReplicaWait, rt)
-	}
 	base := opts.Prefix + ":{" + name + "}:"
 	process := newProcessID()
 	s := &Semaphore{
@@ -121,6 +119,10 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 		kick:       make(chan struct{}, 1),
 	}
 	s.replicas.n.Store(-1)
+	s.waitBound = opts.ReplicaWait
+	if rt := readTimeout(rdb); rt > 0 && s.waitBound > rt/2 {
+		s.waitBound = rt / 2 // the read timeout bounds the call that carries the WAIT
+	}
 	if forceEval {
 		s.scriptMode.Store(modeEval)
 	}
