@@ -176,7 +176,9 @@ func (s *Semaphore) Lease() time.Duration { return s.opts.Lease }
 // completes in the background, or, if Redis stays unreachable, when the
 // place's heartbeat or the permit's lease runs out. While Redis is
 // unreachable Acquire keeps retrying until ctx is done or the Semaphore is
-// closed.
+// closed. Where the Redis primary has replicas, the Permit is returned
+// only once a replica has the grant, or once Options.ReplicaWait has
+// passed.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 	return s.AcquireN(ctx, 1)
 }
@@ -196,7 +198,8 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
 }
 
 // TryAcquire acquires one permit only if one is free and nobody is queued,
-// without waiting. Otherwise it returns an error wrapping ErrNoPermit.
+// without waiting for one. Otherwise it returns an error wrapping
+// ErrNoPermit. A grant still waits for a replica as Acquire's does.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Permit, error) {
 	return s.TryAcquireN(ctx, 1)
 }
