@@ -413,3 +413,52 @@ func TestAHolderWhoseGrantAFailoverLostIsToldAtItsNextRefresh(t *testing.T) {
 		t.Fatalf("Release = %v; want ErrLeaseLost", err)
 	}
 }
+
+// TestOnAClusterAGrantWaitsForTheReplicaOfItsSlotsMaster: on a cluster
+// whose master has a replica, the WAIT goes to the master that holds the
+// semaphore's slot, and a grant returns only once the replica has it.
+func TestOnAClusterAGrantWaitsForTheReplicaOfItsSlotsMaster(t *testing.T) {
+	t.Parallel()
+	node := testenv.PrivateRedisCluster(t, nil)
+	replica := testenv.PrivateRedisClusterReplica(t, node)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{node.Client.Options().Addr}, ReadTimeout: 20 * time.Second})
+	t.Cleanup(func() { _ = cc.Close() })
+	waits := countWaits(t, node.Client)
+	prefix := testenv.Prefix(t)
+	s := newSem(t, cc, prefix, semaphore.Options{Limit: 1, ReplicaWait: 15 * time.Second})
+	if err := mustAcquire(t, s).Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the first grant's WAIT on the master", func() bool { return waits.Load() > 0 })
+
+	pid := replica.Pid()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	resume := func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	before := waits.Load()
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := s.Acquire(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	testenv.WaitFor(t, 10*time.Second, "a WAIT on the master while its replica is paused", func() bool { return waits.Load() > before })
+	notYet(t, got, "cluster")
+	resume()
+	p := receive(t, got)
+	// A cluster replica answers reads only on a connection that said READONLY.
+	ro := redis.NewClient(&redis.Options{Addr: replica.Client.Options().Addr, PoolSize: 1,
+		OnConnect: func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }})
+	t.Cleanup(func() { _ = ro.Close() })
+	if !heldOn(t, ro, prefix, p.ID()) {
+		t.Fatalf("Acquire returned %s, which the cluster replica does not hold", p.ID())
+	}
+	if err := p.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
