@@ -462,3 +462,41 @@ func TestOnAClusterAGrantWaitsForTheReplicaOfItsSlotsMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSetLimitReturnsOnceAReplicaHasTheLimit: with the replica paused,
+// SetLimit does not return; once it resumes, SetLimit returns and the
+// replica has the new limit.
+func TestSetLimitReturnsOnceAReplicaHasTheLimit(t *testing.T) {
+	t.Parallel()
+	g := sentinels(t)
+	rdb := redis.NewClient(&redis.Options{Addr: g.Primary.Client.Options().Addr, ReadTimeout: 20 * time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	waits := countWaits(t, g.Primary.Client)
+	prefix := testenv.Prefix(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, ReplicaWait: 15 * time.Second})
+	if err := mustAcquire(t, s).Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	resume := pauseReplica(t, g)
+	before := waits.Load()
+	done := make(chan error, 1)
+	go func() { done <- s.SetLimit(context.Background(), 7) }()
+	testenv.WaitFor(t, 10*time.Second, "a WAIT sent while the replica is paused", func() bool { return waits.Load() > before })
+	select {
+	case err := <-done:
+		t.Fatalf("SetLimit returned (%v) while the replica was paused", err)
+	default:
+	}
+	resume()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("SetLimit did not return once the replica resumed")
+	}
+	if v, err := g.Replica.Client.Get(context.Background(), prefix+":{db}:limit").Result(); err != nil || v != "7" {
+		t.Fatalf("the replica's limit is %q (%v); want 7", v, err)
+	}
+}
