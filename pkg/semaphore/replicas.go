@@ -113,9 +113,10 @@ func (s *Semaphore) canWait() bool {
 }
 
 // checkReplicas asks the primary how many replicas it has (WAIT 0 0 on a
-// new connection) and keeps the answer. A primary that cannot be asked
-// counts as having none, except for a failure that may pass, which leaves
-// what the handle knew (none, if it knew nothing).
+// new connection) and keeps the answer. A primary that refuses to answer
+// (an ACL without WAIT) counts as having none; a failure that may pass
+// leaves what the handle knew, so that a handle that knew nothing asks
+// again at its next call, and counts as none meanwhile.
 func (s *Semaphore) checkReplicas(ctx context.Context) int {
 	n, err := s.countReplicas(ctx)
 	s.replicas.mu.Lock()
@@ -127,8 +128,6 @@ func (s *Semaphore) checkReplicas(ctx context.Context) int {
 			if !s.replicas.warned.Swap(true) {
 				s.log.Warn("semaphore: cannot ask Redis for its replicas (WAIT); grants will not wait for a replica, and a failover may lose the last ones", "error", err)
 			}
-			s.replicas.n.Store(0)
-		} else if s.replicas.n.Load() < 0 {
 			s.replicas.n.Store(0)
 		}
 		return int(max(s.replicas.n.Load(), 0))
