@@ -386,9 +386,15 @@ func (a *replicaAck) acked() int {
 }
 
 // unconfirmed is what deliver is told of a grant that no WAIT of ours
-// followed (a wake-up, a refresh's report).
+// followed (a wake-up, a refresh's report). A handle that has not yet
+// learnt whether the primary has replicas asks now.
 func (s *Semaphore) unconfirmed() int {
-	if s.opts.ReplicaWait < 0 || s.replicas.n.Load() <= 0 {
+	if s.opts.ReplicaWait < 0 || s.replicas.n.Load() == 0 {
+		return grantReplicated
+	}
+	ctx, cancel := bounded(context.Background(), releaseTimeout)
+	defer cancel()
+	if !s.replicated(ctx) {
 		return grantReplicated
 	}
 	return grantUnconfirmed

@@ -18,18 +18,37 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// sentinels starts a Sentinel group (testenv.PrivateSentinels) and
-// returns once its primary counts the replica as online, as a handle's
-// first look for replicas does: a replica still finishing its first sync
-// is not counted yet.
+// replicaServers lets one test at a time run servers with replicas (five
+// processes for a Sentinel group): started together on a small machine
+// they starve the package's tests that time leases of a few hundred
+// milliseconds.
+var replicaServers sync.Mutex
+
+// oneAtATime holds replicaServers until the test ends.
+func oneAtATime(t *testing.T) {
+	replicaServers.Lock()
+	t.Cleanup(replicaServers.Unlock)
+}
+
+// sentinels starts a Sentinel group (testenv.PrivateSentinels), one test
+// at a time, and returns once its primary counts the replica as online,
+// as a handle's first look for replicas does: a replica still finishing
+// its first sync is not counted yet.
 func sentinels(t *testing.T) *testenv.SentinelGroup {
 	t.Helper()
+	oneAtATime(t)
 	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+	replicaOnline(t, g)
+	return g
+}
+
+// replicaOnline waits until g's primary counts its replica as online.
+func replicaOnline(t *testing.T, g *testenv.SentinelGroup) {
+	t.Helper()
 	testenv.WaitFor(t, 20*time.Second, "the primary to count its replica", func() bool {
 		n, err := g.Primary.Client.Do(context.Background(), "wait", 1, 100).Int()
 		return err == nil && n == 1
 	})
-	return g
 }
 
 // pauseReplica stops g's replica with SIGSTOP: it stays connected to the
@@ -144,6 +163,7 @@ func TestAGrantIsHandedOverOnlyOnceAReplicaHasIt(t *testing.T) {
 
 	t.Run("granted at once", func(t *testing.T) {
 		prefix := testenv.Prefix(t)
+		replicaOnline(t, g) // as the new handles' first look for replicas needs
 		s := newSem(t, rdb, prefix, opts)
 		paused(t, prefix, func() <-chan *semaphore.Permit {
 			got := make(chan *semaphore.Permit, 1)
@@ -159,6 +179,7 @@ func TestAGrantIsHandedOverOnlyOnceAReplicaHasIt(t *testing.T) {
 	})
 	t.Run("woken by another process's release", func(t *testing.T) {
 		prefix := testenv.Prefix(t)
+		replicaOnline(t, g) // as the new handles' first look for replicas needs
 		a, b, held, _ := func() (*semaphore.Semaphore, *semaphore.Semaphore, *semaphore.Permit, struct{}) {
 			a := newSem(t, rdb, prefix, opts)
 			return a, newSem(t, rdb, prefix, opts), mustAcquire(t, a), struct{}{}
@@ -173,6 +194,7 @@ func TestAGrantIsHandedOverOnlyOnceAReplicaHasIt(t *testing.T) {
 	})
 	t.Run("handed over by its own process's release", func(t *testing.T) {
 		prefix := testenv.Prefix(t)
+		replicaOnline(t, g) // as the new handles' first look for replicas needs
 		a := newSem(t, rdb, prefix, opts)
 		held := mustAcquire(t, a)
 		got := acquireQueued(t, a, a, 1)
@@ -419,6 +441,7 @@ func TestAHolderWhoseGrantAFailoverLostIsToldAtItsNextRefresh(t *testing.T) {
 // semaphore's slot, and a grant returns only once the replica has it.
 func TestOnAClusterAGrantWaitsForTheReplicaOfItsSlotsMaster(t *testing.T) {
 	t.Parallel()
+	oneAtATime(t)
 	node := testenv.PrivateRedisCluster(t, nil)
 	replica := testenv.PrivateRedisClusterReplica(t, node)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{node.Client.Options().Addr}, ReadTimeout: 20 * time.Second})
