@@ -80,3 +80,47 @@ func privateClusterNode(t testing.TB, bin string, args []string) *RedisServer {
 	s.Start()
 	return s
 }
+
+// PrivateRedisClusterReplica starts a replica of primary, a node that
+// PrivateRedisCluster started without TLS, and returns once the cluster
+// knows it and it is in sync. It stops when the test ends.
+func PrivateRedisClusterReplica(t testing.TB, primary *RedisServer) *RedisServer {
+	t.Helper()
+	bus, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := privateClusterNode(t, primary.bin, []string{"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus)})
+	ctx := context.Background()
+	id, err := primary.Client.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatalf("testenv: the cluster node's ID: %v", err)
+	}
+	// Its bus port is not its port plus 10000: CLUSTER NODES says which.
+	nodes, err := primary.Client.ClusterNodes(ctx).Result()
+	if err != nil {
+		t.Fatalf("testenv: CLUSTER NODES: %v", err)
+	}
+	var bus2 string
+	for _, line := range strings.Split(nodes, "\n") {
+		if f := strings.Fields(line); len(f) > 2 && strings.Contains(f[2], "myself") {
+			_, bus2, _ = strings.Cut(strings.SplitN(f[1], ",", 2)[0], "@")
+		}
+	}
+	host, port, _ := strings.Cut(primary.Client.Options().Addr, ":")
+	if err := r.Client.Do(ctx, "CLUSTER", "MEET", host, port, bus2).Err(); err != nil {
+		t.Fatalf("testenv: CLUSTER MEET: %v", err)
+	}
+	WaitFor(t, 20*time.Second, "the new node to replicate the cluster's node", func() bool {
+		return r.Client.Do(ctx, "CLUSTER", "REPLICATE", id).Err() == nil
+	})
+	WaitFor(t, 20*time.Second, "the cluster replica in sync", func() bool {
+		info, err := r.Client.Info(ctx, "replication").Result()
+		if err != nil || !strings.Contains(info, "master_link_status:up") {
+			return false
+		}
+		n, err := primary.Client.Do(ctx, "WAIT", 1, 100).Int()
+		return err == nil && n == 1
+	})
+	return r
+}

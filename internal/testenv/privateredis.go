@@ -92,6 +92,15 @@ func (s *RedisServer) Kill() {
 	s.exited = nil
 }
 
+// Pid is the server's process ID while it runs (0 otherwise), for a test
+// that pauses it with SIGSTOP.
+func (s *RedisServer) Pid() int {
+	if s.exited == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // Restart kills the server and starts it again.
 func (s *RedisServer) Restart() {
 	s.t.Helper()

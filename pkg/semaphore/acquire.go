@@ -34,6 +34,9 @@ type waiter struct {
 	// the token's first acquire call would call it unknown and re-queue a
 	// waiter that is about to be queued or granted.
 	known bool
+	// confirming: a grant of its token waits for a replica to have it
+	// (confirmReplicated) before it is handed over.
+	confirming bool
 	// pending: in Semaphore.pending, waiting for a call to carry its first
 	// request (enqueue.go); carried: closed once the call that carries it
 	// has returned, nil when none does.
@@ -137,7 +140,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 // grant, too, reaches it on w.ch).
 func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retry bool) (done bool, err error) {
 	for {
-		status, value, limit, sent, err := s.callAcquire(ctx, token, wait, retry)
+		status, value, limit, sent, acked, err := s.callAcquire(ctx, token, wait, retry)
 		if err != nil {
 			if isOOM(err) {
 				// Redis refused the call before it recorded anything of
@@ -153,7 +156,7 @@ func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retr
 		}
 		switch status {
 		case acquireGranted:
-			s.deliver(token, value, sent)
+			s.deliver(token, value, sent, acked)
 		case acquireQueued:
 			s.mu.Lock()
 			if s.waiters[token] == w {
@@ -299,7 +302,9 @@ func (s *Semaphore) tokenOf(w *waiter) string {
 // retry says that an earlier call for token may have run (one that carried
 // it, enqueue.go): the first attempt is then a retry too. Without it the
 // token must be unknown to Redis: the script then skips looking for it.
-func (s *Semaphore) callAcquire(ctx context.Context, token string, wait, retry bool) (status, value int64, limit int64, sent time.Time, err error) {
+//
+// acked is what deliver is told of a grant's replication: see askReplica.
+func (s *Semaphore) callAcquire(ctx context.Context, token string, wait, retry bool) (status, value int64, limit int64, sent time.Time, acked int, err error) {
 	waitFlag := "0"
 	if wait {
 		waitFlag = "1"
@@ -315,25 +320,26 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait, retry b
 			retryFlag = "1"
 		}
 		var res any
-		res, err = s.evalUntil(ctx, token, scriptAcquire, token, s.opts.Lease.Milliseconds(), s.opts.Lease.Milliseconds(), waitFlag, retryFlag)
+		actx, ack := s.askReplica(ctx)
+		res, err = s.evalUntil(actx, token, scriptAcquire, token, s.opts.Lease.Milliseconds(), s.opts.Lease.Milliseconds(), waitFlag, retryFlag)
 		if err == nil {
 			vals, ok := res.([]any)
 			if !ok || len(vals) != 3 {
-				return 0, 0, 0, sent, fmt.Errorf("unexpected reply %v from the acquire script", res)
+				return 0, 0, 0, sent, 0, fmt.Errorf("unexpected reply %v from the acquire script", res)
 			}
 			status, _ = vals[0].(int64)
 			value, _ = vals[1].(int64)
 			limit, _ = vals[2].(int64)
-			return status, value, limit, sent, nil
+			return status, value, limit, sent, ack.acked(), nil
 		}
 		if errors.Is(err, ErrClosed) {
-			return 0, 0, 0, sent, err
+			return 0, 0, 0, sent, 0, err
 		}
 		if ctx.Err() != nil {
 			if errors.Is(err, ctx.Err()) {
-				return 0, 0, 0, sent, err
+				return 0, 0, 0, sent, 0, err
 			}
-			return 0, 0, 0, sent, fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)
+			return 0, 0, 0, sent, 0, fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)
 		}
 		if isOOM(err) {
 			// Not transient, and not ours to fix: say what is.
@@ -343,7 +349,7 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait, retry b
 		// connection, a failover's refusal) with a few quick retries:
 		// go-redis does not resend an acquire's first attempt (sentOnce).
 		if !transient(err) || (!wait && attempt >= tryRetries) {
-			return 0, 0, 0, sent, err
+			return 0, 0, 0, sent, 0, err
 		}
 		// The wait is cut short when another call of this handle finds
 		// Redis back.
@@ -353,9 +359,9 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait, retry b
 		}
 		switch perr := s.pause(ctx, retryIn); {
 		case errors.Is(perr, ErrClosed):
-			return 0, 0, 0, sent, ErrClosed
+			return 0, 0, 0, sent, 0, ErrClosed
 		case perr != nil:
-			return 0, 0, 0, sent, fmt.Errorf("%w (last Redis error: %v)", perr, err)
+			return 0, 0, 0, sent, 0, fmt.Errorf("%w (last Redis error: %v)", perr, err)
 		}
 	}
 }
@@ -436,11 +442,33 @@ var errGivenUp = errors.New("acquire gave up")
 // was paused) is not handed over; the watchdog is started if need be and
 // asked to refresh now, and hands it over if Redis still holds it, or
 // re-queues.
-func (s *Semaphore) deliver(token string, fence int64, leaseFrom time.Time) {
+//
+// acked says whether a replica has the grant (see replicas.go): a grant
+// that none is known to have is handed over only once one does.
+func (s *Semaphore) deliver(token string, fence int64, leaseFrom time.Time, acked int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	w, ok := s.waiters[token]
 	if !ok {
+		return
+	}
+	if acked <= 0 {
+		if !w.confirming {
+			w.confirming = true
+			s.spawnLocked(func() {
+				err := s.confirmGrant(w.ctx, token, fence, acked)
+				s.mu.Lock()
+				w.confirming = false
+				s.mu.Unlock()
+				switch {
+				case err == nil:
+				case w.ctx.Err() == nil && !errors.Is(err, ErrClosed):
+					s.fail(token, fmt.Errorf("making sure a replica has the grant: %w", err))
+				}
+				// Otherwise the Acquire's context is done, or the handle
+				// closed: the Acquire gives the token up.
+			})
+		}
 		return
 	}
 	if leaseFrom.IsZero() {
@@ -467,6 +495,17 @@ func (s *Semaphore) reject(token string) {
 	if w, ok := s.waiters[token]; ok {
 		delete(s.waiters, token)
 		w.ch <- wakeup{err: fmt.Errorf("%w: the limit was lowered below this request's weight", ErrExceedsLimit)}
+	}
+}
+
+// fail fails the local waiter of token with err; its Acquire gives the
+// token up.
+func (s *Semaphore) fail(token string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w, ok := s.waiters[token]; ok {
+		delete(s.waiters, token)
+		w.ch <- wakeup{err: err}
 	}
 }
 

@@ -132,6 +132,11 @@ func (s *Semaphore) call(ctx context.Context, once bool, name, payload string, a
 	if once {
 		c = onceCmd{cmd}
 	}
+	if a, _ := ctx.Value(replicaAckKey{}).(*replicaAck); a != nil {
+		n, _ := s.callSynced(ctx, c, s.waitBound) // cmd's own error is in cmd
+		a.n.Store(int64(n))
+		return cmd.Result()
+	}
 	_ = s.rdb.Process(ctx, c)
 	return cmd.Result()
 }

@@ -85,6 +85,23 @@ func (s *Semaphore) dispatch() {
 		if err != nil {
 			continue // redis.Nil: the block timed out
 		}
+		// A grant popped here was made by another connection's script: a
+		// write of ours after the pop, and a WAIT for it, cover it.
+		acked := grantReplicated
+		if s.unconfirmed() != grantReplicated && len(msgs) > 0 {
+			ctx, cancel := bounded(context.Background(), releaseTimeout)
+			var n int
+			if conn != nil {
+				n, err = s.syncReplicaOn(ctx, conn, s.waitBound)
+			} else {
+				n, err = s.syncReplica(ctx, s.waitBound)
+			}
+			cancel()
+			acked = n
+			if err != nil {
+				acked = grantUnconfirmed
+			}
+		}
 		delivered := false
 		for _, msg := range msgs {
 			token, value, ok := strings.Cut(msg, " ")
@@ -100,7 +117,7 @@ func (s *Semaphore) dispatch() {
 				s.log.Warn("semaphore: malformed wake-up ignored", "message", msg)
 				continue
 			}
-			s.deliver(token, fence, time.Time{})
+			s.deliver(token, fence, time.Time{}, acked)
 			delivered = true
 		}
 		if delivered {

@@ -47,8 +47,15 @@ func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter,
 			args = append(args, t)
 		}
 	}
+	// Grants to this process's waiters come back in the reply: where they
+	// must wait for a replica, the WAIT rides in the same round trip.
+	var ack *replicaAck
+	cctx := ctx
+	if s.hasWaiters() {
+		cctx, ack = s.askReplica(ctx)
+	}
 	sent := time.Now()
-	res, err := s.evalAs(ctx, s.process, sc, args...)
+	res, err := s.evalAs(cctx, s.process, sc, args...)
 	if err != nil && len(ws) > 0 && isOOM(err) {
 		// Redis is over its maxmemory and refused the call before it
 		// recorded any of them (a function outright; by EVALSHA at its
@@ -60,7 +67,7 @@ func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter,
 			return 0, nil // it carried, and released nothing
 		}
 		ws = nil
-		res, err = s.evalAs(ctx, s.process, scriptRelease, token, lease, lease, "0")
+		res, err = s.evalAs(cctx, s.process, scriptRelease, token, lease, lease, "0")
 	}
 	if err != nil {
 		s.settleCarried(ws, nil, 0, sent, err, true)
@@ -86,7 +93,11 @@ func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter,
 	for i := 0; i+1 < len(grants); i += 2 {
 		tok, _ := grants[i].(string)
 		fence, _ := grants[i+1].(int64)
-		s.deliver(tok, fence, time.Time{})
+		acked := ack.acked()
+		if ack == nil {
+			acked = s.unconfirmed() // a waiter that came meanwhile
+		}
+		s.deliver(tok, fence, time.Time{}, acked)
 	}
 	if len(grants) > 0 {
 		// Let the new holder run now, on this thread, rather than after our
@@ -99,6 +110,14 @@ func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter,
 		was = releaseHeld
 	}
 	return was, nil
+}
+
+// hasWaiters reports whether this process has waiters, whom a release
+// may grant a permit in its reply.
+func (s *Semaphore) hasWaiters() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.waiters) > 0
 }
 
 // giveBackResult is what the first attempt to give a token back found.

@@ -12,6 +12,9 @@ const (
 	DefaultLease  = 30 * time.Second
 	DefaultPrefix = "batchmr:sem"
 
+	// DefaultReplicaWait bounds each WAIT for a replica's acknowledgement.
+	DefaultReplicaWait = time.Second
+
 	// MinLease is the shortest lease New accepts: the watchdog refreshes
 	// every Lease/3, and a shorter interval than a few milliseconds would
 	// spend more time refreshing than working.
@@ -49,6 +52,18 @@ type Options struct {
 	// (refreshes, wake-ups). Default slog.Default().
 	Logger *slog.Logger
 
+	// ReplicaWait is how long a grant or a limit change waits for a
+	// replica to acknowledge it (WAIT), where the Redis primary has
+	// replicas; a deployment without replicas sends no WAIT. A grant is
+	// handed over once a replica has it; if none has it within
+	// ReplicaWait, it is handed over all the same, with a warning (see
+	// docs/semaphore.md, "Through a Redis failover"), unless the
+	// Acquire's context ends first. One WAIT lasts at most half the redis
+	// client's ReadTimeout; a longer ReplicaWait sends several. Default
+	// DefaultReplicaWait (1s); a negative value sends no WAIT at all,
+	// giving up that guarantee through a failover.
+	ReplicaWait time.Duration
+
 	// Observer, if not nil, is told of every grant, release and lost lease
 	// of this handle's permits (see Observer). Nil: none.
 	Observer Observer
@@ -76,6 +91,9 @@ func (o Options) withDefaults(name string) (Options, error) {
 	}
 	if strings.ContainsAny(o.Prefix, "{}") {
 		return o, fmt.Errorf("semaphore %q: Options.Prefix %q must not contain '{' or '}'", name, o.Prefix)
+	}
+	if o.ReplicaWait == 0 {
+		o.ReplicaWait = DefaultReplicaWait
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -55,6 +55,8 @@ type Semaphore struct {
 	lib            *library      // the function library its scripts run as
 	scriptMode     atomic.Int32  // how scripts run: see run
 	functionsAfter atomic.Int64  // unix ns before which scripts run with EVALSHA
+	replicas       replicas      // the primary's replicas: replicas.go
+	waitBound      time.Duration // bounds one WAIT: ReplicaWait, below the client's ReadTimeout
 
 	mu           sync.Mutex
 	waiters      map[string]*waiter
@@ -116,6 +118,11 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 		draining:   make(chan struct{}),
 		kick:       make(chan struct{}, 1),
 	}
+	s.replicas.n.Store(-1)
+	s.waitBound = opts.ReplicaWait
+	if rt := readTimeout(rdb); rt > 0 && s.waitBound > rt/2 {
+		s.waitBound = rt / 2 // the read timeout bounds the call that carries the WAIT
+	}
 	if forceEval {
 		s.scriptMode.Store(modeEval)
 	}
@@ -169,7 +176,9 @@ func (s *Semaphore) Lease() time.Duration { return s.opts.Lease }
 // completes in the background, or, if Redis stays unreachable, when the
 // place's heartbeat or the permit's lease runs out. While Redis is
 // unreachable Acquire keeps retrying until ctx is done or the Semaphore is
-// closed.
+// closed. Where the Redis primary has replicas, the Permit is returned
+// only once a replica has the grant, or once Options.ReplicaWait has
+// passed.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 	return s.AcquireN(ctx, 1)
 }
@@ -189,7 +198,8 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
 }
 
 // TryAcquire acquires one permit only if one is free and nobody is queued,
-// without waiting. Otherwise it returns an error wrapping ErrNoPermit.
+// without waiting for one. Otherwise it returns an error wrapping
+// ErrNoPermit. A grant still waits for a replica as Acquire's does.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Permit, error) {
 	return s.TryAcquireN(ctx, 1)
 }
@@ -239,13 +249,23 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 // falls, holders keep their permits and nobody new is granted until the
 // permits held fit under n, and queued requests heavier than n fail at once
 // with ErrExceedsLimit, wherever they are in the queue. A limit below 1 or
-// above MaxLimit is an error, and changes nothing.
+// above MaxLimit is an error, and changes nothing. Where the Redis primary
+// has replicas, SetLimit returns once one of them has the new limit (see
+// Options.ReplicaWait), or with an error wrapping ctx's once ctx is done
+// before (the limit is set on the primary all the same).
 func (s *Semaphore) SetLimit(ctx context.Context, n int) error {
 	if n < 1 || n > MaxLimit {
 		return fmt.Errorf("semaphore %q: set limit %d: the limit must be a whole number from 1 to %d (MaxLimit)", s.name, n, MaxLimit)
 	}
-	if _, err := s.eval(ctx, scriptSetLimit, n); err != nil {
+	actx, ack := s.askReplica(ctx)
+	sent := time.Now()
+	if _, err := s.eval(actx, scriptSetLimit, n); err != nil {
 		return fmt.Errorf("semaphore %q: set limit: %w", s.name, err)
+	}
+	if ack != nil {
+		if err := s.confirmReplicated(ctx, ack.acked(), sent); err != nil {
+			return fmt.Errorf("semaphore %q: set limit: the limit is set, but %w", s.name, err)
+		}
 	}
 	return nil
 }

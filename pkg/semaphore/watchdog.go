@@ -148,7 +148,7 @@ func (s *Semaphore) applyWaiterRefresh(token string, st int64, sent time.Time) {
 	case st > 0:
 		// Granted, and the wake-up is late or lost: deliver it now (a
 		// duplicate of the dispatcher's delivery is ignored).
-		s.deliver(token, st, sent)
+		s.deliver(token, st, sent, s.unconfirmed())
 	case st == 0:
 		s.mu.Lock()
 		if w, ok := s.waiters[token]; ok {

@@ -43,7 +43,7 @@ var (
 	holds      = flag.String("holds", "2ms,10ms", "work per grant in the utilisation runs, comma-separated: one table each")
 	repeat     = flag.Int("repeat", 3, "interleaved runs per design in the utilisation runs; the median is reported")
 	hold       = flag.Duration("hold", 0, "internal: work per grant of a utilisation worker")
-	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,idle,utilisation,capacity,scripts")
+	only       = flag.String("only", "", "run only these sections, comma-separated: roundtrip,handoff,commands,idle,utilisation,capacity,scripts,replica (replica: only when named; it starts redis-servers of its own)")
 	designList = flag.String("designs", "", "utilisation designs to run, comma-separated (default all but the diagnostic token-dispatch ones)")
 
 	// Set on the worker subprocesses of the utilisation runs.
@@ -107,9 +107,12 @@ func main() {
 		run  func(context.Context, *redis.Client, string)
 	}{
 		{"roundtrip", roundTrips}, {"handoff", handoff}, {"commands", commandCounts}, {"idle", idleRoundTrips}, {"utilisation", utilisation}, {"capacity", capacity},
-		{"scripts", scriptCosts},
+		{"scripts", scriptCosts}, {"replica", replicaCost},
 	}
 	for _, sec := range sections {
+		if *only == "" && sec.name == "replica" {
+			continue // it starts servers of its own: only when asked for
+		}
 		if *only == "" || slices.Contains(strings.Split(*only, ","), sec.name) {
 			sec.run(ctx, rdb, base+":"+sec.name)
 		}
