@@ -41,9 +41,7 @@
 //	                                              --wait` follows it to its end
 //
 // and every scenario checks the permits, and every run it does not cancel
-// its exact result. Through a failover the permits are checked until the
-// kill, and after it only measured (grantsWaitForAReplica in
-// failover_test.go) until the semaphore's grants wait for a replica. Each test logs what it measured (t.Logf: run -v), for
+// its exact result. Each test logs what it measured (t.Logf: run -v), for
 // docs/operations.md.
 //
 // The suite takes a few minutes: the 60 s outage is inherent. Scenarios
