@@ -5,7 +5,6 @@ package testenv
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,10 +27,7 @@ import (
 // dies). The test is skipped when redis-server is not on PATH.
 func PrivateRedisCluster(t testing.TB, certs *TLSCerts) *RedisServer {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("testenv: this test starts a redis-server of its own and none is on PATH: install redis-server (make test does)")
-	}
+	bin := redisServerBinary(t)
 	// The bus's default port, the node's plus 10000, may be past 65535.
 	bus, err := freePort()
 	if err != nil {
@@ -59,10 +55,7 @@ func PrivateRedisCluster(t testing.TB, certs *TLSCerts) *RedisServer {
 // privateClusterNode starts a redis-server of args on a loopback TCP port.
 func privateClusterNode(t testing.TB, bin string, args []string) *RedisServer {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "batchmr-cluster-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := tempDir(t, "batchmr-cluster-")
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)

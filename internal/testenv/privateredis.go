@@ -58,15 +58,9 @@ type RedisServer struct {
 // redis-server is not on PATH.
 func PrivateRedisServer(t testing.TB, args ...string) *RedisServer {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("testenv: this test starts a redis-server of its own and none is on PATH: install redis-server (make test does)")
-	}
+	bin := redisServerBinary(t)
 	// A short path: unix socket paths are limited to ~100 bytes.
-	dir, err := os.MkdirTemp("", "batchmr-redis-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := tempDir(t, "batchmr-redis-")
 	s := &RedisServer{t: t, bin: bin, Socket: filepath.Join(dir, "redis.sock"), logFile: filepath.Join(dir, "redis.log")}
 	s.URL = "unix://" + s.Socket
 	s.argv = append([]string{"--port", "0", "--unixsocket", s.Socket, "--unixsocketperm", "700",
@@ -149,4 +143,27 @@ func (s *RedisServer) Start() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// redisServerBinary returns the path of redis-server, skipping the test
+// when none is on PATH (make test installs it).
+func redisServerBinary(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("testenv: this test starts redis-servers of its own and none is on PATH: install redis-server (make test does)")
+	}
+	return bin
+}
+
+// tempDir makes a directory named prefix... under the system's temp
+// directory, whose short path a unix socket's fits in (unlike
+// t.TempDir's); the caller removes it.
+func tempDir(t testing.TB, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -61,17 +60,12 @@ type SentinelOptions struct {
 // redis-server is not on PATH (make test installs it).
 func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("testenv: this test starts redis-servers and Sentinels of its own and none is on PATH: install redis-server (make test does)")
-	}
-	dir, err := os.MkdirTemp("", "batchmr-sentinels-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := redisServerBinary(t)
+	dir := tempDir(t, "batchmr-sentinels-")
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	ports := make([]int, 5)
 	for i := range ports {
+		var err error
 		if ports[i], err = freePort(); err != nil {
 			t.Fatal(err)
 		}

@@ -51,10 +51,7 @@ func TLSCertificates(t testing.TB) *TLSCerts {
 	t.Helper()
 	// Not t.TempDir: a server of another user (Postgres, as root) reads
 	// the certificates; PostgresTLS copies the keys it needs.
-	dir, err := os.MkdirTemp("", "batchmr-tls-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := tempDir(t, "batchmr-tls-")
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)

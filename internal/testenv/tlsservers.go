@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -25,14 +24,8 @@ import (
 // URL and the files. The test is skipped when redis-server is not on PATH.
 func PrivateRedisTLS(t testing.TB, certs *TLSCerts, server CertPair, args ...string) *RedisServer {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("testenv: this test starts a redis-server of its own and none is on PATH: install redis-server (make test does)")
-	}
-	dir, err := os.MkdirTemp("", "batchmr-redis-tls-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := redisServerBinary(t)
+	dir := tempDir(t, "batchmr-redis-tls-")
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)
@@ -65,10 +58,7 @@ func PrivateRedisTLS(t testing.TB, certs *TLSCerts, server CertPair, args ...str
 // connections without TLS (its URL's sslmode=disable).
 func PostgresTLS(t testing.TB, server CertPair) []string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "batchmr-pg-tls-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := tempDir(t, "batchmr-pg-tls-")
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
