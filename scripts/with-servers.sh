@@ -7,9 +7,9 @@
 # The command sees:
 #   BATCHMR_TEST_REDIS_URL            redis://127.0.0.1:PORT/0      (standalone)
 #   BATCHMR_TEST_REDIS_CLUSTER_ADDRS  127.0.0.1:PORT,...            (Cluster: three primaries,
-#                                     three replicas, cluster-node-timeout 2s)
+#                                     three replicas, cluster-node-timeout 5s)
 #   BATCHMR_TEST_REDIS_SENTINEL_URL   redis://127.0.0.1:PORT/0?master_name=batchmr&addr=127.0.0.1:PORT&addr=...
-#                                     (a primary, its replica, three Sentinels, down after 1s)
+#                                     (a primary, its replica, three Sentinels, down after 10s)
 #   BATCHMR_TEST_DATABASE_URL         postgres://postgres@127.0.0.1:PORT/batchmr_test?sslmode=disable
 #   BATCHMR_TEST_CHROMIUM             /usr/bin/chromium             (the console's browser tests)
 #
@@ -366,7 +366,7 @@ cluster_ports=()
 cluster_addrs=()
 for i in 1 2 3 4 5 6; do
 	start_redis "cluster$i" --cluster-enabled yes --cluster-config-file "$tmp/nodes-@PORT@.conf" \
-		--cluster-port @BUSPORT@ --cluster-announce-ip 127.0.0.1 --cluster-node-timeout 2000
+		--cluster-port @BUSPORT@ --cluster-announce-ip 127.0.0.1 --cluster-node-timeout 5000
 	cluster_ports+=("$port")
 	cluster_addrs+=("127.0.0.1:$port")
 done
@@ -412,7 +412,7 @@ done
 sentinel_ports=()
 for i in 1 2 3; do
 	printf '%s\n' "sentinel monitor $sentinel_master 127.0.0.1 $sentinel_primary_port 2" \
-		"sentinel down-after-milliseconds $sentinel_master 1000" \
+		"sentinel down-after-milliseconds $sentinel_master 10000" \
 		"sentinel failover-timeout $sentinel_master 5000" >"$tmp/sentinel$i.conf"
 	start_redis "sentinel$i" "$tmp/sentinel$i.conf" --sentinel
 	sentinel_ports+=("$port")

@@ -202,7 +202,7 @@ func newFleet(t *testing.T, cfg fleetConfig) *fleet {
 	f.app = "faults-" + p[len(p)-8:]
 	var redisURL string
 	if cfg.Sentinel {
-		f.group = testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+		f.group = testenv.PrivateSentinels(t, testenv.SentinelOptions{DownAfter: time.Second})
 		f.redis, redisURL = f.group.Primary, f.group.URL
 		rdb, err := app.Redis(ctx, redisURL, app.RedisTLS{}, quiet)
 		if err != nil {

@@ -49,6 +49,11 @@ type SentinelOptions struct {
 	// connect to each other), and require client certificates; the URL
 	// is then rediss://.
 	TLS *TLSCerts
+	// DownAfter is how long the Sentinels wait for an unanswering primary
+	// before they fail it over (down-after-milliseconds). Default 10s,
+	// which a loaded machine does not cross by chance; a test that kills
+	// the primary sets a second or so to fail over sooner.
+	DownAfter time.Duration
 }
 
 // PrivateSentinels starts a Redis primary, one replica of it
@@ -61,6 +66,10 @@ type SentinelOptions struct {
 func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 	t.Helper()
 	bin := redisServerBinary(t)
+	downAfter := o.DownAfter
+	if downAfter == 0 {
+		downAfter = 10 * time.Second
+	}
 	dir := tempDir(t, "batchmr-sentinels-")
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	ports := make([]int, 5)
@@ -115,7 +124,7 @@ func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 		conf := []string{
 			"bind 127.0.0.1", "dir " + dir, "logfile " + filepath.Join(dir, name+".log"),
 			fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2", SentinelMaster, ports[0]),
-			fmt.Sprintf("sentinel down-after-milliseconds %s 1000", SentinelMaster),
+			fmt.Sprintf("sentinel down-after-milliseconds %s %d", SentinelMaster, downAfter.Milliseconds()),
 			fmt.Sprintf("sentinel failover-timeout %s 5000", SentinelMaster),
 		}
 		if o.Password != "" {

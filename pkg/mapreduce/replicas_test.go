@@ -176,8 +176,9 @@ func TestAReplicaThatStopsAnsweringCostsARunSecondsNotTheRun(t *testing.T) {
 	}
 	took := time.Since(paused)
 	t.Logf("the second half of the run took %v with its replica paused", took.Round(time.Millisecond))
-	if took > 5*time.Second {
-		t.Errorf("the second half of the run took %v with its replica paused, want a second or two", took.Round(time.Millisecond))
+	// Each write waiting its whole second would take 50 s here.
+	if took > 15*time.Second {
+		t.Errorf("the second half of the run took %v with its replica paused, want a second or two (at most 15 s on a loaded machine)", took.Round(time.Millisecond))
 	}
 	if waitsBefore.Load() == 0 {
 		t.Errorf("no write waited for the replica before it was paused: the test proves nothing")

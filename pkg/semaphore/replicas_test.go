@@ -37,7 +37,7 @@ func oneAtATime(t *testing.T) {
 func sentinels(t *testing.T) *testenv.SentinelGroup {
 	t.Helper()
 	oneAtATime(t)
-	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{DownAfter: time.Second}) // failOver's tests kill the primary
 	replicaOnline(t, g)
 	return g
 }
