@@ -215,7 +215,9 @@ func TestAPackingRunsWorkerDoesNotSleepWithTheRunsTasksPending(t *testing.T) {
 	// the run packs and has recorded warm pages past its first packed
 	// ones (a worker learns its rate, and the split its workers, in the
 	// first), until the split ends.
-	const warm, still = 30_000, 300 * time.Millisecond
+	// A worker that found the queue dry sleeps its poll interval (1 s
+	// here); the whole suite's load stalls a busy one for ~300 ms at times.
+	const warm, still = 30_000, 500 * time.Millisecond
 	// A stall of this whole process (the workers' and this sampler's: a
 	// GC under -race, a loaded machine) looks like a sleep too, but it
 	// leaves a gap between two samples: a still spell counts only if the
