@@ -116,7 +116,9 @@ func TestWithoutAReplicaLedgerWritesWaitForNone(t *testing.T) {
 // replica answers again. The run goes on, slower by a second or two, not
 // stalled.
 func TestAReplicaThatStopsAnsweringCostsARunSecondsNotTheRun(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it times a run, and beside the package's other tests
+	// under -race its first half has twice failed to record 20 pages in
+	// 20 s (alone, and beside other packages, it takes 6 s).
 	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
 	ctx := context.Background()
 	info, err := g.Replica.Client.Info(ctx, "server").Result()
