@@ -411,6 +411,38 @@ func TagsOnDifferentPrimaries(t testing.TB, rdb *redis.ClusterClient, n int) []s
 	return names
 }
 
+// PrimariesOfTags returns the primary (its address) that holds the keys
+// under prefix:{tag}: of each tag, failing t when a tag's keys stand on
+// two primaries, and unless every tag's keys stand on a primary of
+// their own, different from the others'. what names a tag in messages
+// ("semaphore", "job").
+func PrimariesOfTags(t testing.TB, rdb *redis.ClusterClient, prefix, what string, tags ...string) map[string]string {
+	t.Helper()
+	holders := map[string]string{} // tag -> the primary with its keys
+	for addr, keys := range KeysByPrimary(t, rdb, prefix) {
+		for _, k := range keys {
+			for _, tag := range tags {
+				if !strings.HasPrefix(k, prefix+":{"+tag+"}:") {
+					continue
+				}
+				if other, ok := holders[tag]; ok && other != addr {
+					t.Errorf("%s %s has keys on %s and on %s", what, tag, other, addr)
+				}
+				holders[tag] = addr
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, tag := range tags {
+		if holders[tag] == "" || seen[holders[tag]] {
+			t.Errorf("%ss %v keep their keys on %v; want each on a primary of its own", what, tags, holders)
+			break
+		}
+		seen[holders[tag]] = true
+	}
+	return holders
+}
+
 // KeysByPrimary returns the keys under prefix that each primary of rdb's
 // cluster holds, by the primary's address, scanning each one directly.
 func KeysByPrimary(t testing.TB, rdb *redis.ClusterClient, prefix string) map[string][]string {

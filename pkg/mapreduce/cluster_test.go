@@ -99,21 +99,5 @@ func TestRunsOfDifferentJobsWorkOnDifferentPrimaries(t *testing.T) {
 			t.Fatalf("run %s: state %s (%s), want succeeded with %d", id, st.State, st.Error, 100*99/2)
 		}
 	}
-	holders := map[string]string{} // job -> the primary with its keys
-	for addr, keys := range testenv.KeysByPrimary(t, rdb, prefix) {
-		for _, k := range keys {
-			for _, name := range names {
-				if !strings.HasPrefix(k, prefix+":{"+name+"}:") {
-					continue
-				}
-				if other, ok := holders[name]; ok && other != addr {
-					t.Errorf("job %s has keys on %s and on %s", name, other, addr)
-				}
-				holders[name] = addr
-			}
-		}
-	}
-	if holders[names[0]] == "" || holders[names[1]] == "" || holders[names[0]] == holders[names[1]] {
-		t.Errorf("jobs %v keep their keys on %v; want two different primaries", names, holders)
-	}
+	testenv.PrimariesOfTags(t, rdb, prefix, "job", names...)
 }

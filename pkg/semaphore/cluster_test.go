@@ -2,7 +2,6 @@ package semaphore_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -69,23 +68,7 @@ func TestSemaphoresOfDifferentNamesWorkOnDifferentPrimaries(t *testing.T) {
 		}
 		grants = append(grants, receiveGrant(t, got, 10*time.Second, "the waiter of "+name+", after the release"))
 	}
-	holders := map[string]string{} // semaphore name -> the primary with its keys
-	for addr, keys := range testenv.KeysByPrimary(t, rdb, prefix) {
-		for _, k := range keys {
-			for _, name := range names {
-				if !strings.HasPrefix(k, prefix+":{"+name+"}:") {
-					continue
-				}
-				if other, ok := holders[name]; ok && other != addr {
-					t.Errorf("semaphore %s has keys on %s and on %s", name, other, addr)
-				}
-				holders[name] = addr
-			}
-		}
-	}
-	if holders[names[0]] == "" || holders[names[1]] == "" || holders[names[0]] == holders[names[1]] {
-		t.Errorf("semaphores %v keep their keys on %v; want two different primaries", names, holders)
-	}
+	testenv.PrimariesOfTags(t, rdb, prefix, "semaphore", names...)
 	for _, name := range names {
 		testenv.KeysInOneSlot(t, rdb, prefix+":{"+name+"}", 3)
 	}
