@@ -310,7 +310,12 @@ func TestAWorkerWithoutADatabaseLeavesItsPagesToOnesThatHaveOne(t *testing.T) {
 			}
 		})
 	}
-	cfg := worker.Config{RedisURL: testenv.RedisURL(t), Prefix: prefix, Concurrency: 2, PollInterval: 20 * time.Millisecond,
+	// The worker without a database polls an empty queue every 500 ms,
+	// the one with a database every 20 ms: a page handed back goes to
+	// whichever polls first once it is due again, and at even odds the
+	// last of 20 pages could bounce back a dozen times (5 s each) before
+	// the worker with a database takes it.
+	cfg := worker.Config{RedisURL: testenv.RedisURL(t), Prefix: prefix, Concurrency: 2, PollInterval: 500 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	run(cfg) // no database: it starts with a warning
 	mr := mustClient(t, rdb, prefix)
@@ -322,7 +327,7 @@ func TestAWorkerWithoutADatabaseLeavesItsPagesToOnesThatHaveOne(t *testing.T) {
 		st, err := mr.Status(ctx, id)
 		return err == nil && strings.Contains(st.LastError.Error, "has no database")
 	})
-	cfg.DatabaseURL = testenv.DatabaseURL(t)
+	cfg.DatabaseURL, cfg.PollInterval = testenv.DatabaseURL(t), 20*time.Millisecond
 	run(cfg)
 	wait, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
