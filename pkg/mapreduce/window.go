@@ -63,8 +63,8 @@ const asleepAfter = 100 * time.Millisecond
 // dequeue at a time, ~0.1–0.2 ms each: a packing run's cheap tasks, a few
 // dozen, in milliseconds. Unless its split tops the queue up before the
 // worker finds it empty, the worker sleeps again, the rate the backlog
-// follows falls with it, and the run crawls in bursts (BENCHMARKS.md, "A
-// packing run's queue no longer runs dry"). So a packing run keeps
+// follows falls with it, and the run crawls in bursts (BENCHMARKS.md,
+// "Keeping a packing run's queue fed"). So a packing run keeps
 // pending as many tasks as its workers were seen running at once, and at
 // least packedPending (before they are seen), and its split, waiting for
 // room, looks every packedNap. Once it has seen them asleep with its
@@ -149,8 +149,8 @@ type feeder struct {
 // feeds its workers as many tasks a round trip as one that does not: at
 // 256 pages a feed, a run packing 64 pages a task fed 4 tasks a round
 // trip, its workers drained the queue faster, found it empty, and slept
-// for their poll interval (BENCHMARKS.md, "A packing run's queue no
-// longer runs dry").
+// for their poll interval (BENCHMARKS.md, "Keeping a packing run's queue
+// fed").
 const maxFeed = 256
 
 // setPack sets how the split's pages go to tasks from now on, and so how

@@ -194,9 +194,8 @@ func TestAPackingRunKeepsAsManyTasksPendingAsItsWorkerHasSlots(t *testing.T) {
 // milliseconds, found the queue empty, and slept again for up to 1.5 s
 // with the split's next tasks pending: at asynq's default interval, the
 // worker command's then, a 1M-page no-op run took ~70 s against ~9 s at
-// 10 ms (BENCHMARKS.md, "A packing run's queue no longer runs
-// dry"). This counts such sleeps, past the run's first pages, while its
-// split feeds.
+// 10 ms (BENCHMARKS.md, "Keeping a packing run's queue fed"). This counts
+// such sleeps, past the run's first pages, while its split feeds.
 func TestAPackingRunsWorkerDoesNotSleepWithTheRunsTasksPending(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -15,9 +15,9 @@ import (
 // ours have gone idle, and each call runs on cold caches. Back to back, a
 // release costs little more than a PING; after the gap it costs much more,
 // and that difference is what a hand-off at short holds pays over the
-// one-PING bound (BENCHMARKS.md, "Where the 2 ms gap goes"). Each
-// iteration makes one call of every kind, round-robin, so that the machine
-// drifts under all of them alike; the medians are reported in µs, and as
+// one-PING bound (BENCHMARKS.md, "Permit utilisation under contention").
+// Each iteration makes one call of every kind, round-robin, so that the
+// machine drifts under all of them alike; the medians are reported in µs, and as
 // ratios to PING's.
 //
 //	scripts/with-servers.sh go test -run '^$' -bench CallsAfterIdle -benchtime 2000x ./pkg/semaphore

@@ -399,7 +399,7 @@ func capacity(ctx context.Context, rdb *redis.Client, prefix string) {
 type design struct {
 	name, about string
 	// diagnostic designs run only when -designs names them: they take one
-	// part of a design apart (see BENCHMARKS.md, "Where the points go").
+	// part of a design apart (see BENCHMARKS.md, "Designs").
 	diagnostic bool
 }
 
@@ -509,7 +509,7 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 			m.grantsPerSec, m.cmdsPerSec, m.workerCPU, m.redisCPU)
 	}
 	fmt.Println()
-	// The targets of issue 12, against what the machine allows in the same
+	// The utilisation targets, against what the machine allows in the same
 	// run: batchmr / one-PING bound ≥ 0.95 (per round, so that both saw the
 	// same moment), and batchmr ≥ 0.95 absolute and no less than any polling
 	// design.
