@@ -1,7 +1,6 @@
 // Package faults is batchmr's fault suite: it proves, against real servers
 // it starts itself, that outages cost a run seconds, not the run (DESIGN
-// M6; the issue "Outages cost seconds, not runs"). It holds no code of its
-// own, only tests, and runs on Linux.
+// M6). It holds no code of its own, only tests, and runs on Linux.
 //
 // Each scenario starts a deployment of its own: a Redis with AOF
 // (testenv.PrivateRedisServer) and a Postgres (testenv.PrivatePostgres),
