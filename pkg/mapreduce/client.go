@@ -74,9 +74,6 @@ type Client struct {
 	watches  map[string]map[*watch]struct{}
 	watching bool
 
-	sweepMu sync.Mutex
-	swept   map[string]sweep // job → where the reconciler stands in its runs
-
 	bigResultWarned atomic.Int64 // unix ns of the last warning of a large result
 	handBackWarned  atomic.Int64 // unix ns of the last warning of a step its code handed back
 	outages         *outage.Log  // steps' failed attempts that outages caused
@@ -117,7 +114,6 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		cfg:     cfg,
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
 		watches: map[string]map[*watch]struct{}{},
-		swept:   map[string]sweep{},
 
 		stallHandOff:    stallHandOff,
 		reduceReadBytes: reduceReadBytes,

@@ -128,14 +128,6 @@ func IsSplitDone(args []any) bool {
 // between feeding the page to the window and enqueuing it.
 func (c *Client) SetEnqueueFault(fault func(page int) error) { c.enqueueFault = fault }
 
-// ForgetSweeps makes c's next reconcile pass over each job read every run
-// the job keeps, as its first pass does.
-func (c *Client) ForgetSweeps() {
-	c.sweepMu.Lock()
-	clear(c.swept)
-	c.sweepMu.Unlock()
-}
-
 // StoredResults counts the results a run's results hash holds: a field per
 // page, and each entry of a bundle of small results.
 func (c *Client) StoredResults(ctx context.Context, id string) (int, error) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -317,36 +316,13 @@ func isTaskGone(err error) bool {
 	return errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound)
 }
 
-// sweepEvery is how often a process's reconciler reads every run a job
-// keeps, rather than only the job's index of unfinished runs and the runs
-// started since its last pass.
-const sweepEvery = 10 * time.Minute
-
-// sweep is where a process's reconciler stands in a job's runs: when it
-// last read them all, and the newest creation time (ms) it has read.
-type sweep struct {
-	at     time.Time
-	newest float64
-}
-
 // unfinishedRuns returns the job's runs that have not ended, for the
 // reconciler. It reads the job's index of them (start.lua lists a run,
 // finish.lua takes it out, retry.lua lists it again), so that a pass costs
-// the runs in progress, not every run kept for its retention: a job run
-// every minute and kept a day keeps 1,440, and every worker's reconciler
-// read them all on every pass.
-//
-// Runs a release before the index started are not in it. Each pass reads
-// the runs started since the one before, and lists those unfinished; a
-// process's first pass, and one every sweepEvery, read every run the job
-// keeps, for the runs such a release resumed (Retry). Runs the index lists
-// that have ended (by such a release) or whose record is gone are taken
-// out.
+// the runs in progress, not every run kept for its retention. Entries
+// whose record is gone (deleted by hand, or evicted) are taken out.
 func (c *Client) unfinishedRuns(ctx context.Context, job string) ([]*Status, error) {
 	k, _ := c.keys(job + ":x")
-	if err := c.sweepRuns(ctx, job, k); err != nil {
-		return nil, err
-	}
 	ids, err := c.rdb.ZRange(ctx, k.unfinished, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
@@ -380,52 +356,4 @@ func (c *Client) unlist(ctx context.Context, k runKeys, ids []string) (int, erro
 		args = append(args, id)
 	}
 	return scriptUnlist.Run(ctx, c.rdb, []string{k.unfinished}, args...).Int()
-}
-
-// sweepRuns lists in the job's index the unfinished runs it lacks among
-// those started since this process's last pass, or among all the job
-// keeps when a full sweep is due.
-func (c *Client) sweepRuns(ctx context.Context, job string, k runKeys) error {
-	c.sweepMu.Lock()
-	last, swept := c.swept[job]
-	c.sweepMu.Unlock()
-	full := !swept || time.Since(last.at) >= sweepEvery
-	from := "-inf"
-	if !full {
-		// From the newest run read, again: runs created in its millisecond
-		// may have come after the read.
-		from = strconv.FormatFloat(last.newest, 'f', -1, 64)
-	}
-	runs, err := c.rdb.ZRangeByScoreWithScores(ctx, k.runs, &redis.ZRangeBy{Min: from, Max: "+inf"}).Result()
-	if err != nil {
-		return fmt.Errorf("reading the runs of %q: %w", job, err)
-	}
-	ids := make([]string, len(runs))
-	next := last
-	for i, z := range runs {
-		ids[i], _ = z.Member.(string)
-		next.newest = max(next.newest, z.Score)
-	}
-	found, _, err := c.summaries(ctx, ids)
-	if err != nil {
-		return fmt.Errorf("reading the runs of %q: %w", job, err)
-	}
-	var missing []redis.Z
-	for _, st := range found {
-		if !st.State.Ended() {
-			missing = append(missing, redis.Z{Score: float64(st.Created.UnixMilli()), Member: st.ID})
-		}
-	}
-	if len(missing) > 0 {
-		if err := c.rdb.ZAddNX(ctx, k.unfinished, missing...).Err(); err != nil {
-			return fmt.Errorf("listing the unfinished runs of %q: %w", job, err)
-		}
-	}
-	if full {
-		next.at = time.Now()
-	}
-	c.sweepMu.Lock()
-	c.swept[job] = next
-	c.sweepMu.Unlock()
-	return nil
 }

@@ -496,10 +496,8 @@ func (e *env) countingClient(job string) (*mapreduce.Client, *runReads) {
 }
 
 // Every worker's reconciler passes over the unfinished runs of every job
-// every 30 s. It used to read every run kept for its retention: a job run
-// every minute and kept a day keeps 1,440. It reads the job's index of
-// unfinished runs, and every run only on its first pass and every ten
-// minutes after.
+// every 30 s, and a job run every minute and kept a day keeps 1,440 runs:
+// a pass reads the job's index of unfinished runs, not every run kept.
 func TestAReconcilePassReadsTheUnfinishedRunsNotEveryRunKept(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -513,9 +511,6 @@ func TestAReconcilePassReadsTheUnfinishedRunsNotEveryRunKept(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Alone in its millisecond: each pass reads again the runs created in
-	// the millisecond of the newest it read.
-	time.Sleep(2 * time.Millisecond)
 	live := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
 	insp := asynq.NewInspectorFromRedisClient(e.rdb)
 	loseSplit := func() {
@@ -530,27 +525,15 @@ func TestAReconcilePassReadsTheUnfinishedRunsNotEveryRunKept(t *testing.T) {
 	if err != nil || rep.SplitsEnqueued != 1 {
 		t.Fatalf("the first pass: %+v, %v; want the lost split enqueued", rep, err)
 	}
-	if n := reads.n.Load(); n < ended+1 {
-		t.Fatalf("the first pass read %d runs; want all %d kept: it lists runs an earlier release started", n, ended+1)
-	}
-	loseSplit()
-	reads.n.Store(0)
-	rep, err = rc.Reconcile(ctx)
-	if err != nil || rep.SplitsEnqueued != 1 {
-		t.Fatalf("the second pass: %+v, %v; want the lost split enqueued again", rep, err)
-	}
-	// The one unfinished, from the index; and the newest run kept (the
-	// same one here), read again in case runs started in its millisecond
-	// after the first pass read it.
-	if n := reads.n.Load(); n != 2 {
-		t.Fatalf("the second pass read %d runs; want 2, of the %d kept: the one unfinished, and the newest again", n, ended+1)
+	if n := reads.n.Load(); n != 1 {
+		t.Fatalf("the pass read %d runs; want 1, the one unfinished of the %d kept", n, ended+1)
 	}
 }
 
-// A run started by a release before the index of unfinished runs is not
-// in it: the first pass finds it and lists it. A run such a release ended
-// is still in it: a pass takes it out. Retry lists a run again.
-func TestTheIndexOfUnfinishedRunsIsMendedFromEveryRunKept(t *testing.T) {
+// The index of unfinished runs mends itself: a pass takes out an entry
+// whose run has ended or whose record is gone (deleted by hand, evicted),
+// and Retry lists a run again.
+func TestTheIndexOfUnfinishedRunsDropsRunsEndedOrGone(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
@@ -565,48 +548,28 @@ func TestTheIndexOfUnfinishedRunsIsMendedFromEveryRunKept(t *testing.T) {
 		}
 		return err == nil
 	}
-	old := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
-	if !listed(old) {
+	ended := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
+	if !listed(ended) {
 		t.Fatal("Start did not list its run as unfinished")
 	}
-	e.rdb.ZRem(ctx, index, old) // as a release before the index left it
-	if err := asynq.NewInspectorFromRedisClient(e.rdb).DeleteTask(e.queue, e.taskOf(mapreduce.TypeSplit, old).ID); err != nil {
+	if err := c.Cancel(ctx, ended); err != nil {
 		t.Fatal(err)
 	}
-	endedOld := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
-	if err := c.Cancel(ctx, endedOld); err != nil {
-		t.Fatal(err)
-	}
-	if listed(endedOld) {
+	if listed(ended) {
 		t.Fatal("Cancel left its run listed as unfinished")
 	}
-	e.rdb.ZAdd(ctx, index, redis.Z{Score: 1, Member: endedOld})   // as a release before the index ended it
+	e.rdb.ZAdd(ctx, index, redis.Z{Score: 1, Member: ended})      // listed, though ended
 	e.rdb.ZAdd(ctx, index, redis.Z{Score: 1, Member: "sum:gone"}) // a record evicted or deleted by hand
-
-	rc := e.client()
-	rep, err := rc.Reconcile(ctx)
-	if err != nil || rep.SplitsEnqueued != 1 {
-		t.Fatalf("%+v, %v; want the split of the run the index lacked enqueued", rep, err)
-	}
-	if !listed(old) || listed(endedOld) || listed("sum:gone") {
-		t.Fatalf("listed as unfinished: the run the index lacked %v (want true), the ended one %v, the gone one %v (want false)",
-			listed(old), listed(endedOld), listed("sum:gone"))
-	}
-	// A run such a release starts after the first pass is found by the
-	// next one, not by the full sweep ten minutes on.
-	time.Sleep(2 * time.Millisecond) // a later creation time
-	later := mustStart(t, c, "sum", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})
-	e.rdb.ZRem(ctx, index, later)
-	if err := asynq.NewInspectorFromRedisClient(e.rdb).DeleteTask(e.queue, e.taskOf(mapreduce.TypeSplit, later).ID); err != nil {
+	if _, err := e.client().Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := rc.Reconcile(ctx); err != nil || rep.SplitsEnqueued != 1 || !listed(later) {
-		t.Fatalf("the next pass: %+v, %v, listed %v; want the split of the run started since enqueued, and the run listed", rep, err, listed(later))
+	if listed(ended) || listed("sum:gone") {
+		t.Fatalf("listed as unfinished after a pass: the ended run %v, the gone one %v; want neither", listed(ended), listed("sum:gone"))
 	}
-	if err := c.Retry(ctx, endedOld); err != nil {
+	if err := c.Retry(ctx, ended); err != nil {
 		t.Fatal(err)
 	}
-	if !listed(endedOld) {
+	if !listed(ended) {
 		t.Fatal("Retry did not list its run as unfinished again")
 	}
 }
@@ -630,7 +593,7 @@ func TestUnlistKeepsARunResumedSinceItWasReadAsEnded(t *testing.T) {
 		t.Fatal(err)
 	}
 	index := e.prefix + ":{sum}:unfinished"
-	e.rdb.ZAdd(ctx, index, redis.Z{Score: 1, Member: ended}) // as a release before the index left it
+	e.rdb.ZAdd(ctx, index, redis.Z{Score: 1, Member: ended}) // listed, though ended
 	n, err := c.Unlist(ctx, "sum", resumed, ended)
 	if err != nil || n != 1 {
 		t.Fatalf("unlist took out %d runs (%v); want 1, the ended one", n, err)

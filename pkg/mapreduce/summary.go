@@ -131,7 +131,7 @@ func (c *Client) ActiveRuns(ctx context.Context, job string) ([]*Status, error) 
 	}
 	out := found[:0]
 	for _, st := range found {
-		if !st.State.Ended() { // ended by a release before the index: the reconciler unlists it
+		if !st.State.Ended() { // listed, though ended: the reconciler unlists it
 			out = append(out, st)
 		}
 	}
