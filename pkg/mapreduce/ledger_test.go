@@ -121,33 +121,27 @@ func TestSmallResultsShareBundlesAndReduceReadsEveryPage(t *testing.T) {
 	}
 }
 
-// A run started by a release before bundles keeps a field per result to
-// its end, whichever release records its pages: a reducer of that release
-// reads nothing else.
-func TestARunStartedBeforeBundlesKeepsAFieldPerResult(t *testing.T) {
+// A run whose record lost its bundle size (something other than batchmr
+// changed it) fails its reduce with an error that says so, rather than
+// reading its results by another layout.
+func TestARunWithoutItsBundleSizeFailsTheReduceSayingWhy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	job := ledgerJob(e.opts(mapreduce.JobOptions{}))
+	job := ledgerJob(e.opts(mapreduce.JobOptions{StepRetries: -1}))
 	e.addJob(mapreduce.AddJob(e.jobs, job))
 	c := e.client()
 	ctx := context.Background()
-	const pages = 200
-	id, err := job.Start(ctx, c, pages, mapreduce.StartOptions{})
+	id, err := job.Start(ctx, c, 20, mapreduce.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := e.rdb.HDel(ctx, e.runKey(id, "run"), "packed").Err(); err != nil {
 		t.Fatal(err)
 	}
-	e.worker(c, 8)
+	e.worker(c, 4)
 	st := wait(t, c, id, 30*time.Second)
-	got, err := job.Result(st)
-	if err != nil || st.State != mapreduce.StateSucceeded {
-		t.Fatalf("state %s (%s), %v; want succeeded", st.State, st.Error, err)
-	}
-	wantLedger(t, got, pages)
-	if n := e.rdb.HLen(ctx, e.runKey(id, "results")).Val(); n != int64(pages-pages/50) {
-		t.Fatalf("the results hash has %d fields; want %d, one per page that succeeded", n, pages-pages/50)
+	if st.State != mapreduce.StateFailed || !strings.Contains(st.Error, "small results are bundled") || !strings.Contains(st.Error, "changed by something other than batchmr") {
+		t.Fatalf("state %s (%q); want failed, saying the record's bundle size was changed", st.State, st.Error)
 	}
 }
 

@@ -47,12 +47,11 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 	}
 	args, _ := vals[1].(string)
 	total, failedPages := atoi(str(vals[2])), atoi(str(vals[3]))
-	per := bundlePages // a run started before bundles has none to read
-	if s, ok := vals[5].(string); ok {
-		if per, err = strconv.Atoi(s); err != nil || per < 1 || per > 256 {
-			msg := fmt.Sprintf("the run's record says its small results are bundled %q pages to a field; a release of batchmr bundles 1 to 256: the record was changed by something other than batchmr", s)
-			return c.end(ctx, run, pl.Nonce, StateFailed, nil, msg)
-		}
+	s, _ := vals[5].(string)
+	per, perr := strconv.Atoi(s)
+	if perr != nil || per < 1 || per > 256 {
+		msg := fmt.Sprintf("the run's record says its small results are bundled %q pages to a field; batchmr bundles 1 to 256 and writes it when the run starts: the record was changed by something other than batchmr", s)
+		return c.end(ctx, run, pl.Nonce, StateFailed, nil, msg)
 	}
 	ctx, endStep := c.startStep(ctx, StepReduce, run, -1)
 	stepCtx := ctx // the reduce's watched context, once it has one
@@ -120,9 +119,8 @@ const reduceReadBytes = 8 << 20
 // plus two bytes there, where a field of its own costs ~60 bytes more (a
 // 10M-page run's results hash was 644 MiB). start.lua keeps it in the run
 // ('packed'), and a reduce reads the run's, so that a run keeps the layout
-// it started with; a run started by a release before bundles has none, and
-// its results have a field each. At most 256: an entry's index in its
-// bundle is one byte.
+// it started with. At most 256: an entry's index in its bundle is one
+// byte.
 const bundlePages = 128
 
 // storedPages yields every page of a run in index order, reading them from
