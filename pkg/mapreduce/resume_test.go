@@ -266,11 +266,11 @@ func TestTwoAttemptsOfASplitAtOnceFeedOnePagingOfTheTable(t *testing.T) {
 	s.wantEachKeyOnce(t, start)
 }
 
-// A run whose split was feeding when its workers were upgraded from a
-// release that did not store its feeds: the new split runs Split from the
+// A run whose split was feeding when its stored feed was lost (deleted,
+// and its first fill's tasks with it): the next split runs Split from the
 // start, enqueues again the pages in [resume, fed) as they are emitted,
 // without waiting for room (the window counts them), and keeps the window.
-func TestARunSplitByAnEarlierReleaseFinishesWithinItsWindow(t *testing.T) {
+func TestARunWhoseStoredFeedIsLostFinishesWithinItsWindow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	const pages, window = 400, 50
@@ -293,9 +293,8 @@ func TestARunSplitByAnEarlierReleaseFinishesWithinItsWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A first attempt, with no worker to run pages, feeds the first fill and
-	// waits for room; it is stopped there, and the run left as the earlier
-	// release left it: no stored feed, resume 0, fed 50, and the first
-	// fill's tasks lost (that release moved fed before enqueuing).
+	// waits for room; it is stopped there, and the run left with no
+	// stored feed, resume 0, fed 50, and the first fill's tasks lost.
 	k := e.prefix + ":{upgraded}:run:" + id
 	first, stop := context.WithCancel(ctx)
 	done := make(chan struct{})

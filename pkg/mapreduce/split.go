@@ -86,9 +86,9 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	// Pages below resume are enqueued or recorded. Those in [resume, fed)
 	// were fed, and the last feed stored them, with the cursor of page
 	// fed-1: enqueue them again, since a crash may have come before their
-	// enqueues, and go on after them. A stored feed that does not end at
-	// fed-1 is not the last one (a worker of an earlier release fed
-	// since): Split then runs from the start, and its pages in [resume,
+	// enqueues, and go on after them. Without a stored feed that ends at
+	// fed-1 (it is unreadable, or something other than batchmr changed
+	// the record), Split runs from the start, and its pages in [resume,
 	// fed) are enqueued again as it emits them.
 	f.fed, f.counted, f.redoFrom = resume, fed, resume
 	last := false // the stored feed is the last one

@@ -95,8 +95,7 @@ type fedPage struct {
 // the pages and stores them, with the cursor of the last one, as the
 // run's "feeding" pages; then it enqueues them and waits for the
 // enqueues. So every page below fed is enqueued, recorded, or stored in
-// Redis (but for a run fed by a release that did not store feeds), and a
-// split that starts again after a crash or a hand-on enqueues the stored
+// Redis, and a split that starts again after a crash or a hand-on enqueues the stored
 // ones itself and goes on after the last fed page: from its cursor if
 // Split resumes from one (ResumeSplit), or by position.
 // A lone page goes at once; pages emitted while a feed is under way go
