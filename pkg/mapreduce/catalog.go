@@ -54,11 +54,9 @@ type JobInfo struct {
 	Retention     time.Duration `json:"retention"`
 	Semantics     string        `json:"semantics"`
 	AllowOverlap  bool          `json:"allow_overlap,omitempty"`
-	// PagesPerTask is JobOptions.PagesPerTask; 0 from a worker of a
-	// release before packing, which cannot run packed tasks.
+	// PagesPerTask is JobOptions.PagesPerTask.
 	PagesPerTask int `json:"pages_per_task,omitempty"`
-	// MaxArgsBytes is JobOptions.MaxArgsBytes; 0 from a worker of a
-	// release before it, which means the default.
+	// MaxArgsBytes is JobOptions.MaxArgsBytes.
 	MaxArgsBytes int `json:"max_args_bytes,omitempty"`
 
 	// Announced is when a worker last announced the job.
@@ -128,11 +126,6 @@ type WorkerInfo struct {
 	// announcement (argument type, queue, options): Client.Jobs compares
 	// them to tell workers that run other code under a job's name.
 	Shapes map[string]string `json:"shapes,omitempty"`
-	// Tasks lists the batchmr task types the worker handles, set by
-	// Announce: a run packs its pages only while every live worker of its
-	// job handles tasks of several pages. Empty from a worker of a release
-	// before packing.
-	Tasks []string `json:"tasks,omitempty"`
 	// Seen is the worker's last heartbeat.
 	Seen time.Time `json:"seen"`
 }
@@ -245,7 +238,6 @@ func (c *Client) Announce(ctx context.Context, w WorkerInfo) error {
 	// it once (its schema takes reflection), stamp it at each heartbeat.
 	infos := make([]JobInfo, 0, len(names))
 	w.Shapes = make(map[string]string, len(names))
-	w.Tasks = []string{typeSplit, typeMap, typePages, typeReduce}
 	for _, name := range names {
 		r, _ := c.jobs.lookup(name)
 		info := r.info()
@@ -323,7 +315,6 @@ func (c *Client) Jobs(ctx context.Context) ([]JobInfo, error) {
 		for _, w := range workers {
 			if slices.Contains(w.Jobs, name) {
 				info.Workers = append(info.Workers, w)
-				// A worker of an older release announces no shapes.
 				if s, ok := w.Shapes[name]; ok && s != shape {
 					info.Disagree = append(info.Disagree, w.ID)
 				}

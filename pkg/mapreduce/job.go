@@ -170,9 +170,6 @@ type JobOptions struct {
 	// pages of a task run one after another, a failed page retries with
 	// its task, sharing its retries, and the pages that succeeded are not
 	// run again. Default 64, the most; a power of two; 1 turns packing off.
-	// Workers of a release before packing cannot run packed tasks: a run
-	// does not start packing while the catalogue lists such a worker of
-	// the job (docs/operations.md, "Upgrading").
 	PagesPerTask int
 	// MaxArgsBytes is the most bytes a run's encoded arguments may take:
 	// Start and StartJSON refuse larger ones with an error wrapping

@@ -3,7 +3,6 @@ package mapreduce
 import (
 	"context"
 	"math/bits"
-	"slices"
 	"time"
 )
 
@@ -173,29 +172,6 @@ func tooSlowToPack(mapUS, n int64) bool {
 // floorPow2 is the largest power of two at most n, or 1 for n < 1.
 func floorPow2(n int) int { return 1 << max(bits.Len(uint(max(n, 0)))-1, 0) }
 
-// packCheckEvery is how long a split goes by what packable said.
-const packCheckEvery = 30 * time.Second
-
-// packable reports whether every live worker that announces job in the
-// catalogue handles tasks of several pages (WorkerInfo.Tasks), so that
-// such a task cannot reach a worker of a release before packing, which
-// would archive it; and if not, which workers do not. A worker that
-// announces nothing is not known here. An unreadable catalogue reports
-// false: the split asks again later.
-func (c *Client) packable(ctx context.Context, job string) (bool, []string) {
-	workers, err := c.Workers(ctx)
-	if err != nil {
-		return false, nil
-	}
-	var other []string
-	for _, w := range workers {
-		if slices.Contains(w.Jobs, job) && !slices.Contains(w.Tasks, typePages) {
-			other = append(other, w.ID)
-		}
-	}
-	return len(other) == 0, other
-}
-
 // probe runs before an undecided feed that starts at start. Until its
 // pages are measured a split cannot tell whether they are cheap, so its
 // first feeds go a page a task; and since nothing is measured before
@@ -219,9 +195,6 @@ func (f *feeder) probe(ctx context.Context, start int) error {
 		return nil
 	}
 	f.probed = true
-	if !f.mayPack(ctx) {
-		return nil
-	}
 	sleep, until := time.Millisecond, time.Now().Add(probeWait)
 	var empty time.Time // since when nothing is pending in the queue
 	for f.mapN < packSample && !tooSlowToPack(f.mapUS, f.mapN) && time.Now().Before(until) {

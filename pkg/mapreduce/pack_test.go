@@ -2,7 +2,6 @@ package mapreduce_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -662,53 +661,6 @@ func TestARunThatPacksByMoreThanItsWindowHoldsStillFeeds(t *testing.T) {
 	}
 	e.worker(c, 4)
 	wantExactRun(t, c, id, 300, cnt, nil)
-}
-
-// While a live worker announces the job as a release before packing does
-// (without the task types it handles), a run does not pack: that worker
-// would archive a task of several pages. Once it is gone, runs pack again,
-// beside a worker of this release that runs other options of the job.
-func TestARunDoesNotPackWhileAWorkerOfAnEarlierReleaseRunsItsJob(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	job := sumJob("rollout", newCounts(), e.opts(mapreduce.JobOptions{Window: 1000}))
-	e.addJob(mapreduce.AddJob(e.jobs, job))
-	c := e.client()
-	e.worker(c, 8)
-	ctx := context.Background()
-	// An older worker's heartbeat: it lists the job, and no shapes.
-	old, _ := json.Marshal(mapreduce.WorkerInfo{ID: "old:1:beef", Host: "old", PID: 1, Jobs: []string{"rollout"}})
-	workers, oldKey := e.prefix+":{catalog}:workers", e.prefix+":{catalog}:worker:old:1:beef"
-	if err := e.rdb.Set(ctx, oldKey, old, time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.rdb.ZAdd(ctx, workers, redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: "old:1:beef"}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	for _, withOld := range []bool{true, false} {
-		if !withOld {
-			// Gone; in its place a worker of this release whose job has
-			// other options (a deploy under way): it runs packed tasks.
-			other, _ := json.Marshal(mapreduce.WorkerInfo{ID: "old:1:beef", Host: "new", PID: 2, Jobs: []string{"rollout"},
-				Shapes: map[string]string{"rollout": "other options"}, Tasks: []string{mapreduce.TypeSplit, mapreduce.TypeMap, mapreduce.TypePages, mapreduce.TypeReduce}})
-			if err := e.rdb.Set(ctx, oldKey, other, time.Minute).Err(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		id := mustStart(t, c, "rollout", sumArgs{N: 3000, PageSize: 1}, mapreduce.StartOptions{})
-		if st := wait(t, c, id, time.Minute); st.State != mapreduce.StateSucceeded || st.Done != 3000 {
-			t.Fatalf("run ended %s with %d done: %s", st.State, st.Done, st.Error)
-		}
-		k, _, err := c.Packing(ctx, id)
-		switch {
-		case err != nil:
-			t.Fatal(err)
-		case withOld && k != 0:
-			t.Errorf("the run packed %d pages a task while a worker of an earlier release ran its job", k)
-		case !withOld && k < 2:
-			t.Errorf("the run gave each page a task once the older worker was gone: want it packed")
-		}
-	}
 }
 
 // Nothing is measured before a worker takes a task, so a split that fed

@@ -141,9 +141,8 @@ func TestRetryRerunsOnlyTheFailedPagesOfAFailedRunAndReducesOnceMore(t *testing.
 			if st.RetriedDone != 7 {
 				t.Errorf("RetriedDone %d, want the 7 pages the last Retry kept", st.RetriedDone)
 			}
-			// A run last resumed by a release that notes no pages kept has no
-			// rate, rather than a wrong one: whether this release's note is
-			// older (that release retried it since) or missing.
+			// A run whose note of the pages its last Retry kept is stale (of
+			// an earlier Retry) or missing has no rate, rather than a wrong one.
 			for _, older := range []func(){
 				func() { e.rdb.HIncrBy(ctx, e.runKey(id, "run"), "retries", 1) },
 				func() { e.rdb.HDel(ctx, e.runKey(id, "run"), "retried_done") },
@@ -152,7 +151,7 @@ func TestRetryRerunsOnlyTheFailedPagesOfAFailedRunAndReducesOnceMore(t *testing.
 				if old, err := c.Status(ctx, id); err != nil {
 					t.Fatal(err)
 				} else if r, ok := old.Rate(time.Now()); ok || old.RetriedDone != -1 {
-					t.Errorf("a run resumed by an older release: rate %.2f (%v), RetriedDone %d; want no rate and -1", r, ok, old.RetriedDone)
+					t.Errorf("a run whose note of the pages kept is stale or missing: rate %.2f (%v), RetriedDone %d; want no rate and -1", r, ok, old.RetriedDone)
 				}
 			}
 			if ttl := e.rdb.PTTL(ctx, e.runKey(id, "run")).Val(); ttl <= 0 {

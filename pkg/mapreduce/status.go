@@ -67,8 +67,8 @@ type Status struct {
 	Retries int
 	Retried time.Time
 	// RetriedDone is Done as the last Retry left it: the pages it kept,
-	// which Rate does not count. -1 if not known: a release before this
-	// field retried the run.
+	// which Rate does not count. -1 if the record does not say for the
+	// last Retry (something other than batchmr changed it).
 	RetriedDone int
 	// Error says why a failed run failed, or that it was cancelled: its
 	// first 4 KiB.

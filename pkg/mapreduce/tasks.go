@@ -31,9 +31,7 @@ const (
 	typePrefix = "batchmr:"
 	typeSplit  = "batchmr:split"
 	typeMap    = "batchmr:map"
-	// typePages is a map task of several pages (pack.go). It has a type
-	// of its own so that a worker of a release before packing, which would
-	// run only the first page, archives it with an error instead.
+	// typePages is a map task of several pages (pack.go).
 	typePages  = "batchmr:pages"
 	typeReduce = "batchmr:reduce"
 )

@@ -130,8 +130,6 @@ type feeder struct {
 	packLimit int     // the most pages a task may carry: PagesPerTask, within the window's batch
 	mapUS     int64   // µs Map took over mapN recorded pages, as of the last read
 	mapN      int64
-	packOK    bool      // packable, as of packAsked
-	packAsked time.Time // when the split last asked
 	probeFrom int       // the first page this attempt fed undecided, or -1 (probe)
 	probed    bool      // this attempt has waited for measured pages, or will not
 
@@ -292,7 +290,7 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 				return 0, err
 			}
 			// Undecided: pack from this feed on, once the pages are measured.
-			if k := packFor(f.mapUS, f.mapN, min(f.packLimit, floorPow2(f.allow))); k > 1 && f.mayPack(ctx) {
+			if k := packFor(f.mapUS, f.mapN, min(f.packLimit, floorPow2(f.allow))); k > 1 {
 				f.setPack(packing{k: k, from: start})
 				pack = strconv.Itoa(k)
 			}
@@ -317,23 +315,6 @@ func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, er
 	}
 	f.fed = last.i + 1
 	return len(pages), f.c.enqueuePages(ctx, f.run, f.nonce, pages, f.o, pk)
-}
-
-// mayPack reports whether the run may pack its pages now (packable),
-// asking the catalogue at most every packCheckEvery, and logs once per
-// split attempt why not.
-func (f *feeder) mayPack(ctx context.Context) bool {
-	if !f.packAsked.IsZero() && time.Since(f.packAsked) < packCheckEvery {
-		return f.packOK
-	}
-	job, _ := jobOf(f.run)
-	ok, other := f.c.packable(ctx, job)
-	if !ok && len(other) > 0 && (f.packAsked.IsZero() || f.packOK) {
-		Logger(ctx).Info("mapreduce: the run's pages are cheap, but it gives each its own task while workers of a release before packing run the job "+
-			"(they would archive a task of several pages); it packs once they are gone", "workers", other)
-	}
-	f.packOK, f.packAsked = ok, time.Now()
-	return ok
 }
 
 // waitRoom waits until the window has room for a batch of pages past fed

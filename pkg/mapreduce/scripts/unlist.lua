@@ -1,7 +1,7 @@
 -- unlist takes runs that have ended, or whose record is gone, out of the
 -- job's index of unfinished runs. finish.lua takes out the runs it ends;
--- this catches those ended by a release before the index, or whose record
--- was evicted or deleted. It checks each run again here, so that a run
+-- this catches any left listed, and those whose record was evicted or
+-- deleted. It checks each run again here, so that a run
 -- Retry resumed since the caller read it stays listed.
 -- KEYS[1] unfinished ZSET  the job's runs that have not ended (start.lua)
 -- ARGV[1] the prefix of the job's run records: a run's record is
