@@ -130,8 +130,8 @@ type feeder struct {
 	packLimit int     // the most pages a task may carry: PagesPerTask, within the window's batch
 	mapUS     int64   // µs Map took over mapN recorded pages, as of the last read
 	mapN      int64
-	probeFrom int       // the first page this attempt fed undecided, or -1 (probe)
-	probed    bool      // this attempt has waited for measured pages, or will not
+	probeFrom int  // the first page this attempt fed undecided, or -1 (probe)
+	probed    bool // this attempt has waited for measured pages, or will not
 
 	rateDone  int       // pages recorded when the rate was last measured
 	rateAt    time.Time // when
