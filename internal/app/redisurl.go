@@ -43,11 +43,14 @@ type RedisTarget struct {
 
 // NewClient returns a client of the target, not yet connected: a
 // *redis.Client for Standalone and Sentinel (go-redis's FailoverClient is
-// a *redis.Client), a *redis.ClusterClient for Cluster.
+// a *redis.Client), a *redis.ClusterClient for Cluster, which reloads its
+// map of slots when a node fails (clusterreload.go).
 func (r *RedisTarget) NewClient() redis.UniversalClient {
 	switch r.Form {
 	case RedisCluster:
-		return redis.NewClusterClient(r.Cluster)
+		c := redis.NewClusterClient(r.Cluster)
+		reloadSlotsOnErrors(c)
+		return c
 	case RedisSentinel:
 		return redis.NewFailoverClient(r.Failover)
 	}

@@ -38,6 +38,9 @@
 //	the Sentinel primary killed (kill -9), its  ends ≤ failover + 10 s, no page failed,
 //	  replica promoted (a Sentinel deployment)    no worker exits, `scheduler run
 //	                                              --wait` follows it to its end
+//	a Cluster primary killed (kill -9), its     as for Sentinel, twice: the primary of
+//	  replica promoted (three primaries and       the run's records and the "db"
+//	  a replica each)                             semaphore, then that of the job's queue
 //
 // and every scenario checks the permits, and every run it does not cancel
 // its exact result. Each test logs what it measured (t.Logf: run -v), for

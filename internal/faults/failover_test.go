@@ -75,7 +75,6 @@ func TestARunRidesOutASentinelFailoverOfItsRedisAndEndsExact(t *testing.T) {
 			return err == nil && len(role) > 0 && role[0] == "master"
 		})
 		promoted := time.Now()
-		failover := promoted.Sub(killed)
 		f.sampler.watchClosely(5 * time.Second) // permits change hands in a burst
 		var kept int
 		testenv.WaitFor(t, 10*time.Second, "the test's client to reach the new primary", func() bool {
@@ -86,49 +85,66 @@ func TestARunRidesOutASentinelFailoverOfItsRedisAndEndsExact(t *testing.T) {
 			return err == nil
 		})
 		t.Logf("the Sentinels promoted the replica %v after the kill; the run had %d pages recorded before it, the new primary %d",
-			failover.Round(time.Millisecond), before.Done, kept)
+			promoted.Sub(killed).Round(time.Millisecond), before.Done, kept)
 
-		st := f.finish(id, a, promoted.Add(base+failoverCost+5*time.Second), reqFailoverCost)
-		sched.check(f, st)
-		if st == nil {
-			f.checkAlive()
-			return
-		}
-		if st.Failed > 0 {
-			t.Errorf("%s: %d pages failed: %s", reqFailoverPages, st.Failed, describe(st))
-		}
-		ended := st.Finished
-		t.Logf("the run ended %v after the kill", ended.Sub(killed).Round(time.Millisecond))
-		f.checkCost(st, base, failover, failoverCost, reqFailoverCost)
-		f.checkPermitsFree(ended)
-		f.checkAlive()
-
-		seen := f.sampler.startsBetween(st.Created, ended)
-		t.Logf("Postgres saw %d worker queries start for the run's %d pages (%d beyond one a page; the sampler may miss a few)", seen, a.pages(f), seen-a.pages(f))
-		insp := asynq.NewInspectorFromRedisClient(f.rdb)
-		if qi, err := insp.GetQueueInfo(queue); err == nil {
-			t.Logf("asynq after the run: %d archived, %d retry, %d active, %d pending; processed %d, failed %d today", qi.Archived, qi.Retry, qi.Active, qi.Pending, qi.Processed, qi.Failed)
-		}
-
-		// S1 as Postgres sees it, before the kill and after it.
-		most, at := f.sampler.maximum()
-		t.Logf("Postgres ran at most %d worker queries at once (permits %d)", most, permits)
-		n, d, first := f.sampler.over(permits, killed)
-		if n > 0 {
-			t.Logf("after the kill, %d samples saw more worker queries than permits, for %v in all, the first %v after the kill",
-				n, d.Round(time.Millisecond), first.Sub(killed).Round(time.Millisecond))
-		} else {
-			t.Logf("after the kill, no sample saw more worker queries than permits")
-		}
-		switch {
-		case most > permits && at.Before(killed):
-			t.Errorf("%s: Postgres ran %d worker queries at once at %s, before the failover, with %d permits", reqPermits, most, at.Format("15:04:05.000"), permits)
-		case n > 0:
-			t.Errorf("%s: after the failover, %d samples saw more worker queries than permits, for %v in all", reqPermits, n, d.Round(time.Millisecond))
-		case most == 0:
-			t.Errorf("the sampler saw no worker query in pg_stat_activity (application_name %s)", f.app)
-		}
+		f.checkRodeOut(sched, a, base, killed, promoted, reqFailoverCost)
 	})
+}
+
+// checkRodeOut checks the end of a run, followed by sched, through a
+// failover that killed a primary at killed and promoted its replica at
+// promoted: the run ends exact by the failover plus req's bound over base
+// (req names the bound), with no page failed, scheduler run --wait
+// following it to its end; no permit is held after it and no worker has
+// exited; Postgres never ran more worker queries than permits, before the
+// kill or after it. It logs what the failover cost.
+func (f *fleet) checkRodeOut(sched *followed, a runArgs, base time.Duration, killed, promoted time.Time, req string) {
+	t := f.t
+	t.Helper()
+	failover := promoted.Sub(killed)
+	st := f.finish(sched.id, a, promoted.Add(base+failoverCost+5*time.Second), req)
+	sched.check(f, st)
+	if st == nil {
+		f.checkAlive()
+		return
+	}
+	if st.Failed > 0 {
+		t.Errorf("%s: %d pages failed: %s", reqFailoverPages, st.Failed, describe(st))
+	}
+	ended := st.Finished
+	t.Logf("the run ended %v after the kill", ended.Sub(killed).Round(time.Millisecond))
+	if first, ok := f.sampler.firstStartAfter(promoted); ok {
+		t.Logf("the first worker query after the promotion started %v after it", first.Sub(promoted).Round(time.Millisecond))
+	}
+	f.checkCost(st, base, failover, failoverCost, req)
+	f.checkPermitsFree(ended)
+	f.checkAlive()
+
+	seen := f.sampler.startsBetween(st.Created, ended)
+	t.Logf("Postgres saw %d worker queries start for the run's %d pages (%d beyond one a page; the sampler may miss a few)", seen, a.pages(f), seen-a.pages(f))
+	insp := asynq.NewInspectorFromRedisClient(f.rdb)
+	if qi, err := insp.GetQueueInfo(queue); err == nil {
+		t.Logf("asynq after the run: %d archived, %d retry, %d active, %d pending; processed %d, failed %d today", qi.Archived, qi.Retry, qi.Active, qi.Pending, qi.Processed, qi.Failed)
+	}
+
+	// S1 as Postgres sees it, before the kill and after it.
+	most, at := f.sampler.maximum()
+	t.Logf("Postgres ran at most %d worker queries at once (permits %d)", most, permits)
+	n, d, first := f.sampler.over(permits, killed)
+	if n > 0 {
+		t.Logf("after the kill, %d samples saw more worker queries than permits, for %v in all, the first %v after the kill",
+			n, d.Round(time.Millisecond), first.Sub(killed).Round(time.Millisecond))
+	} else {
+		t.Logf("after the kill, no sample saw more worker queries than permits")
+	}
+	switch {
+	case most > permits && at.Before(killed):
+		t.Errorf("%s: Postgres ran %d worker queries at once at %s, before the failover, with %d permits", reqPermits, most, at.Format("15:04:05.000"), permits)
+	case n > 0:
+		t.Errorf("%s: after the failover, %d samples saw more worker queries than permits, for %v in all", reqPermits, n, d.Round(time.Millisecond))
+	case most == 0:
+		t.Errorf("the sampler saw no worker query in pg_stat_activity (application_name %s)", f.app)
+	}
 }
 
 // followed is a run started, and followed to its end, by

@@ -132,6 +132,13 @@ type fleetConfig struct {
 	// workers and the test's own clients get the Sentinel URL, and
 	// f.redis is the primary, which the test can kill.
 	Sentinel bool
+	// Cluster deploys Redis as testenv.PrivateRedisClusterGroup does
+	// (three primaries, a replica of each, cluster-node-timeout 1 s),
+	// the job's records and the "db" semaphore on the first primary and
+	// the job's asynq queue on the second (clusterTags); the workers and
+	// the test's own clients get the Cluster URL, and f.cluster's nodes
+	// are what the test can kill. f.redis is nil.
+	Cluster bool
 	// JSONLogs makes the workers log JSON (--log-format json), for a test
 	// that reads their records.
 	JSONLogs bool
@@ -142,8 +149,9 @@ type fleetConfig struct {
 // Postgres runs, and the test's own clients, which reach Redis directly.
 type fleet struct {
 	t       *testing.T
-	redis   *testenv.RedisServer   // the server the workers write to (Sentinel: the first primary)
+	redis   *testenv.RedisServer   // the server the workers write to (Sentinel: the first primary; Cluster: nil)
 	group   *testenv.SentinelGroup // nil unless cfg.Sentinel
+	cluster *testenv.ClusterGroup  // nil unless cfg.Cluster
 	rdb     redis.UniversalClient  // the test's own client of Redis, whatever its form
 	pg      *testenv.PostgresServer
 	proxy   *testenv.Proxy // nil unless cfg.Proxy
@@ -201,16 +209,16 @@ func newFleet(t *testing.T, cfg fleetConfig) *fleet {
 	p := testenv.Prefix(t) // ends in random hex
 	f.app = "faults-" + p[len(p)-8:]
 	var redisURL string
-	if cfg.Sentinel {
+	switch {
+	case cfg.Sentinel:
 		f.group = testenv.PrivateSentinels(t, testenv.SentinelOptions{DownAfter: time.Second})
 		f.redis, redisURL = f.group.Primary, f.group.URL
-		rdb, err := app.Redis(ctx, redisURL, app.RedisTLS{}, quiet)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = rdb.Close() })
-		f.rdb = rdb
-	} else {
+		f.rdb = appRedis(t, redisURL)
+	case cfg.Cluster:
+		f.cluster = testenv.PrivateRedisClusterGroup(t, testenv.ClusterGroupOptions{NodeTimeout: time.Second, Tags: clusterTags})
+		redisURL = f.cluster.URL
+		f.rdb = appRedis(t, redisURL)
+	default:
 		// AOF, as docs/operations.md asks of production.
 		f.redis = testenv.PrivateRedisServer(t, "--appendonly", "yes", "--appendfsync", "everysec")
 		f.rdb, redisURL = f.redis.Client, f.redis.URL
@@ -255,6 +263,23 @@ func newFleet(t *testing.T, cfg fleetConfig) *fleet {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// clusterTags place, on a fleet's Cluster, the job's records (hash tag
+// the job's name) and the "db" semaphore's keys on the first primary, and
+// the job's asynq queue (asynq:{queue}:...) on the second.
+var clusterTags = [3][]string{{job, "db"}, {queue}, nil}
+
+// appRedis is a client of url as the workers make theirs (app.Redis),
+// closed when the test ends.
+func appRedis(t *testing.T, url string) redis.UniversalClient {
+	t.Helper()
+	rdb, err := app.Redis(context.Background(), url, app.RedisTLS{}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
 }
 
 // seed creates amounts with f.rows rows and computes its total by SQL.

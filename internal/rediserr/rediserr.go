@@ -5,8 +5,10 @@ package rediserr
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
+	"syscall"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -68,4 +70,27 @@ func Tx(cmds []redis.Cmder, err error) error {
 		}
 	}
 	return err
+}
+
+// StaleSlots reports whether err, from a command sent to a node of a
+// Redis Cluster, says that the client's map of slots to primaries may be
+// out of date: the node could not be reached or dropped the connection
+// (dead, or on the far side of a partition), the cluster is down
+// (CLUSTERDOWN: a primary is failing and not yet replaced), the slot moved
+// (MOVED), or the node is a replica now (READONLY). The caller's own
+// cancellation or deadline says nothing of the node.
+func StaleSlots(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrClosed) {
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	if redis.IsClusterDownError(err) || redis.IsReadOnlyError(err) {
+		return true
+	}
+	_, moved := redis.IsMovedError(err)
+	return moved
 }

@@ -3,6 +3,7 @@ package rediserr_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -86,5 +87,52 @@ func TestAWrappedFailoverRefusalIsTransient(t *testing.T) {
 	}
 	if err := rdb.Eval(ctx, "return redis.error_reply('ERR no such thing')", nil).Err(); rediserr.Transient(fmt.Errorf("wrapped: %w", err)) {
 		t.Errorf("%v is not transient", err)
+	}
+}
+
+// A node that cannot be reached, a connection dropped, and a Cluster's
+// MOVED say the client's map of slots may be stale; the caller's own
+// cancellation, a missing key and a refusal of the command do not.
+func TestStaleSlotsAreNodeFailuresAndMovedNotTheCallersOwnErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// A node that is not there: dial a port nobody listens on.
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer dead.Close()
+	refused := dead.Ping(ctx).Err()
+	// MOVED: a plain client of one node, asked for keys of every primary.
+	addrs := testenv.RedisClusterAddrs(t)
+	node := redis.NewClient(&redis.Options{Addr: addrs[0]})
+	defer node.Close()
+	var moved error
+	for i := 0; moved == nil && i < 20; i++ {
+		if err := node.Get(ctx, fmt.Sprintf("{tag%d}", i)).Err(); err != nil && strings.HasPrefix(err.Error(), "MOVED") {
+			moved = err
+		}
+	}
+	unknown := node.Do(ctx, "NOSUCHCOMMAND").Err()
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	for _, tc := range []struct {
+		name  string
+		err   error
+		stale bool
+	}{
+		{"a node refusing connections", refused, true},
+		{"a node refusing connections, wrapped", fmt.Errorf("mapreduce: record: %w", refused), true},
+		{"a dropped connection", io.EOF, true},
+		{"MOVED", moved, true},
+		{"the caller's cancellation", node.Ping(cancelled).Err(), false},
+		{"a missing key", redis.Nil, false},
+		{"an unknown command", unknown, false},
+		{"a closed client", redis.ErrClosed, false},
+		{"no error", nil, false},
+	} {
+		if tc.err == nil && tc.name != "no error" {
+			t.Fatalf("%s: the test found no such error", tc.name)
+		}
+		if got := rediserr.StaleSlots(tc.err); got != tc.stale {
+			t.Errorf("StaleSlots(%s: %v) = %v; want %v", tc.name, tc.err, got, tc.stale)
+		}
 	}
 }

@@ -1,0 +1,101 @@
+//go:build linux
+
+package faults_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
+)
+
+// reqClusterFailoverCost is reqFailoverCost on a Cluster.
+const reqClusterFailoverCost = "a run rides out a Cluster failover: it ends within the failover (cluster-node-timeout plus election) plus 10 s over an undisturbed run"
+
+// A primary of a Redis Cluster (testenv.PrivateRedisClusterGroup: three
+// primaries, a replica of each, cluster-node-timeout 1 s) killed with
+// kill -9 mid-run: the one that holds the run's records and the "db"
+// semaphore (records), or the one that holds the job's asynq queue
+// (queue). Its replica is promoted, and the workers, the scheduler and
+// the test's own clients, which know Redis by its Cluster URL, must find
+// it within seconds rather than when their map of slots ages out (a
+// minute). The run must end exact, with no page failed and no worker
+// gone, at most the failover plus 10 s later than an undisturbed run;
+// Postgres never runs more worker queries than permits, before the kill
+// or after it. The test logs what the failover cost: its time, the
+// records the promoted replica lacked, the worker queries run beyond one
+// per page, the samples over the permits, and the tasks asynq still
+// shows active (docs/operations.md says why the queue's leaves some).
+func TestARunRidesOutAClusterFailoverOfThePrimaryOfItsRecordsOrOfItsQueue(t *testing.T) {
+	for _, sc := range []struct{ name, tag, holds string }{
+		{"records", job, "the run's records and the db semaphore"},
+		{"queue", queue, "the job's asynq queue"},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			soak(t, func(t *testing.T) { rideOutClusterFailover(t, sc.tag, sc.holds) })
+		})
+	}
+}
+
+// rideOutClusterFailover kills, mid-run, the primary that holds the keys
+// of hash tag tag (holds says what they are) and checks the run rides it
+// out.
+func rideOutClusterFailover(t *testing.T, tag, holds string) {
+	ctx := context.Background()
+	f := newFleet(t, fleetConfig{Cluster: true})
+	a := defaultRun()
+	base := f.baseline(a)
+	p := f.cluster.PrimaryOf(t, tag)
+	if tag == job {
+		if q := f.cluster.PrimaryOf(t, "db"); q != p {
+			t.Fatalf("the run's records are on primary %d and the db semaphore on %d: clusterTags must put them on one", p, q)
+		}
+	} else if q := f.cluster.PrimaryOf(t, job); q == p {
+		t.Fatalf("the job's queue and the run's records are both on primary %d: clusterTags must keep them apart", p)
+	}
+	victim, replica := f.cluster.Primaries[p], f.cluster.Replicas[p]
+	// Synced writes wait for the replica (WAIT 1 1000 on their
+	// connection): counted on the victim until it dies.
+	var synced atomic.Int32
+	testenv.Monitor(t, "tcp", victim.Client.Options().Addr, func(line string) {
+		if strings.Contains(line, `"WAIT" "1" "1000"`) || strings.Contains(line, `"wait" "1" "1000"`) {
+			synced.Add(1)
+		}
+	})
+	sched := f.startFollowed(a)
+	id := sched.id
+	f.waitDone(id, a.pages(f)/4)
+
+	before, err := f.mr.Status(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tag == job && synced.Load() == 0 {
+		t.Errorf("no write of the run waited for the replica before the kill: the ledger's writes must (WAIT 1)")
+	}
+	t.Logf("the victim, primary %d, holds %s; %d round trips to it waited for its replica before the kill", p, holds, synced.Load())
+	killed := time.Now()
+	victim.Kill()
+	f.follow(id)
+	testenv.WaitFor(t, failoverPromotion, "the Cluster to promote the replica", func() bool {
+		role, err := replica.Client.Do(ctx, "ROLE").Slice()
+		return err == nil && len(role) > 0 && role[0] == "master"
+	})
+	promoted := time.Now()
+	f.sampler.watchClosely(5 * time.Second) // permits change hands in a burst
+	var kept int
+	testenv.WaitFor(t, 10*time.Second, "the test's client to reach the new primary", func() bool {
+		st, err := f.mr.Status(ctx, id)
+		if err == nil {
+			kept = st.Done
+		}
+		return err == nil
+	})
+	t.Logf("the Cluster promoted the replica %v after the kill; the run had %d pages recorded before it, the Cluster %d after it (%d lost)",
+		promoted.Sub(killed).Round(time.Millisecond), before.Done, kept, max(before.Done-kept, 0))
+
+	f.checkRodeOut(sched, a, base, killed, promoted, reqClusterFailoverCost)
+}
