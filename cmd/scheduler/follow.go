@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/internal/console"
 	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
@@ -174,7 +175,7 @@ func rootCause(err error) error {
 }
 
 func progress(st *mapreduce.Status) string {
-	s := fmt.Sprintf("%d/%s done", st.Done, st.PagesText())
+	s := fmt.Sprintf("%d/%s done", st.Done, console.PagesText(st))
 	if st.Failed > 0 {
 		s += fmt.Sprintf(", %d failed", st.Failed)
 	}
@@ -205,5 +206,5 @@ func progressLine(st *mapreduce.Status, now time.Time) string {
 		eta = d.Round(time.Second).String()
 	}
 	return fmt.Sprintf("[%s%s] %d/%s pages  %s  ETA %s  %d failed  %s",
-		strings.Repeat("#", filled), strings.Repeat("·", 30-filled), done, st.PagesText(), rate, eta, st.Failed, st.State)
+		strings.Repeat("#", filled), strings.Repeat("·", 30-filled), done, console.PagesText(st), rate, eta, st.Failed, st.State)
 }

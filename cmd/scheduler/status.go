@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/internal/console"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -55,7 +56,7 @@ func status(ctx context.Context, args []string) int {
 	} else if !st.State.Ended() && !st.Updated.IsZero() {
 		fmt.Printf("changed  %s (%s ago)\n", st.Updated.Format(time.RFC3339), max(now.Sub(st.Updated), 0).Round(time.Second))
 	}
-	if line := st.TasksText(); line != "" {
+	if line := console.TasksText(st); line != "" {
 		fmt.Printf("tasks    %s\n", line)
 	}
 	fmt.Printf("created  %s\n", st.Created.Format(time.RFC3339))
@@ -92,7 +93,7 @@ type jsonStatus struct {
 	SplitDone *time.Time `json:"split_done,omitempty"`
 	Finished  *time.Time `json:"finished,omitempty"`
 	// Updated: when the run last changed; Stalled: an active run has not
-	// for mapreduce.StalledAfter.
+	// for a minute (Status.Stalled).
 	Updated *time.Time `json:"updated,omitempty"`
 	Stalled bool       `json:"stalled,omitempty"`
 	Retries int        `json:"retries,omitempty"`

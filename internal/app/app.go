@@ -508,9 +508,8 @@ var UnknownFlagHint string
 // process (semaphore.ProcessStats.Process) belongs to, by its host and
 // pid, or returns "(none)": a process that stopped or was killed, whose
 // permits come back when their leases run out, or one that is no worker.
-// A worker that has not renewed its catalogue entry for
-// mapreduce.SilentAfter as of now (Redis's time) is named with "(silent
-// 17s)": most likely killed, its entry not yet expired. The semaphore
+// A worker that WorkerInfo.Silent says is silent as of now (Redis's
+// time) is named with "(silent 17s)": most likely killed, its entry not yet expired. The semaphore
 // names processes host-pid-random, the catalogue names workers by IDs of
 // their own: this is what links the two.
 func WorkerOf(process string, workers []mapreduce.WorkerInfo, now time.Time) string {

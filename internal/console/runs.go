@@ -30,7 +30,7 @@ type runRow struct {
 	Percent float64 // of the total, 0 while splitting
 	Rate    string  // pages/s since the run (or its last retry) started
 	ETA     string  // at that rate; empty when ended, unknown or stalled
-	Stalled string  // how long an active run has not changed, once mapreduce.StalledAfter
+	Stalled string  // how long an active run has not changed, once Status.Stalled says so
 	Took    string
 	Link    string
 	Cancel  bool // can be cancelled
@@ -47,7 +47,7 @@ func row(st *mapreduce.Status, now time.Time) runRow {
 		Cancel: !st.State.Ended(), Retry: (st.State == mapreduce.StateFailed || st.State == mapreduce.StateCancelled) && !st.ArgsRefused(),
 		ArgsRefused: st.ArgsRefused()}
 	total, _ := st.Pages()
-	r.Of = st.PagesText()
+	r.Of = PagesText(st)
 	if total > 0 {
 		r.Percent = min(100, float64(r.Pages)*100/float64(total))
 	} else if st.Total == 0 && st.State.Ended() {

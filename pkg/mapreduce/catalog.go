@@ -72,29 +72,6 @@ type JobInfo struct {
 	Disagree []string `json:"-"`
 }
 
-// WithoutDatabase returns the IDs of the job's live workers that say they
-// have no database (WorkerInfo.Database) while others of its workers say
-// they have one: if the job calls worker.Database, the pages those take
-// are handed back to the queue, which slows its runs. Workers that say
-// nothing are left out.
-func (i JobInfo) WithoutDatabase() []string {
-	var with bool
-	var without []string
-	for _, w := range i.Workers {
-		switch {
-		case w.Database == nil: // says nothing
-		case *w.Database:
-			with = true
-		default:
-			without = append(without, w.ID)
-		}
-	}
-	if !with {
-		return nil
-	}
-	return without
-}
-
 // shape is a digest of what the job is (not when it was announced, nor
 // who runs it), for telling two versions of a job apart.
 func (i JobInfo) shape() string {
@@ -130,18 +107,18 @@ type WorkerInfo struct {
 	Seen time.Time `json:"seen"`
 }
 
-// SilentAfter is how long a worker may go without renewing its catalogue
-// entry (every 5 s) before Silent says so: it is then most likely gone —
-// killed, paused or cut off from Redis — although the catalogue lists it
-// until its entry expires, 30 s after its last heartbeat.
-const SilentAfter = 3 * heartbeatEvery
+// silentAfter is how long a worker may go without renewing its catalogue
+// entry before Silent says so.
+const silentAfter = 3 * heartbeatEvery
 
 // Silent returns how long before now (Redis's time, as Seen is) the worker
-// last renewed its catalogue entry, and whether that is SilentAfter or
-// more.
+// last renewed its catalogue entry (every 5 s), and whether that is 15 s
+// or more: the worker is then most likely gone — killed, paused or cut off
+// from Redis — although the catalogue lists it until its entry expires,
+// 30 s after its last heartbeat.
 func (w WorkerInfo) Silent(now time.Time) (time.Duration, bool) {
 	d := max(now.Sub(w.Seen), 0)
-	return d, !w.Seen.IsZero() && d >= SilentAfter
+	return d, !w.Seen.IsZero() && d >= silentAfter
 }
 
 func (j Job[A, P, R, O]) info() JobInfo {

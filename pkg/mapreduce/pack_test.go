@@ -630,21 +630,6 @@ func TestAPackedTaskCutShortByCancelEndsEachStepWithErrRunCancelled(t *testing.T
 	}
 }
 
-func TestStatusSaysHowARunGivesItsPagesToTasks(t *testing.T) {
-	for _, c := range []struct {
-		st   mapreduce.Status
-		want string
-	}{
-		{mapreduce.Status{PagesPerTask: 1}, ""},
-		{mapreduce.Status{PagesPerTask: 1, MapAverage: 3 * time.Millisecond}, "a task a page (Map takes 3ms a page on average)"},
-		{mapreduce.Status{PagesPerTask: 64, PackedFrom: 512}, "64 pages a task from page 512 (Map takes under 1µs a page on average)"},
-	} {
-		if got := c.st.TasksText(); got != c.want {
-			t.Errorf("%+v: %q, want %q", c.st, got, c.want)
-		}
-	}
-}
-
 // A run that packs by more pages than its window now holds (a deploy that
 // shrank Window mid-run) still feeds, a group at a time.
 func TestARunThatPacksByMoreThanItsWindowHoldsStillFeeds(t *testing.T) {

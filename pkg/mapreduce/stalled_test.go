@@ -7,10 +7,10 @@ import (
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
-// A run that stopped moving is Stalled once StalledAfter has passed since
+// A run that stopped moving is Stalled once a minute has passed since
 // it last changed, and then has no Remaining: an ETA at its average rate
 // would promise an end that is not coming. An ended run never is.
-func TestARunUnchangedForStalledAfterIsStalledAndHasNoETA(t *testing.T) {
+func TestARunUnchangedForAMinuteIsStalledAndHasNoETA(t *testing.T) {
 	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	st := &mapreduce.Status{State: mapreduce.StateMapping, Total: 100, Done: 50, Expected: -1,
 		Created: now.Add(-10 * time.Minute), Updated: now.Add(-time.Second)}
@@ -20,9 +20,9 @@ func TestARunUnchangedForStalledAfterIsStalledAndHasNoETA(t *testing.T) {
 	if _, ok := st.Remaining(now); !ok {
 		t.Error("a moving run has no Remaining")
 	}
-	st.Updated = now.Add(-mapreduce.StalledAfter)
-	if idle, stalled := st.Stalled(now); !stalled || idle != mapreduce.StalledAfter {
-		t.Errorf("changed StalledAfter ago: Stalled = %v, %v; want %v, true", idle, stalled, mapreduce.StalledAfter)
+	st.Updated = now.Add(-time.Minute)
+	if idle, stalled := st.Stalled(now); !stalled || idle != time.Minute {
+		t.Errorf("changed a minute ago: Stalled = %v, %v; want %v, true", idle, stalled, time.Minute)
 	}
 	if d, ok := st.Remaining(now); ok {
 		t.Errorf("a stalled run: Remaining = %v, want none", d)

@@ -1,7 +1,6 @@
 package mapreduce
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -198,14 +197,14 @@ func (st *Status) Remaining(now time.Time) (d time.Duration, ok bool) {
 	return time.Duration(float64(left) / r * float64(time.Second)), true
 }
 
-// StalledAfter is how long an active run may go without changing (a page
+// stalledAfter is how long an active run may go without changing (a page
 // recorded, a step begun or ended) before Stalled says so.
-const StalledAfter = time.Minute
+const stalledAfter = time.Minute
 
 // Stalled returns how long a run whose pages are under way has gone
 // without changing (its Updated: a page recorded, done or failed, or its
-// state moved on) up to now, in Redis's time, and whether that is
-// StalledAfter or more. A run whose pages each take longer is stalled
+// state moved on) up to now, in Redis's time, and whether that is a
+// minute or more. A run whose pages each take longer is stalled
 // between them; otherwise its workers are stopped, failing (LastError), or
 // waiting on something: a database that hangs shows only in its own
 // activity (pg_stat_activity) and in the workers' /readyz. ok is false for
@@ -223,7 +222,7 @@ func (st *Status) Stalled(now time.Time) (idle time.Duration, ok bool) {
 		return 0, false
 	}
 	idle = max(now.Sub(st.Updated), 0)
-	return idle, idle >= StalledAfter
+	return idle, idle >= stalledAfter
 }
 
 // ArgsRefused reports whether the run failed because its split found its
@@ -253,37 +252,6 @@ func (st *Status) Pages() (int, bool) {
 		return st.Expected, true
 	}
 	return 0, false
-}
-
-// PagesText is Pages as people read it: the total, "~N" while the split
-// runs and said to expect N pages, or "?" while neither is known.
-func (st *Status) PagesText() string {
-	n, ok := st.Pages()
-	switch {
-	case !ok:
-		return "?"
-	case st.Total < 0:
-		return "~" + strconv.Itoa(n)
-	}
-	return strconv.Itoa(n)
-}
-
-// TasksText says, as people read it, how the run gives its pages to map
-// tasks and what by: "64 pages a task from page 512 (Map takes under 1µs
-// a page on average)", "a task a page (Map takes 3ms …)", or "" before
-// any page is recorded.
-func (st *Status) TasksText() string {
-	avg := st.MapAverage.String()
-	if st.MapAverage < time.Microsecond {
-		avg = "under 1µs"
-	}
-	switch {
-	case st.PagesPerTask > 1:
-		return fmt.Sprintf("%d pages a task from page %d (Map takes %s a page on average)", st.PagesPerTask, st.PackedFrom, avg)
-	case st.MapAverage > 0:
-		return fmt.Sprintf("a task a page (Map takes %s a page on average)", avg)
-	}
-	return ""
 }
 
 func atoi(s string) int {
