@@ -55,11 +55,11 @@ func runWatched(t *testing.T, rdb *redis.Client, network, address string) []comm
 }
 
 // Replication is asynchronous: a replica promoted in a failover may lack
-// writes its primary acknowledged. Where the primary has a replica, each
-// write that exactly-once rests on — a page's record, the split's total,
-// the run's end — is followed, on the connection that made it, by WAIT 1
-// (which covers every earlier write of that connection), so that it
-// returns only once a replica has it.
+// writes its primary acknowledged. Where the primary has a replica, a
+// run's creation and each write that exactly-once rests on — a page's
+// record, the split's total, the run's end — is followed, on the
+// connection that made it, by WAIT 1 (which covers every earlier write
+// of that connection), so that it returns only once a replica has it.
 func TestLedgerWritesWaitForAReplicaOnTheConnectionThatMadeThem(t *testing.T) {
 	t.Parallel()
 	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
@@ -82,8 +82,21 @@ func TestLedgerWritesWaitForAReplicaOnTheConnectionThatMadeThem(t *testing.T) {
 			t.Fatalf("a ledger write (EVALSHA %s from %s) was not followed on its connection by WAIT 1: next WAIT %d", c.arg, c.client, next)
 		}
 	}
-	if writes < 3 {
-		t.Fatalf("saw %d ledger writes, want at least the records, the split's total and the run's end", writes)
+	if writes < 4 {
+		t.Fatalf("saw %d ledger writes, want at least the run's creation, the records, the split's total and the run's end", writes)
+	}
+	// Start is alone in its trip: the very next command on its connection
+	// is the WAIT, not one a later synced trip on that connection sent.
+	start := slices.IndexFunc(cmds, func(c command) bool { return c.name == "EVALSHA" && c.arg == mapreduce.StartScript() })
+	if start < 0 {
+		t.Fatal("saw no run created by the start script")
+	}
+	var after command // the next command on the start's connection
+	if next := slices.IndexFunc(cmds[start+1:], func(n command) bool { return n.client == cmds[start].client }); next >= 0 {
+		after = cmds[start+1+next]
+	}
+	if after.name != "WAIT" || after.arg != "1" {
+		t.Fatalf("the run's creation was followed on its connection by %+v, not WAIT 1", after)
 	}
 }
 
