@@ -2,6 +2,7 @@ package mapreduce_test
 
 import (
 	"context"
+	"log/slog"
 	"regexp"
 	"slices"
 	"strconv"
@@ -209,5 +210,40 @@ func TestAReplicaThatStopsAnsweringCostsARunSecondsNotTheRun(t *testing.T) {
 	}
 	if waitsBefore.Load() == 0 {
 		t.Errorf("no write waited for the replica before it was paused: the test proves nothing")
+	}
+}
+
+// A Start whose new run no replica acknowledges (the replica paused)
+// waits the WAIT's bound, a second, and then keeps the run, with a
+// warning, rather than fail a Start whose run exists: a caller that
+// started again would get ErrRunExists for its own run.
+func TestAStartNoReplicaAcknowledgesKeepsItsRunWithAWarning(t *testing.T) {
+	t.Parallel()
+	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+	ctx := context.Background()
+	testenv.WaitFor(t, 30*time.Second, "the replica to be online", func() bool {
+		info, err := g.Primary.Client.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "state=online")
+	})
+	rdb := g.Primary.Client
+	prefix := testenv.Prefix(t)
+	e := &env{t: t, rdb: rdb, prefix: prefix, queue: testenv.Queue(t, rdb, prefix), jobs: mapreduce.NewJobs()}
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{AllowOverlap: true}))))
+	c, logs := e.loggedClient(slog.LevelWarn)
+	mustStart(t, c, "sum", sumArgs{N: 10, PageSize: 10}, mapreduce.StartOptions{}) // the client finds the replica
+	pid := g.Replica.Pid()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+
+	began := time.Now()
+	id := mustStart(t, c, "sum", sumArgs{N: 10, PageSize: 10}, mapreduce.StartOptions{})
+	if took := time.Since(began); took < 900*time.Millisecond {
+		t.Fatalf("Start returned after %v with the replica paused: it did not wait for the replica", took)
+	}
+	logs.WaitForRecord(t, 5*time.Second, "mapreduce: start: no replica acknowledged the new run in time")
+	if st, err := c.Status(ctx, id); err != nil || st.State != mapreduce.StateSplitting {
+		t.Fatalf("the run Start kept: %v, %v; want it splitting", st, err)
 	}
 }
