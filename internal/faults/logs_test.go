@@ -36,7 +36,8 @@ func TestADatabaseOutageLogsItsStartAndEndOncePerWorkerNotEachRetry(t *testing.T
 
 // Redis killed for 10 s mid-run: asynq's errors, which it repeats every
 // few seconds while Redis is away, are one warning per worker when Redis
-// goes and one line when the worker's client sees it answer again.
+// goes and one line when the worker's client sees it answer again; so
+// are the semaphore's retries of acquires, releases and refreshes.
 func TestARedisOutageLogsItsStartAndEndOncePerWorkerNotEachRetry(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, fleetConfig{JSONLogs: true})
@@ -45,7 +46,7 @@ func TestARedisOutageLogsItsStartAndEndOncePerWorkerNotEachRetry(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		f.redis.Start()
 	})
-	f.checkOutageLogged(0, "worker: asynq: Redis unreachable", "mapreduce: Redis unreachable")
+	f.checkOutageLogged(0, "worker: asynq: Redis unreachable", "mapreduce: Redis unreachable", "semaphore: Redis unreachable")
 }
 
 // checkOutageLogged fails the test unless each worker logged the outage

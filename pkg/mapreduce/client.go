@@ -210,8 +210,8 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 	if o.AllowOverlap {
 		overlap = "1"
 	}
-	res, err := scriptStart.Run(ctx, c.rdb, []string{k.run, k.runs, k.active, k.unfinished},
-		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, newNonce(), bundlePages).Slice()
+	res, err := c.createRun(ctx, id, []string{k.run, k.runs, k.active, k.unfinished},
+		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, newNonce(), bundlePages)
 	if err != nil {
 		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
 	}
@@ -234,6 +234,41 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 		return id, fmt.Errorf("mapreduce: start %s: the run was created but its split could not be enqueued (a worker's reconciler will enqueue it): %w", id, err)
 	}
 	return id, nil
+}
+
+// createRun runs the start script as a synced write (replicas.go): where
+// the primary has a replica, it returns once one has the run, so that a
+// failover cannot lose a run whose ID Start returned (a tick's run, which
+// its scheduler does not start again). A run no replica acknowledged
+// within replicaWait is kept all the same, with a warning: it exists, and
+// failing its Start would have the caller start it again into
+// ErrRunExists.
+func (c *Client) createRun(ctx context.Context, id string, keys []string, args ...any) ([]any, error) {
+	job, _ := jobOf(id)
+	for again := true; ; again = false {
+		var sha *redis.Cmd
+		err := c.batch(job).doScriptAs(ctx, true, scriptStart, func(pl redis.Pipeliner) *redis.Cmd {
+			sha = scriptStart.EvalSha(ctx, pl, keys, args...)
+			return sha
+		})
+		if errors.Is(err, errNotReplicated) && sha != nil {
+			if sha.Err() == nil {
+				c.log.Warn("mapreduce: start: no replica acknowledged the new run in time; going on without one: a failover now may lose the run",
+					attrRun, id, attrJob, job, "error", err)
+				return sha.Slice()
+			}
+			if again {
+				// Nothing was written (NOSCRIPT: the script was not
+				// loaded): once more, now that the batcher has stopped
+				// waiting for a replica that does not answer.
+				continue
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		return sha.Slice()
+	}
 }
 
 // newNonce draws a run's nonce: Start, and Retry for each attempt.

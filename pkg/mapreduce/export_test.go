@@ -176,8 +176,11 @@ func (c *Client) Unlist(ctx context.Context, job string, ids ...string) (int, er
 func (c *Client) SetReduceReadBytes(n int64) { c.reduceReadBytes = n }
 
 // SyncedScripts are the SHA1s of the scripts whose writes wait for a
-// replica where there is one: a page's record, the split's total, a
-// run's end.
+// replica where there is one: a run's creation, a page's record, the
+// split's total, a run's end.
 func SyncedScripts() []string {
-	return []string{scriptRecord.Hash(), scriptSplitDone.Hash(), scriptFinish.Hash()}
+	return []string{scriptStart.Hash(), scriptRecord.Hash(), scriptSplitDone.Hash(), scriptFinish.Hash()}
 }
+
+// StartScript is the SHA1 of the script that creates a run.
+func StartScript() string { return scriptStart.Hash() }

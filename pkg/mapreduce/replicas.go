@@ -11,9 +11,10 @@ import (
 )
 
 // Replication is asynchronous: a replica promoted in a failover may lack
-// the last writes its primary acknowledged. The writes exactly-once rests
-// on — a page's record, the split's total, a run's end — are synced: where
-// the primary has a replica, they go in one round trip with WAIT 1
+// the last writes its primary acknowledged. A run's creation (Start: a
+// run whose ID the caller got, and a scheduler's tick, must not vanish)
+// and the writes exactly-once rests on — a page's record, the split's
+// total, a run's end — are synced: where the primary has a replica, they go in one round trip with WAIT 1
 // replicaWait after them, on the same connection (WAIT covers that
 // connection's writes), and return only once a replica has them. A
 // deployment without replicas sends no WAIT with its writes and waits for

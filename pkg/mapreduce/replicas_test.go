@@ -2,6 +2,7 @@ package mapreduce_test
 
 import (
 	"context"
+	"log/slog"
 	"regexp"
 	"slices"
 	"strconv"
@@ -55,11 +56,11 @@ func runWatched(t *testing.T, rdb *redis.Client, network, address string) []comm
 }
 
 // Replication is asynchronous: a replica promoted in a failover may lack
-// writes its primary acknowledged. Where the primary has a replica, each
-// write that exactly-once rests on — a page's record, the split's total,
-// the run's end — is followed, on the connection that made it, by WAIT 1
-// (which covers every earlier write of that connection), so that it
-// returns only once a replica has it.
+// writes its primary acknowledged. Where the primary has a replica, a
+// run's creation and each write that exactly-once rests on — a page's
+// record, the split's total, the run's end — is followed, on the
+// connection that made it, by WAIT 1 (which covers every earlier write
+// of that connection), so that it returns only once a replica has it.
 func TestLedgerWritesWaitForAReplicaOnTheConnectionThatMadeThem(t *testing.T) {
 	t.Parallel()
 	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
@@ -82,8 +83,21 @@ func TestLedgerWritesWaitForAReplicaOnTheConnectionThatMadeThem(t *testing.T) {
 			t.Fatalf("a ledger write (EVALSHA %s from %s) was not followed on its connection by WAIT 1: next WAIT %d", c.arg, c.client, next)
 		}
 	}
-	if writes < 3 {
-		t.Fatalf("saw %d ledger writes, want at least the records, the split's total and the run's end", writes)
+	if writes < 4 {
+		t.Fatalf("saw %d ledger writes, want at least the run's creation, the records, the split's total and the run's end", writes)
+	}
+	// Start is alone in its trip: the very next command on its connection
+	// is the WAIT, not one a later synced trip on that connection sent.
+	start := slices.IndexFunc(cmds, func(c command) bool { return c.name == "EVALSHA" && c.arg == mapreduce.StartScript() })
+	if start < 0 {
+		t.Fatal("saw no run created by the start script")
+	}
+	var after command // the next command on the start's connection
+	if next := slices.IndexFunc(cmds[start+1:], func(n command) bool { return n.client == cmds[start].client }); next >= 0 {
+		after = cmds[start+1+next]
+	}
+	if after.name != "WAIT" || after.arg != "1" {
+		t.Fatalf("the run's creation was followed on its connection by %+v, not WAIT 1", after)
 	}
 }
 
@@ -196,5 +210,40 @@ func TestAReplicaThatStopsAnsweringCostsARunSecondsNotTheRun(t *testing.T) {
 	}
 	if waitsBefore.Load() == 0 {
 		t.Errorf("no write waited for the replica before it was paused: the test proves nothing")
+	}
+}
+
+// A Start whose new run no replica acknowledges (the replica paused)
+// waits the WAIT's bound, a second, and then keeps the run, with a
+// warning, rather than fail a Start whose run exists: a caller that
+// started again would get ErrRunExists for its own run.
+func TestAStartNoReplicaAcknowledgesKeepsItsRunWithAWarning(t *testing.T) {
+	t.Parallel()
+	g := testenv.PrivateSentinels(t, testenv.SentinelOptions{})
+	ctx := context.Background()
+	testenv.WaitFor(t, 30*time.Second, "the replica to be online", func() bool {
+		info, err := g.Primary.Client.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "state=online")
+	})
+	rdb := g.Primary.Client
+	prefix := testenv.Prefix(t)
+	e := &env{t: t, rdb: rdb, prefix: prefix, queue: testenv.Queue(t, rdb, prefix), jobs: mapreduce.NewJobs()}
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{AllowOverlap: true}))))
+	c, logs := e.loggedClient(slog.LevelWarn)
+	mustStart(t, c, "sum", sumArgs{N: 10, PageSize: 10}, mapreduce.StartOptions{}) // the client finds the replica
+	pid := g.Replica.Pid()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+
+	began := time.Now()
+	id := mustStart(t, c, "sum", sumArgs{N: 10, PageSize: 10}, mapreduce.StartOptions{})
+	if took := time.Since(began); took < 900*time.Millisecond {
+		t.Fatalf("Start returned after %v with the replica paused: it did not wait for the replica", took)
+	}
+	logs.WaitForRecord(t, 5*time.Second, "mapreduce: start: no replica acknowledged the new run in time")
+	if st, err := c.Status(ctx, id); err != nil || st.State != mapreduce.StateSplitting {
+		t.Fatalf("the run Start kept: %v, %v; want it splitting", st, err)
 	}
 }

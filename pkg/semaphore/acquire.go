@@ -355,7 +355,8 @@ func (s *Semaphore) callAcquire(ctx context.Context, token string, wait, retry b
 		// Redis back.
 		retryIn := bo.Next()
 		if attempt == 1 {
-			s.log.Warn("semaphore: acquire: Redis unavailable, retrying", "error", err, "retry_in", retryIn)
+			// At debug: the handle's outage log warned of the outage once.
+			s.log.Debug("semaphore: acquire: Redis unavailable, retrying", "error", err, "retry_in", retryIn)
 		}
 		switch perr := s.pause(ctx, retryIn); {
 		case errors.Is(perr, ErrClosed):

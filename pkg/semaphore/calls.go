@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -249,7 +250,11 @@ func (s *Semaphore) evalUntil(ctx context.Context, token string, sc *script, arg
 	s.spawn(func() {
 		r := <-done
 		if r.err != nil {
-			s.log.Warn("semaphore: a Redis call abandoned by its caller failed", "error", r.err)
+			level := slog.LevelWarn
+			if transient(r.err) {
+				level = slog.LevelDebug // the handle's outage log warned of the outage once
+			}
+			s.log.Log(context.Background(), level, "semaphore: a Redis call abandoned by its caller failed", "error", r.err)
 		}
 		if token != "" {
 			s.releaseDetached(token)

@@ -3,6 +3,7 @@ package semaphore
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"time"
 
@@ -177,7 +178,11 @@ func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, first ch
 			return
 		}
 		if attempt == 1 {
-			s.log.Warn("semaphore: giving a permit back failed; retrying in the background until Redis answers",
+			level := slog.LevelWarn
+			if transient(err) {
+				level = slog.LevelDebug // the handle's outage log warned of the outage once
+			}
+			s.log.Log(context.Background(), level, "semaphore: giving a permit back failed; retrying in the background until Redis answers",
 				"permit", token, "error", err)
 		}
 		first = nil
@@ -203,6 +208,7 @@ func (s *Semaphore) logGiveBack(token string, attempts int, was int64, err error
 		}
 		s.log.Warn(msg, "permit", token, "attempts", attempts, "error", err)
 	case err == nil && attempts > 1:
-		s.log.Info("semaphore: gave a permit back once Redis answered again", "permit", token, "attempts", attempts, "was_held", was == releaseHeld)
+		// At debug: the outage's end is one info line of the handle's.
+		s.log.Debug("semaphore: gave a permit back once Redis answered again", "permit", token, "attempts", attempts, "was_held", was == releaseHeld)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/backoff"
+	"github.com/batchmr/batchmr/internal/outage"
 )
 
 // How a handle lives through a Redis outage: every call that fails for a
@@ -35,22 +36,35 @@ func (s *Semaphore) noteCall(err error, kick bool) {
 	}
 }
 
-// redisFailed marks Redis as unreachable. The first failure of an outage
-// asks the watchdog for a refresh, which then retries with backoff: it is
-// the handle's probe for Redis coming back, even while nothing else calls.
+// redisFailed marks Redis as unreachable and counts the failure in the
+// handle's outage log: a warning at the first failure of each cause
+// (unreachable, failing over) and once a minute while it lasts, the others
+// at debug, so that however many calls retry, an outage is a few lines.
+// The first failure of an outage asks the watchdog for a refresh, which
+// then retries with backoff: it is the handle's probe for Redis coming
+// back, even while nothing else calls.
 func (s *Semaphore) redisFailed(err error) {
 	s.healthMu.Lock()
 	first := !s.down.Load()
 	if first {
 		s.down.Store(true)
-		s.downSince = time.Now()
 		s.back = make(chan struct{})
 	}
 	s.healthMu.Unlock()
+	s.outages.Failed(nil, outageOf(err), "", err)
 	if first {
-		s.log.Warn("semaphore: Redis is unreachable; retrying with backoff until it answers", "error", err)
 		s.kickWatchdog()
 	}
+}
+
+// outageOf is the outage that err, a transient failure, belongs to: a
+// reply of Redis's own (READONLY, LOADING, …) is a failover's, anything
+// else (refused, dropped, unanswered) Redis unreachable.
+func outageOf(err error) outage.Cause {
+	if isServerError(err) {
+		return outage.RedisFailover
+	}
+	return outage.Redis
 }
 
 // redisAnswered marks Redis as reachable. After an outage it wakes every
@@ -63,7 +77,6 @@ func (s *Semaphore) redisAnswered(kick bool) {
 	}
 	s.healthMu.Lock()
 	was := s.down.Load()
-	since := s.downSince
 	if was {
 		s.down.Store(false)
 		close(s.back)
@@ -73,7 +86,10 @@ func (s *Semaphore) redisAnswered(kick bool) {
 	if !was {
 		return
 	}
-	s.log.Info("semaphore: Redis answers again", "unreachable_for", time.Since(since).Round(time.Millisecond))
+	// One info line per cause that failed: how long it lasted, and how
+	// many calls failed for it.
+	s.outages.Ended(outage.Redis, "")
+	s.outages.Ended(outage.RedisFailover, "")
 	if kick {
 		s.kickWatchdog()
 	}

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -628,5 +631,91 @@ func TestAPermitReleasedDuringAnOutagePastItsLeaseIsGivenBackWhenRedisReturns(t 
 		if h.ID == released.ID() {
 			t.Errorf("the released permit is still held in Redis: %+v", stats(t, watch))
 		}
+	}
+}
+
+// TestARedisOutageIsOneWarningAndOneEndLineNotALinePerCall: Redis killed
+// for three seconds (and restarted from its AOF) under 40 goroutines that
+// acquire and release in a loop: each failed call is counted at debug,
+// the handle warns once per cause (unreachable; failing over, if the
+// restart is caught loading), and says at info that the outage is over,
+// how long it lasted and how many calls failed for it.
+func TestARedisOutageIsOneWarningAndOneEndLineNotALinePerCall(t *testing.T) {
+	t.Parallel()
+	srv := testenv.PrivateRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	var logs testenv.LogBuffer
+	s := newSem(t, ownClient(t, srv.Client), testenv.Prefix(t), semaphore.Options{Limit: 4,
+		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	const goroutines = 40
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var rounds atomic.Int64
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				p, err := s.Acquire(ctx)
+				if err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("Acquire: %v", err)
+					}
+					return
+				}
+				time.Sleep(time.Millisecond)
+				_ = p.Release(context.Background()) // during the outage: retried in the background
+				rounds.Add(1)
+			}
+		}()
+	}
+	t.Cleanup(func() { stop(); wg.Wait() }) // before Close, should the test fail
+	testenv.WaitFor(t, 10*time.Second, "permits going round", func() bool { return rounds.Load() > 100 })
+	const down = 3 * time.Second
+	srv.Kill()
+	time.Sleep(down)
+	srv.Start()
+	before := rounds.Load()
+	testenv.WaitFor(t, 20*time.Second, "permits going round again", func() bool { return rounds.Load() > before+100 })
+	var warns []string
+	var over map[string]any
+	debugs := 0
+	for end := time.Now().Add(10 * time.Second); over == nil && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		warns, debugs = nil, 0
+		for _, r := range logs.Records(t) {
+			switch {
+			case r["level"] == "WARN" || r["level"] == "ERROR":
+				warns = append(warns, fmt.Sprint(r["msg"]))
+			case r["level"] == "DEBUG":
+				debugs++
+			case r["msg"] == "semaphore: Redis unreachable: over":
+				over = r
+			}
+		}
+	}
+	stop()
+	wg.Wait()
+	t.Logf("%d warnings, %d debug lines; end: %v", len(warns), debugs, over)
+	if len(warns) == 0 || len(warns) > 2 {
+		t.Errorf("%d lines at warn through the outage; want one per cause (1 or 2):\n%s", len(warns), strings.Join(warns, "\n"))
+	}
+	for _, w := range warns {
+		if !strings.HasPrefix(w, "semaphore: Redis unreachable") && !strings.HasPrefix(w, "semaphore: Redis failing over") {
+			t.Errorf("warning %q is not the outage's", w)
+		}
+	}
+	if debugs < goroutines {
+		t.Errorf("%d lines at debug; want at least one per goroutine whose calls failed (%d)", debugs, goroutines)
+	}
+	if over == nil {
+		t.Fatalf("no line within 10s of Redis's return saying the outage is over; the last lines:\n%s", logs.Tail(5))
+	}
+	if over["level"] != "INFO" || over["semaphore"] != "db" {
+		t.Errorf("the outage's end: %v; want an info line of semaphore db", over)
+	}
+	if lasted, _ := over["lasted"].(float64); time.Duration(lasted) < down/2 {
+		t.Errorf("the outage's end says it lasted %v; Redis was down %v", time.Duration(lasted), down)
+	}
+	if failures, _ := over["failures"].(float64); failures < goroutines {
+		t.Errorf("the outage's end counts %v failed calls; want at least one per goroutine (%d)", over["failures"], goroutines)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/outage"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -79,10 +80,10 @@ type Semaphore struct {
 	detachedDone bool
 
 	// Whether Redis answers this handle: see outage.go.
-	down      atomic.Bool
-	healthMu  sync.Mutex
-	downSince time.Time
-	back      chan struct{} // while down: closed when Redis answers again
+	down     atomic.Bool
+	healthMu sync.Mutex
+	back     chan struct{} // while down: closed when Redis answers again
+	outages  *outage.Log   // its warning once per cause, its failures at debug, its end
 }
 
 // New returns a handle on the semaphore called name in rdb. It does not
@@ -99,12 +100,14 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 	}
 	base := opts.Prefix + ":{" + name + "}:"
 	process := newProcessID()
+	log := opts.Logger.With("semaphore", name)
 	s := &Semaphore{
-		lib:  defaultLibrary,
-		rdb:  rdb,
-		name: name,
-		opts: opts,
-		log:  opts.Logger.With("semaphore", name),
+		lib:     defaultLibrary,
+		rdb:     rdb,
+		name:    name,
+		opts:    opts,
+		log:     log,
+		outages: outage.New(log, "semaphore"),
 		keys: []string{
 			base + "limit", base + "holders", base + "queue", base + "alive",
 			base + "info", base + "fence", base + "ticket", base + "held",

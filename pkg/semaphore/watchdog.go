@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/backoff"
@@ -42,7 +43,11 @@ func (s *Semaphore) watch() {
 		case mayPass(err):
 			wait := bo.Next()
 			if !failing {
-				s.log.Warn("semaphore: refreshing leases failed; retrying until Redis answers; permits stay valid until their leases run out", "error", err, "permits_and_waiters", n)
+				level := slog.LevelWarn
+				if transient(err) {
+					level = slog.LevelDebug // the handle's outage log warned of the outage once
+				}
+				s.log.Log(context.Background(), level, "semaphore: refreshing leases failed; retrying until Redis answers; permits stay valid until their leases run out", "error", err, "permits_and_waiters", n)
 				failing = true
 			}
 			retry = time.After(wait)
