@@ -286,7 +286,7 @@ func (s *Semaphore) confirmReplicated(ctx context.Context, acked int, since time
 			s.replicas.n.Store(0)
 			s.replicas.checked = time.Now()
 			s.replicas.mu.Unlock()
-			s.log.Warn("semaphore: no replica acknowledged a write that a grant or limit rests on in time; going on without one: a failover now may lose it. Replication looks broken: see min-replicas-to-write in docs/semaphore.md",
+			s.log.Warn("semaphore: no replica acknowledged a write that a grant or limit rests on in time (a replica down or lagging, or, just after a failover, a new primary with no replica yet); going on without one until one is in sync: a failover meanwhile may lose it. Where that must not happen, see min-replicas-to-write in docs/semaphore.md",
 				"bound", s.opts.ReplicaWait)
 			return nil
 		}
