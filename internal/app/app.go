@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/procname"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
 	"github.com/batchmr/batchmr/pkg/semaphore"
@@ -514,7 +515,7 @@ var UnknownFlagHint string
 // their own: this is what links the two.
 func WorkerOf(process string, workers []mapreduce.WorkerInfo, now time.Time) string {
 	for _, w := range workers {
-		if strings.HasPrefix(process, semaphore.ProcessPrefix(w.Host, w.PID)) {
+		if strings.HasPrefix(process, procname.Prefix(w.Host, w.PID)) {
 			if d, silent := w.Silent(now); silent {
 				return w.ID + " (silent " + d.Round(time.Second).String() + ")"
 			}

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/internal/procname"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
-	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
 // A semaphore process is named by its worker; a worker that has stopped
@@ -20,9 +20,9 @@ func TestWorkerOfNamesASilentWorkerAsSuch(t *testing.T) {
 		{ID: "dead", Host: "vm", PID: 20, Seen: now.Add(-17 * time.Second)},
 	}
 	for process, want := range map[string]string{
-		semaphore.ProcessPrefix("vm", 10) + "abc": "live",
-		semaphore.ProcessPrefix("vm", 20) + "abc": "dead (silent 17s)",
-		semaphore.ProcessPrefix("vm", 30) + "abc": "(none)",
+		procname.Prefix("vm", 10) + "abc": "live",
+		procname.Prefix("vm", 20) + "abc": "dead (silent 17s)",
+		procname.Prefix("vm", 30) + "abc": "(none)",
 	} {
 		if got := app.WorkerOf(process, workers, now); got != want {
 			t.Errorf("WorkerOf(%q) = %q, want %q", process, got, want)

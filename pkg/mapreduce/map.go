@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/drain"
 	"github.com/batchmr/batchmr/internal/shorten"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
@@ -229,7 +230,7 @@ func (c *Client) settleFailures(ctx, rctx context.Context, k runKeys, first int,
 // themselves back.
 func (c *Client) settleCounted(ctx, rctx context.Context, k runKeys, first int, failures []pageFailure, o JobOptions) (finals, retry []pageFailure, err error) {
 	transient := func(f pageFailure) bool {
-		return IsTransient(f.err) || errors.Is(f.err, semaphore.ErrDraining) || semaphore.Drained(ctx)
+		return IsTransient(f.err) || errors.Is(f.err, semaphore.ErrDraining) || drain.Refused(ctx)
 	}
 	var rest []pageFailure
 	for _, f := range failures {

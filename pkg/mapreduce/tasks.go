@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/drain"
 	"github.com/batchmr/batchmr/internal/shorten"
-	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
 )
 
@@ -154,7 +154,7 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 	// A worker that stops drains its semaphores: a step that has not got
 	// its first permit is refused one and handed back (transientRetry); a
 	// step that has goes on to its end.
-	ctx = semaphore.WithDrainNotice(ctx)
+	ctx = drain.With(ctx)
 	start := time.Now()
 	var err error
 	switch t.Type() {

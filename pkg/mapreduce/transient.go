@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/backoff"
+	"github.com/batchmr/batchmr/internal/drain"
 	"github.com/batchmr/batchmr/internal/outage"
 	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/batchmr/batchmr/pkg/semaphore"
@@ -164,10 +165,10 @@ func (c *Client) transientRetry(ctx context.Context, k runKeys, step string, err
 		// retry, transient or not, however often it comes back.
 		return elsewhere(err)
 	}
-	if errors.Is(err, semaphore.ErrDraining) || semaphore.Drained(ctx) {
+	if errors.Is(err, semaphore.ErrDraining) || drain.Refused(ctx) {
 		// The step waited for its first permit of a semaphore this process
 		// drains as it stops: it never began its work, and another worker
-		// does it. (Drained: however the step's code wrapped the error.)
+		// does it. (drain.Refused: however the step's code wrapped the error.)
 		return fmt.Errorf("%w: %w", errStopping, err)
 	}
 	if o.TransientRetries <= 0 || !IsTransient(err) || ctx.Err() != nil {

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/backoff"
+	"github.com/batchmr/batchmr/internal/drain"
 )
 
 // waiter is one Acquire call in this process, from before its first Redis
@@ -68,16 +68,16 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	notice, _ := ctx.Value(noticeKey{}).(*drainNotice)
+	notice := drain.From(ctx)
 	// draining is the drain this call heeds: none once the work under ctx
-	// has held a permit (its WithDrainNotice), which goes on to its end.
+	// has held a permit (its drain notice), which goes on to its end.
 	draining := s.draining
-	if notice != nil && notice.held.Load() {
+	if notice != nil && notice.Held.Load() {
 		draining = nil
 	}
 	select {
 	case <-draining:
-		return nil, notice.refuse()
+		return nil, refuse(notice)
 	default:
 	}
 	began := time.Now()
@@ -120,7 +120,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 					o.Granted(s.name, n, time.Since(began))
 				}
 				if notice != nil {
-					notice.held.Store(true)
+					notice.Held.Store(true)
 				}
 				return m.permit, nil
 			}
@@ -130,7 +130,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Permit, err
 		case <-draining:
 			// As if ctx ended: a grant that raced the drain is given back.
 			s.giveUp(w)
-			return nil, notice.refuse()
+			return nil, refuse(notice)
 		}
 	}
 }
@@ -196,39 +196,10 @@ func (s *Semaphore) ask(ctx context.Context, w *waiter, token string, wait, retr
 	}
 }
 
-// A drainNotice follows one piece of work (a task, say) through Drain:
-// see WithDrainNotice.
-type drainNotice struct {
-	held    atomic.Bool // an Acquire under it was granted
-	drained atomic.Bool // an Acquire under it returned ErrDraining
-}
-
-type noticeKey struct{}
-
-// WithDrainNotice returns a copy of ctx that tells the Acquire calls made
-// under it that they serve one piece of work, such as a task. Drain then
-// refuses them only while none of them has been granted a permit: work
-// that has begun (its first query ran, say) goes on to its end, taking
-// the further permits it needs, while work that has not is refused and
-// can be handed back whole. Drained reports whether one was refused.
-// Without a notice, Drain refuses every Acquire that waits or is made
-// after it.
-func WithDrainNotice(ctx context.Context) context.Context {
-	return context.WithValue(ctx, noticeKey{}, &drainNotice{})
-}
-
-// Drained reports whether an Acquire under ctx, which WithDrainNotice
-// made, returned ErrDraining: the work did not begin, however its code
-// wrapped or replaced that error.
-func Drained(ctx context.Context) bool {
-	n, _ := ctx.Value(noticeKey{}).(*drainNotice)
-	return n != nil && n.drained.Load()
-}
-
 // refuse notes the refusal in n, if any, and returns ErrDraining.
-func (n *drainNotice) refuse() error {
+func refuse(n *drain.Notice) error {
 	if n != nil {
-		n.drained.Store(true)
+		n.Drained.Store(true)
 	}
 	return ErrDraining
 }

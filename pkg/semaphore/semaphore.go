@@ -9,12 +9,12 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/batchmr/batchmr/internal/outage"
+	"github.com/batchmr/batchmr/internal/procname"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -144,22 +144,7 @@ func newProcessID() string {
 	host, _ := os.Hostname()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return ProcessPrefix(host, os.Getpid()) + hex.EncodeToString(b[:])
-}
-
-// ProcessPrefix is how the Process of a handle opened by process pid on
-// host begins, in Stats: for telling which process of a fleet (a worker
-// that announces its host and pid, say) holds or waits.
-func ProcessPrefix(host string, pid int) string {
-	if host == "" {
-		host = "host"
-	}
-	return strings.Map(func(r rune) rune {
-		if r == ':' || r == ' ' || r == '{' || r == '}' {
-			return '_'
-		}
-		return r
-	}, fmt.Sprintf("%s-%d-", host, pid))
+	return procname.Prefix(host, os.Getpid()) + hex.EncodeToString(b[:])
 }
 
 // Name returns the semaphore's name.
@@ -218,8 +203,8 @@ func (s *Semaphore) TryAcquireN(ctx context.Context, n int) (*Permit, error) {
 
 // Drain makes the Acquire calls of this Semaphore that wait now, and every
 // later one, return ErrDraining at once, giving up their places in the
-// queue to the rest of the fleet — except those of work that has held a
-// permit already (see WithDrainNotice), which goes on to its end. Permits
+// queue to the rest of the fleet — except those of a batchmr task that has
+// held a permit already, which goes on to its end. Permits
 // already held are not touched: their holders release them as usual. A
 // process that stops drains its semaphores first, so that work that has
 // not got its permit yet goes back to be done elsewhere instead of

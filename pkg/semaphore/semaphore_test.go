@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/drain"
 	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
@@ -447,27 +448,27 @@ func TestDrainGivesUpWaitingPlacesAndKeepsHeldPermits(t *testing.T) {
 	_ = p.Release(context.Background())
 }
 
-// Under WithDrainNotice, Drain refuses the work that has not held a permit
-// yet (Drained says so, whatever became of the error), and lets work that
+// Under a drain notice, Drain refuses the work that has not held a permit
+// yet (drain.Refused says so, whatever became of the error), and lets work that
 // has take the further permits it needs, waiting its turn.
 func TestDrainLetsWorkThatHasBegunTakeItsNextPermit(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1})
 	ctx := context.Background()
-	begun := semaphore.WithDrainNotice(ctx)
+	begun := drain.With(ctx)
 	first, err := s.Acquire(begun)
 	if err != nil {
 		t.Fatal(err)
 	}
-	notYet := semaphore.WithDrainNotice(ctx)
+	notYet := drain.With(ctx)
 	refused := make(chan error, 1)
 	go func() { _, err := s.Acquire(notYet); refused <- err }()
 	testenv.WaitFor(t, 5*time.Second, "the second piece of work waiting", func() bool { return len(stats(t, s).Waiters) == 1 })
 
 	s.Drain()
-	if err := <-refused; !errors.Is(err, semaphore.ErrDraining) || !semaphore.Drained(notYet) {
-		t.Errorf("work that never held a permit: %v (Drained %v), want ErrDraining, noted", err, semaphore.Drained(notYet))
+	if err := <-refused; !errors.Is(err, semaphore.ErrDraining) || !drain.Refused(notYet) {
+		t.Errorf("work that never held a permit: %v (Drained %v), want ErrDraining, noted", err, drain.Refused(notYet))
 	}
 	next := make(chan error, 1)
 	go func() {
@@ -481,8 +482,8 @@ func TestDrainLetsWorkThatHasBegunTakeItsNextPermit(t *testing.T) {
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-next; err != nil || semaphore.Drained(begun) {
-		t.Errorf("the begun work's next permit after Drain: %v (Drained %v), want granted", err, semaphore.Drained(begun))
+	if err := <-next; err != nil || drain.Refused(begun) {
+		t.Errorf("the begun work's next permit after Drain: %v (Drained %v), want granted", err, drain.Refused(begun))
 	}
 	if _, err := s.Acquire(ctx); !errors.Is(err, semaphore.ErrDraining) {
 		t.Errorf("an Acquire without a notice after Drain: %v, want ErrDraining", err)
