@@ -65,7 +65,7 @@ chaos: tools
 # bench: run the semaphore, mapreduce and paging benchmarks
 # (internal/cmd/semabench, mrbench, pagebench) against throwaway servers.
 bench:
-	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh sh -c 'go run ./internal/cmd/semabench && go run ./internal/cmd/mrbench && go run ./internal/cmd/pagebench'
+	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh sh -c 'go run ./internal/cmd/semabench && go run ./internal/cmd/mrbench && go run ./internal/cmd/pagebench && go run ./internal/cmd/clusterbench'
 
 # demo: seed a table, start three workers, run orders-report with its
 # progress bar, check the result against SQL and show what Postgres saw
