@@ -455,7 +455,7 @@ func spread(ctx context.Context, cl, std *side, base string) {
 func perPrimary(s *side, specs []jobSpec, rs []result) {
 	window := min(10_000, *pages)
 	fmt.Printf("%s, per primary (medians of %d rounds):\n\n", s.name, len(rs))
-	fmt.Println("| primary | jobs | share of commands | share of CPU | CPU busy | commands/page | CPU µs/page | memory at peak above idle | bytes/page in flight (window) | finished ledger bytes/page |")
+	fmt.Println("| primary | jobs | share of commands | share of CPU | CPU busy | commands/page | CPU µs/page | memory at peak above idle | peak above idle per page of the live windows | finished ledger bytes/page |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for p, nd := range s.primaries {
 		var jobsOn int
