@@ -63,9 +63,10 @@ chaos: tools
 		go test -race -count=1 -timeout 120m -v ./internal/faults/
 
 # bench: run the semaphore, mapreduce and paging benchmarks
-# (internal/cmd/semabench, mrbench, pagebench) against throwaway servers.
+# and the Redis Cluster spread (internal/cmd/semabench, mrbench, pagebench,
+# clusterbench) against throwaway servers.
 bench:
-	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh sh -c 'go run ./internal/cmd/semabench && go run ./internal/cmd/mrbench && go run ./internal/cmd/pagebench'
+	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh sh -c 'go run ./internal/cmd/semabench && go run ./internal/cmd/mrbench && go run ./internal/cmd/pagebench && go run ./internal/cmd/clusterbench'
 
 # demo: seed a table, start three workers, run orders-report with its
 # progress bar, check the result against SQL and show what Postgres saw
