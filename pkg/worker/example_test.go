@@ -126,3 +126,18 @@ func exampleCleanup(rdb *redis.Client, prefix, queue string) {
 	}
 	rdb.SRem(ctx, "asynq:queues", queue)
 }
+
+// A worker binary's whole main function: its flags and their environment
+// variables (--help lists them) configure it, and it runs until SIGTERM or
+// SIGINT. (Not run here: it would take the test's command line.)
+func ExampleMain() {
+	worker.Main(lengths)
+}
+
+// MainWith sets what no flag does, here the "cpu" semaphore that the
+// job's Map takes, before the worker starts; every flag still works.
+func ExampleMainWith() {
+	worker.MainWith(func(cfg *worker.Config) {
+		cfg.Permits = map[string]int{"cpu": 4}
+	}, lengths)
+}
