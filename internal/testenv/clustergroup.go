@@ -167,28 +167,19 @@ func PrivateRedisClusterGroup(t testing.TB, o ClusterGroupOptions) *ClusterGroup
 }
 
 // PrimaryOf returns the index in Primaries of the primary that holds the
-// keys of hash tag tag, as CLUSTER SLOTS says.
+// keys of hash tag tag, as the cluster's slot map says.
 func (g *ClusterGroup) PrimaryOf(t testing.TB, tag string) int {
 	t.Helper()
-	ctx := context.Background()
-	slot, err := g.Client.ClusterKeySlot(ctx, "{"+tag+"}").Result()
+	node, err := g.Client.MasterForKey(context.Background(), "{"+tag+"}")
 	if err != nil {
-		t.Fatalf("testenv: CLUSTER KEYSLOT: %v", err)
+		t.Fatalf("testenv: the primary of {%s}: %v", tag, err)
 	}
-	slots, err := g.Client.ClusterSlots(ctx).Result()
-	if err != nil {
-		t.Fatalf("testenv: CLUSTER SLOTS: %v", err)
-	}
-	for _, s := range slots {
-		if int64(s.Start) <= slot && slot <= int64(s.End) && len(s.Nodes) > 0 {
-			for i, p := range g.Primaries {
-				if p.Client.Options().Addr == s.Nodes[0].Addr {
-					return i
-				}
-			}
-			t.Fatalf("testenv: slot %d is on %s, not one of the first primaries", slot, s.Nodes[0].Addr)
+	addr := node.Options().Addr
+	for i, p := range g.Primaries {
+		if p.Client.Options().Addr == addr {
+			return i
 		}
 	}
-	t.Fatalf("testenv: no node holds slot %d", slot)
+	t.Fatalf("testenv: {%s} is on %s, not one of the first primaries", tag, addr)
 	return -1
 }
