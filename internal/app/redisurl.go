@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -44,12 +45,12 @@ type RedisTarget struct {
 // NewClient returns a client of the target, not yet connected: a
 // *redis.Client for Standalone and Sentinel (go-redis's FailoverClient is
 // a *redis.Client), a *redis.ClusterClient for Cluster, which reloads its
-// map of slots when a node fails (clusterreload.go).
+// map of slots when a node fails (rediserr.ReloadSlotsOnErrors).
 func (r *RedisTarget) NewClient() redis.UniversalClient {
 	switch r.Form {
 	case RedisCluster:
 		c := redis.NewClusterClient(r.Cluster)
-		reloadSlotsOnErrors(c)
+		rediserr.ReloadSlotsOnErrors(c)
 		return c
 	case RedisSentinel:
 		return redis.NewFailoverClient(r.Failover)

@@ -80,10 +80,16 @@ type Client struct {
 }
 
 // New returns a Client that keeps runs in rdb and enqueues tasks through
-// asynq on the same Redis.
+// asynq on the same Redis. On a *redis.ClusterClient, New adds hooks that
+// reload the client's map of slots when a node fails: go-redis would
+// otherwise keep dialling a dead primary until the map ages out, a minute
+// after a failover promoted its replica.
 func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if rdb == nil {
 		return nil, errors.New("mapreduce: New: nil redis client")
+	}
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		rediserr.ReloadSlotsOnErrors(c)
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = "batchmr"

@@ -15,6 +15,7 @@ import (
 
 	"github.com/batchmr/batchmr/internal/outage"
 	"github.com/batchmr/batchmr/internal/procname"
+	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -89,10 +90,16 @@ type Semaphore struct {
 // New returns a handle on the semaphore called name in rdb. It does not
 // contact Redis: the first Acquire writes opts.Limit to Redis if Redis has no
 // limit for name yet. New returns an error for an empty name, a Limit below
-// 1, or a Lease below MinLease.
+// 1, or a Lease below MinLease. On a *redis.ClusterClient, New adds hooks
+// that reload the client's map of slots when a node fails: go-redis would
+// otherwise keep dialling a dead primary until the map ages out, a minute
+// after a failover promoted its replica.
 func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("semaphore %q: nil redis client: pass a *redis.Client or *redis.ClusterClient", name)
+	}
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		rediserr.ReloadSlotsOnErrors(c)
 	}
 	opts, err := opts.withDefaults(name)
 	if err != nil {

@@ -1,12 +1,12 @@
-package app
+package rediserr
 
 import (
 	"context"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -15,11 +15,11 @@ import (
 // a minute) has it reload. A primary killed outright sends neither: the
 // client retries the dead address for each command and gives up, and keeps
 // doing so after the replica is promoted, until the minute is up. So every
-// node client of a Cluster client made here reloads the map when a command
-// fails in a way that says the map may be stale (rediserr.StaleSlots), at
-// most once per reloadEvery: during a failover that is a CLUSTER SLOTS
-// every reloadEvery, and the first after the promotion finds the new
-// primary.
+// node client of a Cluster client that batchmr makes or is given reloads
+// the map when a command fails in a way that says the map may be stale
+// (StaleSlots), at most once per reloadEvery: during a failover that is a
+// CLUSTER SLOTS every reloadEvery, and the first after the promotion finds
+// the new primary.
 
 // reloadEvery bounds how often a Cluster client reloads its slots on
 // errors.
@@ -27,20 +27,40 @@ const reloadEvery = 250 * time.Millisecond
 
 // slotReloader is the hook that reloads c's slots on errors of its nodes.
 type slotReloader struct {
-	c    *redis.ClusterClient
-	last atomic.Int64 // when a reload was last asked, in UnixNano
+	c      *redis.ClusterClient
+	last   atomic.Int64 // when a reload was last asked, in UnixNano
+	hooked sync.Map     // *redis.Client → struct{}: the nodes it is on
 }
 
-// reloadSlotsOnErrors makes c reload its slots when a command to one of
-// its nodes fails with a stale-map error; call it before c's first
-// command, so that every node's client gets the hook.
-func reloadSlotsOnErrors(c *redis.ClusterClient) {
-	r := &slotReloader{c: c}
-	c.OnNewNode(func(node *redis.Client) { node.AddHook(r) })
+// reloaders holds the reloader of each Cluster client that has one.
+var reloaders sync.Map // *redis.ClusterClient → *slotReloader
+
+// ReloadSlotsOnErrors makes c reload its slots when a command fails with a
+// stale-map error (StaleSlots). It hooks the client itself, which sees
+// every command routed through it once go-redis's own retries are spent,
+// and each node client c makes from now on, which sees each attempt and
+// the commands of a connection taken from a node (MasterForKey). It is
+// idempotent: app.Redis calls it on the clients it makes, mapreduce.New
+// and semaphore.New on the clients they are given.
+func ReloadSlotsOnErrors(c *redis.ClusterClient) {
+	v, loaded := reloaders.LoadOrStore(c, &slotReloader{c: c})
+	if loaded {
+		return
+	}
+	r := v.(*slotReloader)
+	c.OnNewNode(r.hook)
+	c.AddHook(r)
+}
+
+// hook adds r to node's hooks, once.
+func (r *slotReloader) hook(node *redis.Client) {
+	if _, done := r.hooked.LoadOrStore(node, struct{}{}); !done {
+		node.AddHook(r)
+	}
 }
 
 func (r *slotReloader) seen(err error) {
-	if !rediserr.StaleSlots(err) {
+	if !StaleSlots(err) {
 		return
 	}
 	now := time.Now().UnixNano()
