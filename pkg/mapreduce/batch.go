@@ -73,9 +73,8 @@ func unsent(ctx context.Context, err error) *redis.Cmd {
 // through: the caller's, except that EVALSHA, which asynq sends its
 // enqueue script with, goes by a batcher. A split enqueues a window's pages
 // EnqueueConcurrency at a time, and each asynq enqueue alone is a round
-// trip; this way those made together share one (mrbench's overhead
-// section: 4.1 round trips per no-op page before, 3.2 after, and 11% less
-// wall time; BENCHMARKS.md). Each command keeps its own reply and error,
+// trip; this way those made together share one (BENCHMARKS.md,
+// "Framework overhead": 3.2 round trips per one-page task). Each command keeps its own reply and error,
 // so asynq reads it as if sent alone, with one difference: go-redis sends
 // a whole pipeline again when its first reply is a retryable error or the
 // read times out, and an enqueue of the trip that had run then answers

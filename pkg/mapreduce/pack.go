@@ -176,9 +176,8 @@ func floorPow2(n int) int { return 1 << max(bits.Len(uint(max(n, 0)))-1, 0) }
 // pages are measured a split cannot tell whether they are cheap, so its
 // first feeds go a page a task; and since nothing is measured before
 // workers take a task (their poll interval: 100 ms by default), a split
-// fed its whole first window of cheap pages unpacked, ~1 s of a 2 s,
-// 100 000-page run (BENCHMARKS.md). So once probePages pages went a page
-// a task, a split that may pack waits, at most probeWait and once per
+// that fed on would feed its whole first window of cheap pages unpacked.
+// So once probePages pages went a page a task, a split waits, at most probeWait and once per
 // attempt, until packSample pages are measured or one shows the pages are
 // too slow to pack, or the workers have taken every task fed (probeIdle),
 // and then decides as before. Slow pages cost the wait for the first of

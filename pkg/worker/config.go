@@ -97,10 +97,8 @@ type Config struct {
 	// PollInterval is how often an idle worker looks for tasks
 	// (--poll-interval, WORKER_POLL_INTERVAL). Default 100ms: each step of
 	// a run that starts on idle workers (the split, the reduce) waits for
-	// their next look, and asynq's own default, a second, made a run of
-	// cheap pages take twice as long as bare asynq; an idle worker then
-	// costs Redis ~0.2% of a core for 8 queues (BENCHMARKS.md, "The
-	// worker's default poll interval").
+	// their next look; an idle worker costs Redis ~0.2% of a core for 8
+	// queues (BENCHMARKS.md, "The worker's default poll interval").
 	PollInterval time.Duration
 	// Weights sets the priority of each job's queue against the others'
 	// (--weight JOB=N, WORKER_WEIGHTS). Default 1 each.
