@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/internal/console"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -120,26 +121,10 @@ func jobs(ctx context.Context, args []string) int {
 }
 
 // withoutDatabase warns of the live workers of job j that say they have no
-// database (WorkerInfo.Database) while others of j's say they have one: if
-// the job calls worker.Database, the pages those take are handed back to
-// the queue, which slows its runs. Workers that say nothing are left out.
+// database while others of j's say they have one (console.WithoutDatabase).
 func withoutDatabase(j mapreduce.JobInfo) []string {
-	var with bool
-	var without []string
-	for _, w := range j.Workers {
-		switch {
-		case w.Database == nil: // says nothing
-		case *w.Database:
-			with = true
-		default:
-			without = append(without, w.ID)
-		}
-	}
-	if !with {
-		return nil
-	}
 	var out []string
-	for _, id := range without {
+	for _, id := range console.WithoutDatabase(j) {
 		out = append(out, fmt.Sprintf("WARNING: worker %s runs %s without a database, where other workers of it have one: if %s calls worker.Database, the pages it takes there go back to the queue, slowing its runs; give it DATABASE_URL (and RequireDatabase)", id, j.Name, j.Name))
 	}
 	return out

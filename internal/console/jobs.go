@@ -12,8 +12,9 @@ import (
 
 type jobRow struct {
 	mapreduce.JobInfo
-	Runs      string // link to the job's runs
-	Schedules []schedules.Schedule
+	Runs            string // link to the job's runs
+	Schedules       []schedules.Schedule
+	WithoutDatabase []string // WithoutDatabase of the job
 }
 
 type jobsView struct {
@@ -33,7 +34,7 @@ func (c *Console) jobsData(ctx context.Context, _ *http.Request) (string, string
 	}
 	v := jobsView{Now: time.Now(), Empty: c.emptyCatalogue()}
 	for _, j := range catalogue {
-		jr := jobRow{JobInfo: j, Runs: "/runs?" + url.Values{"job": {j.Name}}.Encode()}
+		jr := jobRow{JobInfo: j, Runs: "/runs?" + url.Values{"job": {j.Name}}.Encode(), WithoutDatabase: WithoutDatabase(j)}
 		for _, s := range scheds {
 			if s.Job == j.Name {
 				jr.Schedules = append(jr.Schedules, s)

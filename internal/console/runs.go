@@ -39,6 +39,7 @@ type runRow struct {
 	// fail the same way; a new run with other arguments is the fix.
 	ArgsRefused bool
 	Of          string // the total, "~N" while the split runs and said to expect N, or "?"
+	Tasks       string // how the run gives its pages to tasks (TasksText)
 }
 
 func row(st *mapreduce.Status, now time.Time) runRow {
@@ -47,7 +48,7 @@ func row(st *mapreduce.Status, now time.Time) runRow {
 		Cancel: !st.State.Ended(), Retry: (st.State == mapreduce.StateFailed || st.State == mapreduce.StateCancelled) && !st.ArgsRefused(),
 		ArgsRefused: st.ArgsRefused()}
 	total, _ := st.Pages()
-	r.Of = PagesText(st)
+	r.Of, r.Tasks = PagesText(st), TasksText(st)
 	if total > 0 {
 		r.Percent = min(100, float64(r.Pages)*100/float64(total))
 	} else if st.Total == 0 && st.State.Ended() {

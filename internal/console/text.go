@@ -38,3 +38,26 @@ func TasksText(st *mapreduce.Status) string {
 	}
 	return ""
 }
+
+// WithoutDatabase returns the IDs of job j's live workers that say they
+// have no database (WorkerInfo.Database) while others of its workers say
+// they have one: if the job calls worker.Database, the pages those take
+// are handed back to the queue, which slows its runs. Workers that say
+// nothing are left out.
+func WithoutDatabase(j mapreduce.JobInfo) []string {
+	var with bool
+	var without []string
+	for _, w := range j.Workers {
+		switch {
+		case w.Database == nil: // says nothing
+		case *w.Database:
+			with = true
+		default:
+			without = append(without, w.ID)
+		}
+	}
+	if !with {
+		return nil
+	}
+	return without
+}
