@@ -29,7 +29,7 @@ func connect(ctx context.Context, r redisFlags) *conn {
 	if err != nil {
 		app.Fail("%v", err)
 	}
-	mr, err := app.MapReduce(rdb, nil, log)
+	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: app.Prefix, Logger: log})
 	if err != nil {
 		app.Fail("%v", err)
 	}

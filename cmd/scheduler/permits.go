@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/internal/console"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
@@ -165,7 +166,7 @@ func announcedSemaphores(ctx context.Context, c *conn) []string {
 // open returns a handle on the named semaphore; the limit it is given is
 // never written (Stats and SetLimit do not use it).
 func open(c *conn, name string) *semaphore.Semaphore {
-	s, err := app.Semaphore(c.rdb, name, semaphore.Options{Limit: 1})
+	s, err := semaphore.New(c.rdb, name, semaphore.Options{Limit: 1, Prefix: app.SemaphorePrefix(app.Prefix)})
 	if err != nil {
 		app.Usage("%v", err)
 	}
@@ -203,7 +204,7 @@ func printStats(out io.Writer, st semaphore.Stats, verbose bool, workers []mapre
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "PROCESS\tWORKER\tHOLDS\tWEIGHT\tLONGEST HOLD\tWAITS\tWEIGHT\tOLDEST WAIT")
 	for _, p := range procs {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.Process, app.WorkerOf(p.Process, workers, now), p.Holds, p.Held, dur(p.Holds, p.LongestHold), p.Waits, p.Waiting, dur(p.Waits, p.OldestWait))
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", p.Process, console.WorkerOf(p.Process, workers, now), p.Holds, p.Held, dur(p.Holds, p.LongestHold), p.Waits, p.Waiting, dur(p.Waits, p.OldestWait))
 	}
 	_ = w.Flush()
 	if !verbose {

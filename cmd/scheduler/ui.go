@@ -110,7 +110,7 @@ func ui(ctx context.Context, args []string) int {
 	c := connect(ctx, *url)
 	defer c.close()
 	con, err := console.New(console.Config{Redis: c.rdb, MapReduce: c.mr, Prefix: app.Prefix,
-		SemaphorePrefix: app.Prefix + ":sem", ReadOnly: *readOnly, Token: token, PublicURL: *publicURL, Logger: log})
+		SemaphorePrefix: app.SemaphorePrefix(app.Prefix), ReadOnly: *readOnly, Token: token, PublicURL: *publicURL, Logger: log})
 	if err != nil {
 		app.Fail("ui: %v", err)
 	}

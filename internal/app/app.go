@@ -18,11 +18,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/batchmr/batchmr/internal/procname"
-	"github.com/batchmr/batchmr/pkg/mapreduce"
-	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
-	"github.com/batchmr/batchmr/pkg/semaphore"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -30,6 +25,10 @@ import (
 
 // SemaphoreName is the semaphore of the fleet's database permits.
 const SemaphoreName = "db"
+
+// SemaphorePrefix is the prefix of the fleet's semaphores' keys under the
+// deployment's prefix (Prefix, or worker.Config's).
+func SemaphorePrefix(prefix string) string { return prefix + ":sem" }
 
 // Env returns the environment variable name's value, or def.
 func Env(name, def string) string {
@@ -260,11 +259,11 @@ func (r *RedisTarget) ping(ctx context.Context, rdb redis.UniversalClient) error
 }
 
 // Postgres connects a pool to url, naming its connections appName in
-// pg_stat_activity, and checks that the server answers. Its connections
-// cancel a query on the server when the query's context is done
-// (pgsource.ConfigurePool). A tracer, if given, traces its queries (the
-// worker's Unguarded).
-func Postgres(ctx context.Context, url, appName string, maxConns int, tracer ...pgx.QueryTracer) (*pgxpool.Pool, error) {
+// pg_stat_activity, and checks that the server answers. configure, if not
+// nil, completes the pool's configuration first (the worker's has its
+// connections cancel a query on the server when the query's context is
+// done, pgsource.ConfigurePool, and traces its queries).
+func Postgres(ctx context.Context, url, appName string, maxConns int, configure func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	if url == "" {
 		return nil, errors.New("no database: pass --database-url or set DATABASE_URL (e.g. postgres://user@localhost:5432/db)")
 	}
@@ -273,11 +272,8 @@ func Postgres(ctx context.Context, url, appName string, maxConns int, tracer ...
 		return nil, fmt.Errorf("--database-url (env DATABASE_URL): %w: give a URL such as postgres://user:password@host:5432/dbname?sslmode=verify-full&sslrootcert=ca.pem (sslmode=disable on a network you trust)", err)
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = appName
-	// A cancelled query is cancelled on the server and its connection
-	// kept, so that its permit can go back at once (see pgsource.Do).
-	pgsource.ConfigurePool(cfg)
-	if len(tracer) > 0 {
-		cfg.ConnConfig.Tracer = tracer[0]
+	if configure != nil {
+		configure(cfg)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = int32(maxConns)
@@ -344,12 +340,6 @@ Environment: BATCHMR_PREFIX (default batchmr, also when set empty) starts every 
 queue name of one deployment, so that several share one Redis; every
 worker and scheduler of a deployment must agree on it.
 `
-
-// MapReduce returns a mapreduce client under Prefix that runs jobs (nil:
-// one that only starts, inspects and cancels runs).
-func MapReduce(rdb redis.UniversalClient, jobs *mapreduce.Jobs, log *slog.Logger) (*mapreduce.Client, error) {
-	return mapreduce.New(rdb, mapreduce.Config{Jobs: jobs, Prefix: Prefix, Logger: log})
-}
 
 // EmptyCatalogue says that no worker has announced a job where rdb and
 // prefix point, naming both: a REDIS_URL with another database number, or
@@ -462,12 +452,6 @@ func JSONError(s string) error {
 	return err
 }
 
-// Semaphore opens the named fleet-wide semaphore under Prefix.
-func Semaphore(rdb redis.UniversalClient, name string, opts semaphore.Options) (*semaphore.Semaphore, error) {
-	opts.Prefix = Prefix + ":sem"
-	return semaphore.New(rdb, name, opts)
-}
-
 // StringList is a repeatable flag.
 type StringList []string
 
@@ -504,23 +488,3 @@ func Parse(fs *flag.FlagSet, usage string, args []string) {
 // UnknownFlagHint, if set, follows Parse's error for a flag the command
 // does not define: what such a flag most likely meant.
 var UnknownFlagHint string
-
-// WorkerOf names the live worker among workers that a semaphore handle's
-// process (semaphore.ProcessStats.Process) belongs to, by its host and
-// pid, or returns "(none)": a process that stopped or was killed, whose
-// permits come back when their leases run out, or one that is no worker.
-// A worker that WorkerInfo.Silent says is silent as of now (Redis's
-// time) is named with "(silent 17s)": most likely killed, its entry not yet expired. The semaphore
-// names processes host-pid-random, the catalogue names workers by IDs of
-// their own: this is what links the two.
-func WorkerOf(process string, workers []mapreduce.WorkerInfo, now time.Time) string {
-	for _, w := range workers {
-		if strings.HasPrefix(process, procname.Prefix(w.Host, w.PID)) {
-			if d, silent := w.Silent(now); silent {
-				return w.ID + " (silent " + d.Round(time.Second).String() + ")"
-			}
-			return w.ID
-		}
-	}
-	return "(none)"
-}

@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/internal/testenv"
@@ -35,15 +34,15 @@ func TestConnectErrorsTellAServerThatRefusedFromOneThatDoesNotAnswer(t *testing.
 		t.Fatal(err)
 	}
 	dbURL.Path = "/no_such_database_" + strings.ReplaceAll(testenv.Prefix(t)[len(testenv.Prefix(t))-8:], ":", "")
-	_, err = app.Postgres(ctx, dbURL.String(), "app-test", 1)
+	_, err = app.Postgres(ctx, dbURL.String(), "app-test", 1, nil)
 	if err == nil || !strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "cannot reach") {
 		t.Errorf("a Postgres database that does not exist: %v; want a refusal that quotes the server", err)
 	}
-	if _, err = app.Postgres(ctx, "postgres://postgres@127.0.0.1:1/x?connect_timeout=2", "app-test", 1); err == nil || !strings.Contains(err.Error(), "cannot reach") {
+	if _, err = app.Postgres(ctx, "postgres://postgres@127.0.0.1:1/x?connect_timeout=2", "app-test", 1, nil); err == nil || !strings.Contains(err.Error(), "cannot reach") {
 		t.Errorf("Postgres on a closed port: %v; want 'cannot reach'", err)
 	}
 	// host:port alone, as for Redis: not a URL pgx can read.
-	if _, err = app.Postgres(ctx, "localhost:5432", "app-test", 1); err == nil || !strings.Contains(err.Error(), "give a URL such as postgres://user:password@host:5432/dbname") {
+	if _, err = app.Postgres(ctx, "localhost:5432", "app-test", 1, nil); err == nil || !strings.Contains(err.Error(), "give a URL such as postgres://user:password@host:5432/dbname") {
 		t.Errorf("a DATABASE_URL of host:port: %v; want an error showing a URL's form", err)
 	}
 
@@ -56,7 +55,7 @@ func TestConnectErrorsTellAServerThatRefusedFromOneThatDoesNotAnswer(t *testing.
 	q := tlsURL.Query()
 	q.Set("sslmode", "require")
 	tlsURL.RawQuery = q.Encode()
-	pool, err := app.Postgres(ctx, tlsURL.String(), "app-test", 1)
+	pool, err := app.Postgres(ctx, tlsURL.String(), "app-test", 1, nil)
 	if err == nil {
 		pool.Close()
 		t.Log("the test server accepts TLS: its refusal is not checked")
@@ -67,40 +66,6 @@ func TestConnectErrorsTellAServerThatRefusedFromOneThatDoesNotAnswer(t *testing.
 	// A bare host:port is not a Redis URL: the message shows one.
 	if _, err = app.Redis(ctx, "localhost:6379", app.RedisTLS{}, nil); err == nil || !strings.Contains(err.Error(), "redis://localhost:6379/0") {
 		t.Errorf("REDIS_URL=localhost:6379: %v; want the URL's form, with an example", err)
-	}
-}
-
-// A worker's pool cancels a query on the server when its context ends, and
-// keeps the connection: when the query call returns, the backend is idle,
-// so its permit can go back at once.
-func TestPostgresPoolCancelsAQueryOnTheServerAndKeepsItsConnection(t *testing.T) {
-	t.Parallel()
-	pool, err := app.Postgres(context.Background(), testenv.DatabaseURL(t), "app-test", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	conn, err := pool.Acquire(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	if _, err := conn.Exec(ctx, "SELECT pg_sleep(60)"); err == nil {
-		t.Fatal("a query past its context's deadline succeeded")
-	}
-	if conn.Conn().IsClosed() {
-		t.Fatal("the connection was closed: the query was abandoned, not cancelled on the server")
-	}
-	var state string
-	if err := pool.QueryRow(context.Background(), "SELECT state FROM pg_stat_activity WHERE pid = $1",
-		int32(conn.Conn().PgConn().PID())).Scan(&state); err != nil || state != "idle" {
-		t.Errorf("the cancelled query's backend: state %q (%v), want idle", state, err)
-	}
-	var one int
-	if err := conn.QueryRow(context.Background(), "SELECT 1").Scan(&one); err != nil || one != 1 {
-		t.Errorf("the connection after the cancel: %d, %v; want it usable", one, err)
 	}
 }
 

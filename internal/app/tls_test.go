@@ -195,7 +195,7 @@ func TestNoConnectionErrorHoldsThePassword(t *testing.T) {
 		"postgres://admin:" + pw + "@127.0.0.1:1/db?connect_timeout=2",
 		"postgres://admin:" + pw + "@127.0.0.1:1/db?sslmode=verify-full&sslrootcert=/nonexistent",
 	} {
-		if _, err := app.Postgres(ctx, u, "app-test", 1); err == nil || strings.Contains(err.Error(), pw) {
+		if _, err := app.Postgres(ctx, u, "app-test", 1, nil); err == nil || strings.Contains(err.Error(), pw) {
 			t.Errorf("DATABASE_URL=%s: %v; want an error without the password", u, err)
 		}
 	}
@@ -217,7 +217,7 @@ func TestPostgresVerifyFullWithAPrivateCAConnectsAndAWrongCAFailsWithItsFix(t *t
 	verifyFull := func(ca string) string {
 		return strings.Replace(pg.URL, "sslmode=disable", "sslmode=verify-full&sslrootcert="+url.QueryEscape(ca), 1)
 	}
-	pool, err := app.Postgres(ctx, verifyFull(certs.CA), "app-test", 1)
+	pool, err := app.Postgres(ctx, verifyFull(certs.CA), "app-test", 1, nil)
 	if err != nil {
 		t.Fatalf("verify-full with the server's CA: %v", err)
 	}
@@ -227,7 +227,7 @@ func TestPostgresVerifyFullWithAPrivateCAConnectsAndAWrongCAFailsWithItsFix(t *t
 	}
 	pool.Close()
 
-	_, err = app.Postgres(ctx, verifyFull(certs.OtherCA), "app-test", 1)
+	_, err = app.Postgres(ctx, verifyFull(certs.OtherCA), "app-test", 1, nil)
 	if err == nil || !strings.Contains(err.Error(), "unknown authority") || !strings.Contains(err.Error(), "sslrootcert=FILE") {
 		t.Errorf("verify-full with another CA: %v; want the unknown authority named, and sslrootcert", err)
 	}
@@ -250,7 +250,7 @@ func TestPostgresTLSFailuresNameTheirFix(t *testing.T) {
 	} {
 		pg := testenv.PrivatePostgres(t, testenv.PostgresTLS(t, tc.pair)...)
 		u := strings.Replace(pg.URL, "sslmode=disable", "sslmode=verify-full&sslrootcert="+url.QueryEscape(certs.CA), 1)
-		if _, err := app.Postgres(ctx, u, "app-test", 1); err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "cannot reach") {
+		if _, err := app.Postgres(ctx, u, "app-test", 1, nil); err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "cannot reach") {
 			t.Errorf("%s: %v; want %q", tc.name, err, tc.want)
 		}
 	}

@@ -215,7 +215,7 @@ type procRow struct {
 func (c *Console) semRow(st semaphore.Stats, workers []mapreduce.WorkerInfo, now time.Time) semRow {
 	r := semRow{Stats: st, Link: "/semaphore?" + url.Values{"name": {st.Name}}.Encode()}
 	for _, p := range st.ByProcess() {
-		r.Processes = append(r.Processes, procRow{ProcessStats: p, Worker: app.WorkerOf(p.Process, workers, now)})
+		r.Processes = append(r.Processes, procRow{ProcessStats: p, Worker: WorkerOf(p.Process, workers, now)})
 	}
 	for _, q := range st.Waiters {
 		r.Waiting += q.Weight

@@ -3,8 +3,10 @@ package console
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/procname"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -60,4 +62,24 @@ func WithoutDatabase(j mapreduce.JobInfo) []string {
 		return nil
 	}
 	return without
+}
+
+// WorkerOf names the live worker among workers that a semaphore handle's
+// process (semaphore.ProcessStats.Process) belongs to, by its host and
+// pid, or returns "(none)": a process that stopped or was killed, whose
+// permits come back when their leases run out, or one that is no worker.
+// A worker that WorkerInfo.Silent says is silent as of now (Redis's
+// time) is named with "(silent 17s)": most likely killed, its entry not yet expired. The semaphore
+// names processes host-pid-random, the catalogue names workers by IDs of
+// their own: this is what links the two.
+func WorkerOf(process string, workers []mapreduce.WorkerInfo, now time.Time) string {
+	for _, w := range workers {
+		if strings.HasPrefix(process, procname.Prefix(w.Host, w.PID)) {
+			if d, silent := w.Silent(now); silent {
+				return w.ID + " (silent " + d.Round(time.Second).String() + ")"
+			}
+			return w.ID
+		}
+	}
+	return "(none)"
 }

@@ -12,9 +12,11 @@ import (
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/internal/outage"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
 	"github.com/batchmr/batchmr/pkg/metrics"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -112,20 +114,25 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	w.env = &Env{Redis: w.rdb, Logger: log, Semaphores: map[string]*semaphore.Semaphore{}}
 	// Queries on the pool without a permit of the worker's semaphores
 	// ("db", as a rule) are warned of: they take the fleet over its permits.
-	unguarded := &app.Unguarded{}
+	unguarded := &Unguarded{}
 	if cfg.DatabaseURL != "" {
 		if warning := app.PostgresTLSWarning(cfg.DatabaseURL); warning != "" {
 			log.Warn("worker: " + warning)
 		}
 		// A connection per task at work, and a few for splits and reduces.
-		if w.env.DB, err = app.Postgres(ctx, cfg.DatabaseURL, cfg.ApplicationName, cfg.Concurrency+4, unguarded); err != nil {
+		if w.env.DB, err = app.Postgres(ctx, cfg.DatabaseURL, cfg.ApplicationName, cfg.Concurrency+4, func(pc *pgxpool.Config) {
+			// A cancelled query is cancelled on the server and its
+			// connection kept, so that its permit can go back at once.
+			pgsource.ConfigurePool(pc)
+			pc.ConnConfig.Tracer = unguarded
+		}); err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 		w.closes = append(w.closes, w.env.DB.Close)
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Permits)) {
 		sem, err := semaphore.New(w.rdb, name, semaphore.Options{Limit: cfg.Permits[name], Lease: cfg.Lease,
-			Prefix: cfg.Prefix + ":sem", Logger: log, Observer: obs})
+			Prefix: app.SemaphorePrefix(cfg.Prefix), Logger: log, Observer: obs})
 		if err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}

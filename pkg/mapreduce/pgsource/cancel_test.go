@@ -55,7 +55,7 @@ var poolKinds = []struct {
 		return pool
 	}},
 	{"worker pool", func(t *testing.T, name string) *pgxpool.Pool {
-		pool, err := app.Postgres(context.Background(), testenv.DatabaseURL(t), name, 10)
+		pool, err := app.Postgres(context.Background(), testenv.DatabaseURL(t), name, 10, pgsource.ConfigurePool)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -403,7 +403,7 @@ func TestAWorkerPoolAsksAgainWhenACancelIsLost(t *testing.T) {
 	p := startPgProxy(t)
 	p.dropCancels = 1
 	name := appName(t)
-	pool, err := app.Postgres(context.Background(), p.url(t), name, 2)
+	pool, err := app.Postgres(context.Background(), p.url(t), name, 2, pgsource.ConfigurePool)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/redis/go-redis/v9"
 )
@@ -52,7 +53,7 @@ func runHolder() int {
 		return 1
 	}
 	defer sem.Close()
-	pool, err := app.Postgres(ctx, os.Getenv(testenv.DatabaseURLVar), os.Getenv("PGSOURCE_TEST_APP"), 2*permits)
+	pool, err := app.Postgres(ctx, os.Getenv(testenv.DatabaseURLVar), os.Getenv("PGSOURCE_TEST_APP"), 2*permits, pgsource.ConfigurePool)
 	if err != nil {
 		fmt.Println("error", err)
 		return 1

@@ -1,10 +1,10 @@
-package app_test
+package console_test
 
 import (
 	"testing"
 	"time"
 
-	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/internal/console"
 	"github.com/batchmr/batchmr/internal/procname"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
@@ -24,7 +24,7 @@ func TestWorkerOfNamesASilentWorkerAsSuch(t *testing.T) {
 		procname.Prefix("vm", 20) + "abc": "dead (silent 17s)",
 		procname.Prefix("vm", 30) + "abc": "(none)",
 	} {
-		if got := app.WorkerOf(process, workers, now); got != want {
+		if got := console.WorkerOf(process, workers, now); got != want {
 			t.Errorf("WorkerOf(%q) = %q, want %q", process, got, want)
 		}
 	}
