@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,8 +16,8 @@ import (
 )
 
 // DBSemaphore is the name of the semaphore whose permits guard the
-// worker's database: Database returns it with the pool.
-const DBSemaphore = "db"
+// worker's database, "db": Database returns it with the pool.
+const DBSemaphore = app.SemaphoreName
 
 // Env is what a worker hands the jobs it runs: its connections, its
 // fleet-wide semaphores and its logger. A job's Split, Map and Reduce reach
