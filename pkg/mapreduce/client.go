@@ -313,6 +313,8 @@ func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
 func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 	delay := 20 * time.Millisecond
 	var last *Status
+	var failed bool // an outage is under way: said once (outages), its end too
+	var cause outage.Cause
 	for {
 		st, err := c.StatusUpTo(ctx, id, 0)
 		if err == nil && st.State.Ended() {
@@ -320,6 +322,10 @@ func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 		}
 		switch {
 		case err == nil:
+			if failed {
+				c.outages.Ended(cause, "")
+				failed = false
+			}
 			if st.State.Ended() {
 				return st, nil
 			}
@@ -327,8 +333,9 @@ func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 		case errors.Is(err, ErrRunNotFound), ctx.Err() != nil, !rediserr.Transient(err):
 			return last, err
 		default:
+			failed, cause = true, redisOutage(err)
 			job, _ := jobOf(id)
-			c.log.Warn("mapreduce: wait: reading the run's status failed; retrying", attrRun, id, attrJob, job, "error", err)
+			c.outages.Failed(nil, cause, "", err, slog.String("while", "waiting for a run"), slog.String(attrRun, id), slog.String(attrJob, job))
 		}
 		select {
 		case <-ctx.Done():

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -124,5 +125,68 @@ func TestAPagesOwnTransientErrorsAreLoggedEachTime(t *testing.T) {
 	warns, _ := byMessage(logs.Records(t), "")
 	if got := warns["mapreduce: page failed; retrying"]; got != 6 {
 		t.Errorf("the page's own transient error logged %d times, want each of its 6 failures: %v", got, warns)
+	}
+}
+
+// Wait rides out a Redis outage, and says so in two lines, not one per
+// poll: a warning when its first poll fails, and an info line with how
+// long the outage lasted once a poll succeeds again.
+func TestWaitThroughARedisOutageLogsItsStartAndEndNotEachPoll(t *testing.T) {
+	t.Parallel()
+	s := testenv.PrivateRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	prefix := testenv.Prefix(t)
+	e := &env{t: t, rdb: s.Client, prefix: prefix, queue: testenv.Queue(t, s.Client, prefix), jobs: mapreduce.NewJobs()}
+	e.addJob(mapreduce.AddJob(e.jobs, sumJob("sum", newCounts(), e.opts(mapreduce.JobOptions{}))))
+	c, logs := e.loggedClient(slog.LevelDebug)
+	ctx := context.Background()
+	id := mustStart(t, c, "sum", sumArgs{N: 40, PageSize: 10}, mapreduce.StartOptions{}) // no worker yet: it waits
+	type waited struct {
+		st  *mapreduce.Status
+		err error
+	}
+	done := make(chan waited, 1)
+	go func() {
+		st, err := c.Wait(ctx, id)
+		done <- waited{st, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // Wait's first polls succeed
+	s.Kill()
+	time.Sleep(5 * time.Second) // Wait polls every second at most, each poll's retries take about one: several fail
+	s.Start()
+	e.worker(e.client(), 4)
+	select {
+	case w := <-done:
+		if w.err != nil || w.st.State != mapreduce.StateSucceeded {
+			t.Fatalf("Wait: %+v, %v; want the run succeeded", w.st, w.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Wait did not return within 30 s of Redis's return")
+	}
+	warns, lines := byMessage(logs.Records(t), "mapreduce: Redis unreachable")
+	started := 0
+	for _, l := range lines {
+		if l["level"] == "WARN" {
+			started++
+		}
+	}
+	if started != 1 {
+		t.Errorf("Wait logged the outage's start %d times at warn, want once: %v", started, warns)
+	}
+	var over map[string]any
+	for _, l := range lines {
+		if l["level"] == "INFO" {
+			over = l
+		}
+	}
+	if over == nil {
+		t.Fatalf("no info line ended the outage: %v", lines)
+	}
+	if f, _ := over["failures"].(float64); f < 2 {
+		t.Errorf("the outage's end counts %v failed polls, want at least 2 in 5 s: the test proves nothing", over["failures"])
+	}
+	for msg := range warns {
+		if strings.Contains(msg, "wait") {
+			t.Errorf("Wait logged %q at warn", msg)
+		}
 	}
 }
