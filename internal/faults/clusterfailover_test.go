@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/batchmr/batchmr/internal/testenv"
 )
@@ -77,25 +76,7 @@ func rideOutClusterFailover(t *testing.T, tag, holds string) {
 		t.Errorf("no write of the run waited for the replica before the kill: the ledger's writes must (WAIT 1)")
 	}
 	t.Logf("the victim, primary %d, holds %s; %d round trips to it waited for its replica before the kill", p, holds, synced.Load())
-	killed := time.Now()
-	victim.Kill()
-	f.follow(id)
-	testenv.WaitFor(t, failoverPromotion, "the Cluster to promote the replica", func() bool {
-		role, err := replica.Client.Do(ctx, "ROLE").Slice()
-		return err == nil && len(role) > 0 && role[0] == "master"
-	})
-	promoted := time.Now()
-	f.sampler.watchClosely(5 * time.Second) // permits change hands in a burst
-	var kept int
-	testenv.WaitFor(t, 10*time.Second, "the test's client to reach the new primary", func() bool {
-		st, err := f.mr.Status(ctx, id)
-		if err == nil {
-			kept = st.Done
-		}
-		return err == nil
-	})
-	t.Logf("the Cluster promoted the replica %v after the kill; the run had %d pages recorded before it, the Cluster %d after it (%d lost)",
-		promoted.Sub(killed).Round(time.Millisecond), before.Done, kept, max(before.Done-kept, 0))
+	killed, promoted := f.failOver(id, before.Done, "the Cluster", victim, replica)
 
 	f.checkRodeOut(sched, a, base, killed, promoted, reqClusterFailoverCost)
 }

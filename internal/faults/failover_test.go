@@ -67,25 +67,7 @@ func TestARunRidesOutASentinelFailoverOfItsRedisAndEndsExact(t *testing.T) {
 			t.Errorf("no write of the run waited for the replica before the kill: the ledger's writes must (WAIT 1)")
 		}
 		t.Logf("%d round trips of the run's writes waited for the replica before the kill", synced.Load())
-		killed := time.Now()
-		f.redis.Kill()
-		f.follow(id)
-		testenv.WaitFor(t, failoverPromotion, "the Sentinels to promote the replica", func() bool {
-			role, err := f.group.Replica.Client.Do(ctx, "ROLE").Slice()
-			return err == nil && len(role) > 0 && role[0] == "master"
-		})
-		promoted := time.Now()
-		f.sampler.watchClosely(5 * time.Second) // permits change hands in a burst
-		var kept int
-		testenv.WaitFor(t, 10*time.Second, "the test's client to reach the new primary", func() bool {
-			st, err := f.mr.Status(ctx, id)
-			if err == nil {
-				kept = st.Done
-			}
-			return err == nil
-		})
-		t.Logf("the Sentinels promoted the replica %v after the kill; the run had %d pages recorded before it, the new primary %d",
-			promoted.Sub(killed).Round(time.Millisecond), before.Done, kept)
+		killed, promoted := f.failOver(id, before.Done, "the Sentinels", f.redis, f.group.Replica)
 
 		f.checkRodeOut(sched, a, base, killed, promoted, reqFailoverCost)
 	})
@@ -220,4 +202,35 @@ func (f *fleet) checkAlive() {
 		default:
 		}
 	}
+}
+
+// failOver kills victim (kill -9) mid-run id, and returns when replica is
+// promoted (by who: the Sentinels, the Cluster) and the test's client
+// reads the run from the new primary, logging how long the promotion took
+// and the run's recorded pages before the kill (done) and after it. The
+// sampler watches Postgres closely meanwhile: permits change hands in a
+// burst.
+func (f *fleet) failOver(id string, done int, who string, victim, replica *testenv.RedisServer) (killed, promoted time.Time) {
+	f.t.Helper()
+	ctx := context.Background()
+	killed = time.Now()
+	victim.Kill()
+	f.follow(id)
+	testenv.WaitFor(f.t, failoverPromotion, who+" to promote the replica", func() bool {
+		role, err := replica.Client.Do(ctx, "ROLE").Slice()
+		return err == nil && len(role) > 0 && role[0] == "master"
+	})
+	promoted = time.Now()
+	f.sampler.watchClosely(5 * time.Second)
+	var kept int
+	testenv.WaitFor(f.t, 10*time.Second, "the test's client to reach the new primary", func() bool {
+		st, err := f.mr.Status(ctx, id)
+		if err == nil {
+			kept = st.Done
+		}
+		return err == nil
+	})
+	f.t.Logf("%s promoted the replica %v after the kill; the run had %d pages recorded before it, the new primary %d (%d lost)",
+		who, promoted.Sub(killed).Round(time.Millisecond), done, kept, max(done-kept, 0))
+	return killed, promoted
 }
