@@ -104,10 +104,18 @@ func (f *fleet) checkRodeOut(sched *followed, a runArgs, base time.Duration, kil
 
 	seen := f.sampler.startsBetween(st.Created, ended)
 	t.Logf("Postgres saw %d worker queries start for the run's %d pages (%d beyond one a page; the sampler may miss a few)", seen, a.pages(f), seen-a.pages(f))
+	// A task whose outcome asynq failed to write during the failover
+	// would stay active until asynq's recoverer, a minute or two on
+	// (docs/asynq-sync-retry.md): handlers wait for their queue's primary
+	// before they return.
 	insp := asynq.NewInspectorFromRedisClient(f.rdb)
-	if qi, err := insp.GetQueueInfo(queue); err == nil {
-		t.Logf("asynq after the run: %d archived, %d retry, %d active, %d pending; processed %d, failed %d today", qi.Archived, qi.Retry, qi.Active, qi.Pending, qi.Processed, qi.Failed)
-	}
+	var qi *asynq.QueueInfo
+	testenv.WaitFor(t, 10*time.Second, "no task of the run's queue to be active 10 s after the run", func() bool {
+		var err error
+		qi, err = insp.GetQueueInfo(queue)
+		return err == nil && qi.Active == 0
+	})
+	t.Logf("asynq after the run: %d archived, %d retry, %d active, %d pending; processed %d, failed %d today", qi.Archived, qi.Retry, qi.Active, qi.Pending, qi.Processed, qi.Failed)
 
 	// S1 as Postgres sees it, before the kill and after it.
 	most, at := f.sampler.maximum()

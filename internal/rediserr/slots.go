@@ -29,6 +29,7 @@ const reloadEvery = 250 * time.Millisecond
 type slotReloader struct {
 	c      *redis.ClusterClient
 	last   atomic.Int64 // when a reload was last asked, in UnixNano
+	stale  atomic.Int64 // when a node last failed with a stale-map error, in UnixNano
 	hooked sync.Map     // *redis.Client → struct{}: the nodes it is on
 }
 
@@ -52,6 +53,14 @@ func ReloadSlotsOnErrors(c *redis.ClusterClient) {
 	c.AddHook(r)
 }
 
+// SlotsStaleWithin reports whether a node of c (a client that
+// ReloadSlotsOnErrors hooked) failed with a stale-map error within the
+// last d: a failover of one of its primaries may be under way.
+func SlotsStaleWithin(c *redis.ClusterClient, d time.Duration) bool {
+	v, ok := reloaders.Load(c)
+	return ok && time.Since(time.Unix(0, v.(*slotReloader).stale.Load())) < d
+}
+
 // hook adds r to node's hooks, once.
 func (r *slotReloader) hook(node *redis.Client) {
 	if _, done := r.hooked.LoadOrStore(node, struct{}{}); !done {
@@ -64,6 +73,7 @@ func (r *slotReloader) seen(err error) {
 		return
 	}
 	now := time.Now().UnixNano()
+	r.stale.Store(now)
 	last := r.last.Load()
 	if now-last < int64(reloadEvery) || !r.last.CompareAndSwap(last, now) {
 		return

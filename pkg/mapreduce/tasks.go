@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/drain"
+	"github.com/batchmr/batchmr/internal/rediserr"
 	"github.com/batchmr/batchmr/internal/shorten"
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 )
 
 // The asynq task types of a run. Each task's ID is derived from the run
@@ -180,10 +182,39 @@ func (c *Client) processTask(ctx context.Context, t *asynq.Task) error {
 		c.logAttempt(ctx, t, err)
 		c.noteError(ctx, t, err)
 	}
+	c.awaitQueue(ctx)
 	if err != nil {
 		return &taskError{err}
 	}
 	return nil
+}
+
+// queueFailoverWindow is how long after a Cluster node failed a task
+// checks that its queue's primary answers before it returns (awaitQueue).
+const queueFailoverWindow = 30 * time.Second
+
+// awaitQueue holds a task that has ended until its queue's primary
+// answers, while a node of the Cluster has failed within
+// queueFailoverWindow. asynq (v0.26) writes a task's outcome once, and its
+// retries of that write reuse a context it has cancelled
+// (docs/asynq-sync-retry.md): an outcome written while the queue's
+// primary fails over is lost, and the task stays active until asynq's
+// recoverer, a minute or two later. On one server or behind Sentinel the
+// handler's own writes, on the same server as the queue, have waited for
+// it already.
+func (c *Client) awaitQueue(ctx context.Context) {
+	cc, ok := c.rdb.(*redis.ClusterClient)
+	if !ok || !rediserr.SlotsStaleWithin(cc, queueFailoverWindow) {
+		return
+	}
+	queue, ok := asynq.GetQueueName(ctx)
+	if !ok {
+		return
+	}
+	pending := "asynq:{" + queue + "}:pending" // a key in the queue's slot
+	_ = c.withRedis(ctx, "waiting for the task's queue to answer", func(ctx context.Context) error {
+		return cc.Exists(ctx, pending).Err()
+	})
 }
 
 // taskError is the error of a task of batchmr's, as processTask returns
