@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"os"
 	"strconv"
 	"strings"
 
@@ -21,7 +22,9 @@ type redisFlags struct {
 func redisFlag(fs *flag.FlagSet) *redisFlags {
 	r := &redisFlags{}
 	fs.StringVar(&r.url, "redis-url", app.Env("REDIS_URL", ""), "Redis URL: redis://host:port/db, redis://host:port?addr=host2:port2 (Cluster) or redis://sentinel:26379/db?master_name=NAME (Sentinel); rediss:// for TLS (env REDIS_URL)")
-	r.tls.AddFlags(fs)
+	if err := r.tls.AddFlags(fs); err != nil {
+		os.Exit(app.Exit("scheduler", err, os.Stderr))
+	}
 	return r
 }
 
@@ -48,7 +51,12 @@ func parse(fs *flag.FlagSet, usage string, args []string) []string {
 				break
 			}
 		}
-		app.Parse(fs, usage, args[:cut])
+		if err := app.Parse(fs, usage, args[:cut], os.Stdout); err != nil {
+			if hint := app.UnknownFlagHint; hint != "" {
+				err = app.WithUnknownFlagHint(err, hint)
+			}
+			os.Exit(app.Exit("scheduler", err, os.Stderr))
+		}
 		rest := append(fs.Args(), args[cut:]...)
 		if end := cut - fs.NArg() - 1; end >= 0 && args[end] == "--" {
 			return append(pos, rest...)
