@@ -79,35 +79,11 @@ func EnvBool(name string, def bool) (bool, error) {
 	return b, nil
 }
 
-// Fail prints one line on stderr and exits 1.
-func Fail(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s: %s\n", commandName(), fmt.Sprintf(format, args...))
-	os.Exit(1)
-}
-
-// Usage exits 2 after a bad command line, pointing at --help.
-func Usage(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s: %s (see --help)\n", commandName(), fmt.Sprintf(format, args...))
-	os.Exit(2)
-}
-
-func commandName() string {
-	name := os.Args[0]
-	if i := strings.LastIndexByte(name, '/'); i >= 0 {
-		name = name[i+1:]
-	}
-	return name
-}
-
-// Logger returns a slog logger writing to stderr in format (text or json)
-// the records at level (debug, info, warn or error) and above; both in any
-// case. It returns an error naming the flag, its variable and the values
-// allowed for anything else, such as "warning" or "DEBUG+2".
-func Logger(format, level string) (*slog.Logger, error) {
-	return NewLogger(os.Stderr, format, level)
-}
-
-// NewLogger is Logger writing to w.
+// NewLogger returns a slog logger writing to w (a command's stderr) in
+// format (text or json) the records at level (debug, info, warn or error)
+// and above; both in any case. It returns an error naming the flag, its
+// variable and the values allowed for anything else, such as "warning" or
+// "DEBUG+2".
 func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	lv, ok := map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo,
 		"warn": slog.LevelWarn, "error": slog.LevelError}[strings.ToLower(level)]

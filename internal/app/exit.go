@@ -90,7 +90,3 @@ func Parse(fs *flag.FlagSet, usage string, args []string, stdout io.Writer) erro
 	}
 	return nil
 }
-
-// UnknownFlagHint, if set, follows Parse's error for a flag the command
-// does not define: what such a flag most likely meant.
-var UnknownFlagHint string
