@@ -84,9 +84,9 @@ var commands = map[string]command{
 
 // Main runs the command line args (args[0] names the program, as in
 // os.Args) until it is done or ctx is (SIGINT, SIGTERM), writing on stdout
-// and stderr, and returns the exit status that the usage lists: an error
-// is one line on stderr, "scheduler: " and what to do. It never exits the
-// process, so that tests run it in-process.
+// and stderr, and returns the exit status that the usage lists; an error
+// is one line on stderr, the program's name and what to do. It never exits
+// the process: tests run it in-process.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	name := "scheduler"
 	if len(args) > 0 {
