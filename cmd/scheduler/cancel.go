@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
-
-	"github.com/batchmr/batchmr/internal/app"
+	"io"
 )
 
 const cancelUsage = `scheduler cancel RUN: stop a run. Queued pages do not start, pages at work
@@ -18,16 +18,27 @@ Example:
 Flags:
 `
 
-func cancel(ctx context.Context, args []string) int {
+func cancel(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
-	url := redisFlag(fs)
-	pos := parse(fs, cancelUsage, args)
-	want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)")
-	c := connect(ctx, *url)
+	url, err := redisFlag(fs)
+	if err != nil {
+		return err
+	}
+	pos, err := parse(fs, cancelUsage, args, stdout)
+	if err != nil {
+		return err
+	}
+	if err := want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)"); err != nil {
+		return err
+	}
+	c, err := connect(ctx, *url, stderr)
+	if err != nil {
+		return err
+	}
 	defer c.close()
 	if err := c.mr.Cancel(ctx, pos[0]); err != nil {
-		app.Fail("%s", trim(err))
+		return errors.New(trim(err))
 	}
-	fmt.Println("cancelled", pos[0])
-	return 0
+	fmt.Fprintln(stdout, "cancelled", pos[0])
+	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"strings"
 
 	"github.com/batchmr/batchmr/internal/app"
@@ -18,22 +19,24 @@ type conn struct {
 	server string // what rdb reaches, for messages: "the Redis server at ADDR"
 }
 
-// connect connects to Redis, exiting with one line when it cannot.
-func connect(ctx context.Context, r redisFlags) *conn {
-	log, _ := app.Logger("text", "warn")
+// connect connects to Redis, logging its warnings (an unverified
+// certificate) on stderr; its error is one line that names the fix.
+func connect(ctx context.Context, r redisFlags, stderr io.Writer) (*conn, error) {
+	log, _ := app.NewLogger(stderr, "text", "warn")
 	target, err := app.RedisOptions(r.url, r.tls)
 	if err != nil {
-		app.Fail("%v", err)
+		return nil, err
 	}
 	rdb, err := target.Connect(ctx, log)
 	if err != nil {
-		app.Fail("%v", err)
+		return nil, err
 	}
 	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: app.Prefix, Logger: log})
 	if err != nil {
-		app.Fail("%v", err)
+		rdb.Close()
+		return nil, err
 	}
-	return &conn{rdb: rdb, mr: mr, server: target.Server()}
+	return &conn{rdb: rdb, mr: mr, server: target.Server()}, nil
 }
 
 func (c *conn) close() { c.rdb.Close() }

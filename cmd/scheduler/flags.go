@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"io"
 	"strconv"
 	"strings"
 
@@ -17,21 +18,22 @@ type redisFlags struct {
 
 // redisFlag registers the Redis flags on fs: --redis-url and the TLS
 // flags (--redis-ca-file, --redis-cert-file, --redis-key-file,
-// --redis-insecure-skip-verify).
-func redisFlag(fs *flag.FlagSet) *redisFlags {
+// --redis-insecure-skip-verify). A malformed environment variable
+// returns a *app.UsageError.
+func redisFlag(fs *flag.FlagSet) (*redisFlags, error) {
 	r := &redisFlags{}
 	fs.StringVar(&r.url, "redis-url", app.Env("REDIS_URL", ""), "Redis URL: redis://host:port/db, redis://host:port?addr=host2:port2 (Cluster) or redis://sentinel:26379/db?master_name=NAME (Sentinel); rediss:// for TLS (env REDIS_URL)")
-	r.tls.AddFlags(fs)
-	return r
+	return r, r.tls.AddFlags(fs)
 }
 
 // parse parses flags wherever they stand among the positional arguments
 // ("run JOB --wait" and "run --wait JOB" alike) and returns the positional
-// ones, exiting on a bad command line. A negative number ("permits set db
+// ones; it returns app.Parse's error for --help (which prints the usage on
+// stdout) and a bad flag. A negative number ("permits set db
 // -1") is a positional argument, not an unknown flag, unless it is the
 // value of the flag before it ("--key -1"); after "--" every argument is
 // positional.
-func parse(fs *flag.FlagSet, usage string, args []string) []string {
+func parse(fs *flag.FlagSet, usage string, args []string, stdout io.Writer) ([]string, error) {
 	var pos []string
 	for len(args) > 0 {
 		if isNegative(args[0]) {
@@ -48,10 +50,12 @@ func parse(fs *flag.FlagSet, usage string, args []string) []string {
 				break
 			}
 		}
-		app.Parse(fs, usage, args[:cut])
+		if err := app.Parse(fs, usage, args[:cut], stdout); err != nil {
+			return nil, err
+		}
 		rest := append(fs.Args(), args[cut:]...)
 		if end := cut - fs.NArg() - 1; end >= 0 && args[end] == "--" {
-			return append(pos, rest...)
+			return append(pos, rest...), nil
 		}
 		if len(rest) == 0 {
 			break
@@ -59,7 +63,7 @@ func parse(fs *flag.FlagSet, usage string, args []string) []string {
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
-	return pos
+	return pos, nil
 }
 
 func isNegative(s string) bool {
@@ -81,12 +85,14 @@ func takesValue(fs *flag.FlagSet, arg string) bool {
 	return !ok || !b.IsBoolFlag()
 }
 
-// want checks the number of positional arguments.
-func want(pos []string, min, max int, what string) {
+// want checks the number of positional arguments: a *app.UsageError
+// names what is missing or the first argument too many.
+func want(pos []string, min, max int, what string) error {
 	if len(pos) < min {
-		app.Usage("missing %s", what)
+		return app.Usagef("missing %s", what)
 	}
 	if len(pos) > max {
-		app.Usage("unexpected argument %q", pos[max])
+		return app.Usagef("unexpected argument %q", pos[max])
 	}
+	return nil
 }

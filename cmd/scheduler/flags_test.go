@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"io"
 	"slices"
 	"testing"
 )
@@ -24,8 +25,8 @@ func TestNegativeNumbersAreArgumentsNotFlags(t *testing.T) {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		key := fs.String("key", "", "")
 		verbose := fs.Bool("verbose", false, "")
-		pos := parse(fs, "", tc.args)
-		if !slices.Equal(pos, tc.pos) || *key != tc.key || *verbose != tc.verbose {
+		pos, err := parse(fs, "", tc.args, io.Discard)
+		if err != nil || !slices.Equal(pos, tc.pos) || *key != tc.key || *verbose != tc.verbose {
 			t.Errorf("parse(%q) = %q, key %q, verbose %v; want %q, key %q, verbose %v", tc.args, pos, *key, *verbose, tc.pos, tc.key, tc.verbose)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -103,37 +102,42 @@ func follow(ctx context.Context, c *conn, id string, w io.Writer, tty bool) (*ma
 
 // followToEnd follows a run until it ends, as 'run --wait' and 'retry
 // --wait' do: progress on stderr (follow), then the run's state, pages and
-// error on stderr and its result on stdout. It returns the exit code: 0 if
-// the run succeeded, 1 if it did not, 130 if ctx ended first (the run goes
-// on); it exits 1 itself when the run cannot be followed.
-func followToEnd(ctx context.Context, c *conn, id string) int {
-	st, err := follow(ctx, c, id, os.Stderr, isTerminal(os.Stderr))
+// error on stderr and its result on stdout. It returns nil if the run
+// succeeded, app.ExitCode(1) if it did not, app.ExitCode(130) if ctx ended
+// first (the run goes on; it says so), and an error when the run cannot be
+// followed.
+func followToEnd(ctx context.Context, c *conn, id string, stdout, stderr io.Writer) error {
+	st, err := follow(ctx, c, id, stderr, isTerminal(stderr))
 	if err != nil {
 		if ctx.Err() != nil {
-			fmt.Fprintf(os.Stderr, "scheduler: stopped following %s (the run goes on)\n", id)
-			return 130
+			fmt.Fprintf(stderr, "scheduler: stopped following %s (the run goes on)\n", id)
+			return errStoppedFollowing
 		}
-		app.Fail("%s", trim(err))
+		return errors.New(trim(err))
 	}
 	since, retried := st.Created, ""
 	if st.Retries > 0 {
 		since, retried = st.Retried, fmt.Sprintf(" (since retry %d)", st.Retries)
 	}
-	fmt.Fprintf(os.Stderr, "%s %s in %s%s: %s\n", id, st.State, st.Finished.Sub(since).Round(time.Millisecond), retried, progress(st))
+	fmt.Fprintf(stderr, "%s %s in %s%s: %s\n", id, st.State, st.Finished.Sub(since).Round(time.Millisecond), retried, progress(st))
 	if st.Error != "" {
-		fmt.Fprintf(os.Stderr, "error: %s\n", st.Error)
+		fmt.Fprintf(stderr, "error: %s\n", st.Error)
 	}
 	if next := retryHint(st); next != "" {
-		fmt.Fprintf(os.Stderr, "next: %s\n", next)
+		fmt.Fprintf(stderr, "next: %s\n", next)
 	}
 	if st.Result != nil {
-		fmt.Printf("%s\n", st.Result)
+		fmt.Fprintf(stdout, "%s\n", st.Result)
 	}
 	if st.State != mapreduce.StateSucceeded {
-		return 1
+		return app.ExitCode(1) // the lines above said why
 	}
-	return 0
+	return nil
 }
+
+// errStoppedFollowing: Ctrl-C stopped 'run --wait' or 'retry --wait'
+// following a run, which goes on; the usage promises exit 130 for it.
+const errStoppedFollowing = app.ExitCode(130)
 
 // retryHint says how to run a failed or cancelled run again, or "". A
 // run failed by its arguments needs a new run, not a retry.

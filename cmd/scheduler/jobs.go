@@ -3,9 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
-	"os"
+	"io"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -38,27 +39,43 @@ Example:
 Flags:
 `
 
-func jobs(ctx context.Context, args []string) int {
+func jobs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("jobs", flag.ContinueOnError)
-	url := redisFlag(fs)
+	url, err := redisFlag(fs)
+	if err != nil {
+		return err
+	}
 	asJSON := fs.Bool("json", false, "print the catalogue as JSON: each job's announcement, with its live workers")
-	pos := parse(fs, jobsUsage, args)
+	pos, err := parse(fs, jobsUsage, args, stdout)
+	if err != nil {
+		return err
+	}
 	if len(pos) > 0 && pos[0] == "forget" {
-		want(pos, 2, 2, "JOB (a job of the catalogue that no live worker runs)")
-		c := connect(ctx, *url)
+		if err := want(pos, 2, 2, "JOB (a job of the catalogue that no live worker runs)"); err != nil {
+			return err
+		}
+		c, err := connect(ctx, *url, stderr)
+		if err != nil {
+			return err
+		}
 		defer c.close()
 		if err := c.mr.ForgetJob(ctx, pos[1]); err != nil {
-			app.Fail("jobs %s", trim(err))
+			return fmt.Errorf("jobs %s", trim(err))
 		}
-		fmt.Printf("forgot job %s\n", pos[1])
-		return 0
+		fmt.Fprintf(stdout, "forgot job %s\n", pos[1])
+		return nil
 	}
-	want(pos, 0, 0, "")
-	c := connect(ctx, *url)
+	if err := want(pos, 0, 0, ""); err != nil {
+		return err
+	}
+	c, err := connect(ctx, *url, stderr)
+	if err != nil {
+		return err
+	}
 	defer c.close()
 	all, err := c.mr.Jobs(ctx)
 	if err != nil {
-		app.Fail("%s", trim(err))
+		return errors.New(trim(err))
 	}
 	if *asJSON {
 		type jobJSON struct {
@@ -70,14 +87,14 @@ func jobs(ctx context.Context, args []string) int {
 		for i, j := range all {
 			out[i] = jobJSON{JobInfo: j, Workers: append([]mapreduce.WorkerInfo{}, j.Workers...), Disagree: j.Disagree}
 		}
-		writeJSON(out)
-		return 0
+		writeJSON(stdout, out)
+		return nil
 	}
 	if len(all) == 0 {
-		fmt.Fprintln(os.Stderr, "scheduler: "+app.EmptyCatalogue(c.rdb, app.Prefix))
-		return 0
+		fmt.Fprintln(stderr, "scheduler: "+app.EmptyCatalogue(c.rdb, app.Prefix))
+		return nil
 	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "JOB\tQUEUE\tWORKERS\tANNOUNCED\tARGS")
 	var workers []mapreduce.WorkerInfo
 	for _, j := range all {
@@ -91,8 +108,8 @@ func jobs(ctx context.Context, args []string) int {
 	_ = w.Flush()
 	if len(workers) > 0 {
 		slices.SortFunc(workers, func(a, b mapreduce.WorkerInfo) int { return strings.Compare(a.ID, b.ID) })
-		fmt.Println()
-		w = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(stdout)
+		w = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "WORKER\tHOST\tPID\tUP\tSEEN\tJOBS\tVERSION")
 		for _, wi := range workers {
 			fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", wi.ID, wi.Host, wi.PID, since(wi.Started), ago(wi.Seen), strings.Join(wi.Jobs, ","), wi.Version)
@@ -111,13 +128,13 @@ func jobs(ctx context.Context, args []string) int {
 		warnings = append(warnings, withoutDatabase(j)...)
 		for _, warning := range warnings {
 			if !warned {
-				fmt.Println()
+				fmt.Fprintln(stdout)
 				warned = true
 			}
-			fmt.Println(warning)
+			fmt.Fprintln(stdout, warning)
 		}
 	}
-	return 0
+	return nil
 }
 
 // withoutDatabase warns of the live workers of job j that say they have no
@@ -208,20 +225,19 @@ func ago(t time.Time) string {
 	return since(t) + " ago"
 }
 
-// lookupJob returns the catalogue's entry of job, exiting with one line
-// naming the jobs there are when it has none. what starts the line.
-func lookupJob(ctx context.Context, c *conn, job, what string) mapreduce.JobInfo {
+// lookupJob returns the catalogue's entry of job, or an error naming the
+// jobs there are when it has none. what starts the error.
+func lookupJob(ctx context.Context, c *conn, job, what string) (mapreduce.JobInfo, error) {
 	all, err := c.mr.Jobs(ctx)
 	if err != nil {
-		app.Fail("%s: %s", what, trim(err))
+		return mapreduce.JobInfo{}, fmt.Errorf("%s: %s", what, trim(err))
 	}
 	for _, j := range all {
 		if j.Name == job {
-			return j
+			return j, nil
 		}
 	}
-	app.Fail("%s: %s", what, c.unknownJob(job, all))
-	panic("unreachable")
+	return mapreduce.JobInfo{}, fmt.Errorf("%s: %s", what, c.unknownJob(job, all))
 }
 
 // unknownJob says that no job of that name exists, and which do.

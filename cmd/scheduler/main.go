@@ -9,8 +9,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -56,41 +58,61 @@ following a run on Ctrl-C.
 ` + app.EnvHelp
 
 func main() {
-	if len(os.Args) < 2 {
-		app.Usage("missing command")
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	cmd, args := os.Args[1], os.Args[2:]
-	var code int
-	switch cmd {
-	case "serve":
-		code = serve(ctx, args)
-	case "jobs":
-		code = jobs(ctx, args)
-	case "run":
-		code = run(ctx, args)
-	case "status":
-		code = status(ctx, args)
-	case "runs":
-		code = runs(ctx, args)
-	case "cancel":
-		code = cancel(ctx, args)
-	case "retry":
-		code = retry(ctx, args)
-	case "permits":
-		code = permits(ctx, args)
-	case "ui":
-		code = ui(ctx, args)
-	case "-h", "--help", "-help", "help":
-		fmt.Print(usage)
-	case "version", "--version", "-version":
-		fmt.Printf("scheduler: batchmr %s, %s\n", app.BuildVersion(), runtime.Version())
-	default:
-		if strings.HasPrefix(cmd, "-") {
-			app.Usage("unknown command %q: the command comes first and its flags after it, e.g. scheduler jobs --redis-url redis://host:6379/0", cmd)
-		}
-		app.Usage("unknown command %q", cmd)
-	}
+	code := Main(ctx, os.Args, os.Stdout, os.Stderr)
+	stop()
 	os.Exit(code)
+}
+
+// command is a subcommand: it runs args (its flags and arguments) until it
+// is done or ctx is, writing on stdout and stderr, and returns its outcome
+// for app.Exit: nil, a *app.UsageError (exit 2), an app.ExitCode it has
+// reported itself, or another error (exit 1).
+type command func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+
+var commands = map[string]command{
+	"serve":   serve,
+	"jobs":    jobs,
+	"run":     run,
+	"status":  status,
+	"runs":    runs,
+	"cancel":  cancel,
+	"retry":   retry,
+	"permits": permits,
+	"ui":      ui,
+}
+
+// Main runs the command line args (args[0] names the program, as in
+// os.Args) until it is done or ctx is (SIGINT, SIGTERM), writing on stdout
+// and stderr, and returns the exit status that the usage lists; an error
+// is one line on stderr, the program's name and what to do. It never exits
+// the process: tests run it in-process.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	name := "scheduler"
+	if len(args) > 0 {
+		name, args = filepath.Base(args[0]), args[1:]
+	}
+	return app.Exit(name, dispatch(ctx, args, stdout, stderr), stderr)
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return app.Usagef("missing command")
+	}
+	cmd, args := args[0], args[1:]
+	if c, ok := commands[cmd]; ok {
+		return c(ctx, args, stdout, stderr)
+	}
+	switch cmd {
+	case "-h", "--help", "-help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	case "version", "--version", "-version":
+		fmt.Fprintf(stdout, "scheduler: batchmr %s, %s\n", app.BuildVersion(), runtime.Version())
+		return nil
+	}
+	if strings.HasPrefix(cmd, "-") {
+		return app.Usagef("unknown command %q: the command comes first and its flags after it, e.g. scheduler jobs --redis-url redis://host:6379/0", cmd)
+	}
+	return app.Usagef("unknown command %q", cmd)
 }

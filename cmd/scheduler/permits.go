@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,27 +44,41 @@ Examples:
 Flags:
 `
 
-func permits(ctx context.Context, args []string) int {
+func permits(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("permits", flag.ContinueOnError)
-	url := redisFlag(fs)
+	url, err := redisFlag(fs)
+	if err != nil {
+		return err
+	}
 	verbose := fs.Bool("verbose", false, "get: list every permit held and every request queued too")
 	isNew := fs.Bool("new", false, "set: the semaphore is new, used by no live worker yet (without it, such a name is refused as a likely typo, and db is set with a warning)")
-	pos := parse(fs, permitsUsage, args)
+	pos, err := parse(fs, permitsUsage, args, stdout)
+	if err != nil {
+		return err
+	}
 	if len(pos) == 0 {
-		app.Usage("missing get or set")
+		return app.Usagef("missing get or set")
 	}
 	switch pos[0] {
 	case "get":
-		want(pos, 1, 2, "")
-		c := connect(ctx, *url)
+		if err := want(pos, 1, 2, ""); err != nil {
+			return err
+		}
+		c, err := connect(ctx, *url, stderr)
+		if err != nil {
+			return err
+		}
 		defer c.close()
-		inUse := announcedSemaphores(ctx, c)
+		inUse, err := announcedSemaphores(ctx, c)
+		if err != nil {
+			return err
+		}
 		names := inUse
 		if len(pos) == 2 {
 			names = pos[1:]
 		} else if len(names) == 0 {
-			fmt.Fprintln(os.Stderr, "scheduler: no live worker announces a semaphore: name one, e.g. scheduler permits get "+app.SemaphoreName)
-			return 0
+			fmt.Fprintln(stderr, "scheduler: no live worker announces a semaphore: name one, e.g. scheduler permits get "+app.SemaphoreName)
+			return nil
 		}
 		// Each process is shown with the live worker it belongs to, if any:
 		// the semaphore names processes by host and pid, the catalogue
@@ -73,47 +86,68 @@ func permits(ctx context.Context, args []string) int {
 		workers, _ := c.mr.Workers(ctx)
 		now := time.Now().Add(app.RedisSkew(ctx, c.rdb)) // as the workers' heartbeats are
 		for i, name := range names {
-			st := stats(ctx, c, name)
+			st, err := stats(ctx, c, name)
+			if err != nil {
+				return err
+			}
 			if st.Limit == 0 && !slices.Contains(inUse, name) {
-				app.Fail("permits get %s: no semaphore %q: Redis has no limit for it and no live worker uses it (%s)", name, name, inUseText(inUse))
+				return fmt.Errorf("permits get %s: no semaphore %q: Redis has no limit for it and no live worker uses it (%s)", name, name, inUseText(inUse))
 			}
 			if i > 0 {
-				fmt.Println()
+				fmt.Fprintln(stdout)
 			}
-			printStats(os.Stdout, st, *verbose, workers, now)
+			printStats(stdout, st, *verbose, workers, now)
 		}
 	case "set":
-		want(pos, 3, 3, map[int]string{1: "NAME and N", 2: "N, the new limit"}[len(pos)])
+		if err := want(pos, 3, 3, map[int]string{1: "NAME and N", 2: "N, the new limit"}[len(pos)]); err != nil {
+			return err
+		}
 		// Atoi refuses a number past int's range (ErrRange), so none wraps.
 		n, err := strconv.Atoi(pos[2])
 		if err != nil || n < 1 || n > semaphore.MaxLimit {
-			app.Usage("permits set %s %s: N must be a whole number of at least 1 and at most %d, the largest limit a semaphore takes", pos[1], pos[2], semaphore.MaxLimit)
+			return app.Usagef("permits set %s %s: N must be a whole number of at least 1 and at most %d, the largest limit a semaphore takes", pos[1], pos[2], semaphore.MaxLimit)
 		}
-		c := connect(ctx, *url)
+		c, err := connect(ctx, *url, stderr)
+		if err != nil {
+			return err
+		}
 		defer c.close()
-		s := open(c, pos[1])
+		s, err := open(c, pos[1])
+		if err != nil {
+			return err
+		}
 		defer s.Close()
 		// "db" is every worker's database semaphore: setting it before the
 		// workers start is the usual first step, never a typo.
-		before := stats(ctx, c, pos[1])
-		inUse := announcedSemaphores(ctx, c)
+		before, err := stats(ctx, c, pos[1])
+		if err != nil {
+			return err
+		}
+		inUse, err := announcedSemaphores(ctx, c)
+		if err != nil {
+			return err
+		}
 		if !*isNew && pos[1] != app.SemaphoreName && before.Limit == 0 && !slices.Contains(inUse, pos[1]) {
-			app.Fail("permits set %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
+			return fmt.Errorf("permits set %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
 				"or add --new to set the limit of a semaphore before any worker uses it", pos[1], pos[1], inUseText(inUse))
 		}
 		if !*isNew && !slices.Contains(inUse, pos[1]) {
 			// Set before the workers start, as intended (--new says so);
 			// or, under the wrong prefix, a change no running worker sees.
-			fmt.Fprintf(os.Stderr, "scheduler: no live worker under BATCHMR_PREFIX=%q uses semaphore %s: the limit is for workers that start under this prefix (--new says that is meant); if you meant a running fleet, check BATCHMR_PREFIX\n", app.Prefix, pos[1])
+			fmt.Fprintf(stderr, "scheduler: no live worker under BATCHMR_PREFIX=%q uses semaphore %s: the limit is for workers that start under this prefix (--new says that is meant); if you meant a running fleet, check BATCHMR_PREFIX\n", app.Prefix, pos[1])
 		}
 		if err := s.SetLimit(ctx, n); err != nil {
-			app.Fail("permits set %s: %v", pos[1], err)
+			return fmt.Errorf("permits set %s: %v", pos[1], err)
 		}
-		printSet(os.Stdout, before, stats(ctx, c, pos[1]))
+		after, err := stats(ctx, c, pos[1])
+		if err != nil {
+			return err
+		}
+		printSet(stdout, before, after)
 	default:
-		app.Usage("permits %q: use get or set", pos[0])
+		return app.Usagef("permits %q: use get or set", pos[0])
 	}
-	return 0
+	return nil
 }
 
 // printSet says what setting the limit did, from the semaphore's stats
@@ -150,37 +184,41 @@ func inUseText(inUse []string) string {
 }
 
 // announcedSemaphores returns the semaphores live workers announce, sorted.
-func announcedSemaphores(ctx context.Context, c *conn) []string {
+func announcedSemaphores(ctx context.Context, c *conn) ([]string, error) {
 	workers, err := c.mr.Workers(ctx)
 	if err != nil {
-		app.Fail("permits: %s", trim(err))
+		return nil, fmt.Errorf("permits: %s", trim(err))
 	}
 	var names []string
 	for _, w := range workers {
 		names = append(names, w.Semaphores...)
 	}
 	slices.Sort(names)
-	return slices.Compact(names)
+	return slices.Compact(names), nil
 }
 
 // open returns a handle on the named semaphore; the limit it is given is
-// never written (Stats and SetLimit do not use it).
-func open(c *conn, name string) *semaphore.Semaphore {
+// never written (Stats and SetLimit do not use it). A name no semaphore
+// takes is a *app.UsageError.
+func open(c *conn, name string) (*semaphore.Semaphore, error) {
 	s, err := semaphore.New(c.rdb, name, semaphore.Options{Limit: 1, Prefix: app.SemaphorePrefix(app.Prefix)})
 	if err != nil {
-		app.Usage("%v", err)
+		return nil, app.Usagef("%v", err)
 	}
-	return s
+	return s, nil
 }
 
-func stats(ctx context.Context, c *conn, name string) semaphore.Stats {
-	s := open(c, name)
+func stats(ctx context.Context, c *conn, name string) (semaphore.Stats, error) {
+	s, err := open(c, name)
+	if err != nil {
+		return semaphore.Stats{}, err
+	}
 	defer s.Close()
 	st, err := s.Stats(ctx)
 	if err != nil {
-		app.Fail("permits get %s: %v", name, err)
+		return st, fmt.Errorf("permits get %s: %v", name, err)
 	}
-	return st
+	return st, nil
 }
 
 func printStats(out io.Writer, st semaphore.Stats, verbose bool, workers []mapreduce.WorkerInfo, now time.Time) {

@@ -5,10 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
+	"io"
 	"strings"
 
-	"github.com/batchmr/batchmr/internal/app"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
@@ -33,42 +32,53 @@ Example:
 Flags:
 `
 
-func retry(ctx context.Context, args []string) int {
+func retry(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("retry", flag.ContinueOnError)
-	url := redisFlag(fs)
+	url, err := redisFlag(fs)
+	if err != nil {
+		return err
+	}
 	wait := fs.Bool("wait", false, "follow the run until it ends; exit 0 only if it succeeded")
-	pos := parse(fs, retryUsage, args)
-	want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)")
+	pos, err := parse(fs, retryUsage, args, stdout)
+	if err != nil {
+		return err
+	}
+	if err := want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)"); err != nil {
+		return err
+	}
 	id := pos[0]
-	c := connect(ctx, *url)
+	c, err := connect(ctx, *url, stderr)
+	if err != nil {
+		return err
+	}
 	defer c.close()
 	before, _ := c.mr.Status(ctx, id) // for the message; Retry checks the run
 	if before != nil && before.ArgsRefused() {
-		fmt.Fprintf(os.Stderr, "scheduler: warning: %s failed because its job refused its arguments: unless the job's code has changed since, this retry fails the same way (%s)\n", id, newRunHint(before))
+		fmt.Fprintf(stderr, "scheduler: warning: %s failed because its job refused its arguments: unless the job's code has changed since, this retry fails the same way (%s)\n", id, newRunHint(before))
 	}
-	err := c.mr.Retry(ctx, id)
+	err = c.mr.Retry(ctx, id)
 	job, _, _ := strings.Cut(id, ":")
 	switch {
 	case errors.Is(err, mapreduce.ErrRunNotFound):
-		app.Fail("%s: 'scheduler runs %s' lists the runs still kept", trim(err), job)
+		return fmt.Errorf("%s: 'scheduler runs %s' lists the runs still kept", trim(err), job)
 	case errors.Is(err, mapreduce.ErrRunNotEnded):
-		app.Fail("%s ('scheduler status %s' shows it, 'scheduler cancel %s' stops it)", trim(err), id, id)
+		return fmt.Errorf("%s ('scheduler status %s' shows it, 'scheduler cancel %s' stops it)", trim(err), id, id)
 	case errors.Is(err, mapreduce.ErrRunSucceeded):
-		app.Fail("%s ('scheduler run %s')", trim(err), job)
+		return fmt.Errorf("%s ('scheduler run %s')", trim(err), job)
 	case errors.Is(err, mapreduce.ErrRunActive):
-		app.Fail("%s: 'scheduler cancel RUN' stops that run", trim(err))
+		return fmt.Errorf("%s: 'scheduler cancel RUN' stops that run", trim(err))
 	case err != nil:
-		app.Fail("%s", trim(err))
+		return errors.New(trim(err))
 	}
 	if before != nil {
-		fmt.Println(resuming(before))
+		fmt.Fprintln(stdout, resuming(before))
 	} else {
-		fmt.Println("resuming", id)
+		fmt.Fprintln(stdout, "resuming", id)
 	}
 	if !*wait {
-		return 0
+		return nil
 	}
-	return followToEnd(ctx, c, id)
+	return followToEnd(ctx, c, id, stdout, stderr)
 }
 
 // resuming says what a retry of the run, as st was before it, runs again.

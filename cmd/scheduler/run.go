@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/batchmr/batchmr/internal/app"
@@ -41,42 +42,55 @@ Example:
 Flags:
 `
 
-func run(ctx context.Context, args []string) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	url := redisFlag(fs)
+	url, err := redisFlag(fs)
+	if err != nil {
+		return err
+	}
 	argsJSON := fs.String("args", "", "the run's arguments, as JSON (default: none, the zero value)")
 	key := fs.String("key", "", "names the run: runs started with the same key are one run (default: new)")
 	wait := fs.Bool("wait", false, "follow the run until it ends; exit 0 only if it succeeded")
-	app.UnknownFlagHint = `a job's arguments go in --args, as JSON: --args '{"page_size": 1000}'`
-	pos := parse(fs, runUsage, args)
-	want(pos, 1, 1, "JOB (a job of the catalogue: see 'scheduler jobs')")
+	pos, err := parse(fs, runUsage, args, stdout)
+	if err != nil {
+		return app.WithUnknownFlagHint(err, `a job's arguments go in --args, as JSON: --args '{"page_size": 1000}'`)
+	}
+	if err := want(pos, 1, 1, "JOB (a job of the catalogue: see 'scheduler jobs')"); err != nil {
+		return err
+	}
 	job := pos[0]
 	var a json.RawMessage
 	if *argsJSON != "" {
 		if err := app.JSONError(*argsJSON); err != nil {
-			app.Usage("--args %.100q is not JSON (%v): keys and strings take double quotes, and the whole takes single quotes for the shell, e.g. --args '{\"page_size\": 100}'", *argsJSON, err)
+			return app.Usagef("--args %.100q is not JSON (%v): keys and strings take double quotes, and the whole takes single quotes for the shell, e.g. --args '{\"page_size\": 100}'", *argsJSON, err)
 		}
 		a = json.RawMessage(*argsJSON)
 	}
-	c := connect(ctx, *url)
+	c, err := connect(ctx, *url, stderr)
+	if err != nil {
+		return err
+	}
 	defer c.close()
 	what := "run " + job
-	info := lookupJob(ctx, c, job, what)
+	info, err := lookupJob(ctx, c, job, what)
+	if err != nil {
+		return err
+	}
 	if !info.JSON {
-		app.Fail("%s: the job's arguments are not JSON (its codec is its own): start it from Go with Job.Start", what)
+		return fmt.Errorf("%s: the job's arguments are not JSON (its codec is its own): start it from Go with Job.Start", what)
 	}
 	if len(info.Workers) == 0 {
 		// Nobody can run the job's Validate before the run exists: check
 		// at least what the workers announced, rather than create a run
 		// that fails at its split.
 		if err := checkArgs(info.ArgsSchema, a); err != nil {
-			app.Fail("%s: --args: %v", what, err)
+			return fmt.Errorf("%s: --args: %v", what, err)
 		}
 		validate := ""
 		if info.Validates {
 			validate = "; the job's own Validate has not checked --args: it runs when a worker takes the run, and fails the run if it refuses them"
 		}
-		fmt.Fprintf(os.Stderr, "scheduler: warning: no live worker runs %s, so the run will wait until one starts ('scheduler jobs' shows the job's workers)%s\n", job, validate)
+		fmt.Fprintf(stderr, "scheduler: warning: no live worker runs %s, so the run will wait until one starts ('scheduler jobs' shows the job's workers)%s\n", job, validate)
 	}
 	id, err := c.mr.StartJSON(ctx, job, a, mapreduce.StartOptions{Key: *key})
 	switch {
@@ -85,29 +99,35 @@ func run(ctx context.Context, args []string) int {
 		// spelled out, {} for none): only other values are refused, so that
 		// a script never takes a run of other arguments for its own.
 		if st, serr := c.mr.Status(ctx, id); serr == nil && *argsJSON != "" && !sameArgs(info.ArgsSchema, st.Args, a) {
-			app.Fail("run %s already exists (--key %s names it) with other arguments, %s, than these, %s, which were not used: use another --key for a run of these, or leave --args out to get that run", id, *key, st.Args, a)
+			return fmt.Errorf("run %s already exists (--key %s names it) with other arguments, %s, than these, %s, which were not used: use another --key for a run of these, or leave --args out to get that run", id, *key, st.Args, a)
 		}
 		if *wait {
-			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists (--key %s names it); following it\n", id, *key)
+			fmt.Fprintf(stderr, "scheduler: run %s already exists (--key %s names it); following it\n", id, *key)
 		} else {
-			fmt.Fprintf(os.Stderr, "scheduler: run %s already exists (--key %s names it): no new run was started; use another --key for one\n", id, *key)
+			fmt.Fprintf(stderr, "scheduler: run %s already exists (--key %s names it): no new run was started; use another --key for one\n", id, *key)
 		}
 	case errors.Is(err, mapreduce.ErrInvalidArgs):
 		// A worker's answer repeats what the error wraps: say it once.
-		app.Fail("%s", trim(err))
+		return errors.New(trim(err))
 	case errors.Is(err, mapreduce.ErrRunActive):
-		app.Fail("%s: wait for that run to end, or stop it with 'scheduler cancel RUN'", trim(err))
+		return fmt.Errorf("%s: wait for that run to end, or stop it with 'scheduler cancel RUN'", trim(err))
 	case err != nil:
-		app.Fail("%s", trim(err))
+		return errors.New(trim(err))
 	}
-	fmt.Println(id)
+	fmt.Fprintln(stdout, id)
 	if !*wait {
-		return 0
+		return nil
 	}
-	return followToEnd(ctx, c, id)
+	return followToEnd(ctx, c, id, stdout, stderr)
 }
 
-func isTerminal(f *os.File) bool {
+// isTerminal reports whether w is a terminal, on which follow redraws
+// its bar in place.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

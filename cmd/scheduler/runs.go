@@ -4,7 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
+	"io"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -29,20 +29,31 @@ Flags:
 var states = []mapreduce.State{mapreduce.StateSplitting, mapreduce.StateMapping, mapreduce.StateReducing,
 	mapreduce.StateSucceeded, mapreduce.StateFailed, mapreduce.StateCancelled}
 
-func runs(ctx context.Context, args []string) int {
+func runs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("runs", flag.ContinueOnError)
-	url := redisFlag(fs)
-	state := fs.String("state", "", "list only the runs in this state (or active: not ended)")
-	pos := parse(fs, runsUsage, args)
-	want(pos, 0, 1, "")
-	if *state != "" && *state != "active" && !slices.Contains(states, mapreduce.State(*state)) {
-		app.Usage("--state %q: use one of %s or active", *state, joinStates())
+	url, err := redisFlag(fs)
+	if err != nil {
+		return err
 	}
-	c := connect(ctx, *url)
+	state := fs.String("state", "", "list only the runs in this state (or active: not ended)")
+	pos, err := parse(fs, runsUsage, args, stdout)
+	if err != nil {
+		return err
+	}
+	if err := want(pos, 0, 1, ""); err != nil {
+		return err
+	}
+	if *state != "" && *state != "active" && !slices.Contains(states, mapreduce.State(*state)) {
+		return app.Usagef("--state %q: use one of %s or active", *state, joinStates())
+	}
+	c, err := connect(ctx, *url, stderr)
+	if err != nil {
+		return err
+	}
 	defer c.close()
 	catalogue, err := c.mr.Jobs(ctx)
 	if err != nil {
-		app.Fail("runs: %s", trim(err))
+		return fmt.Errorf("runs: %s", trim(err))
 	}
 	var jobs []string
 	for _, j := range catalogue {
@@ -53,20 +64,20 @@ func runs(ctx context.Context, args []string) int {
 		list, err = listRuns(ctx, c, pos[0], *state)
 		// A job the catalogue lost may still have runs: show them.
 		if !slices.Contains(jobs, pos[0]) && (err != nil || len(list) == 0) {
-			app.Fail("runs: %s", c.unknownJob(pos[0], catalogue))
+			return fmt.Errorf("runs: %s", c.unknownJob(pos[0], catalogue))
 		}
 		if err != nil {
-			app.Fail("runs: %s", trim(err))
+			return fmt.Errorf("runs: %s", trim(err))
 		}
 	} else {
 		if len(jobs) == 0 {
-			fmt.Fprintln(os.Stderr, "scheduler: no runs to list: "+app.EmptyCatalogue(c.rdb, app.Prefix))
-			return 0
+			fmt.Fprintln(stderr, "scheduler: no runs to list: "+app.EmptyCatalogue(c.rdb, app.Prefix))
+			return nil
 		}
 		for _, job := range jobs {
 			l, err := listRuns(ctx, c, job, *state)
 			if err != nil {
-				app.Fail("runs: %s", trim(err))
+				return fmt.Errorf("runs: %s", trim(err))
 			}
 			list = append(list, l...)
 		}
@@ -81,7 +92,7 @@ func runs(ctx context.Context, args []string) int {
 		}
 		return string(st.State) != *state
 	})
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "RUN\tSTATE\tPAGES\tCREATED\tTOOK\tERROR")
 	for _, st := range list {
 		took := ""
@@ -91,7 +102,7 @@ func runs(ctx context.Context, args []string) int {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.State, progress(st), st.Created.Format(time.RFC3339), took, oneLine(shortError(st), 60))
 	}
 	_ = w.Flush()
-	return 0
+	return nil
 }
 
 // listRuns reads the summaries of job's runs: for --state active, from

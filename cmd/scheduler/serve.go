@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -69,32 +70,40 @@ type schedule struct {
 	args json.RawMessage
 }
 
-func serve(ctx context.Context, args []string) int {
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	url := redisFlag(fs)
+	url, err := redisFlag(fs)
+	if err != nil {
+		return err
+	}
 	var specs, jobArgs app.StringList
 	fs.Var(&specs, "schedule", "JOB=SPEC: run JOB on SPEC (repeatable)")
 	fs.Var(&jobArgs, "args", "JOB=JSON: the arguments of JOB's scheduled runs (repeatable)")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
 	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged (env LOG_LEVEL)")
-	pos := parse(fs, serveUsage, args)
-	want(pos, 0, 0, "")
-	log, err := app.Logger(*logFormat, *logLevel)
+	pos, err := parse(fs, serveUsage, args, stdout)
 	if err != nil {
-		app.Usage("%v", err)
+		return err
+	}
+	if err := want(pos, 0, 0, ""); err != nil {
+		return err
+	}
+	log, err := app.NewLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		return app.Usagef("%v", err)
 	}
 	if len(specs) == 0 {
-		app.Usage("no --schedule: give at least one, e.g. --schedule 'orders-report=@every 10m'")
+		return app.Usagef("no --schedule: give at least one, e.g. --schedule 'orders-report=@every 10m'")
 	}
 	var scheds []*schedule
 	for _, s := range specs {
 		job, spec, ok := strings.Cut(s, "=")
 		if !ok || job == "" {
-			app.Usage("--schedule %q: use JOB=SPEC, e.g. orders-report=@every 10m", s)
+			return app.Usagef("--schedule %q: use JOB=SPEC, e.g. orders-report=@every 10m", s)
 		}
 		next, err := parseSpec(spec)
 		if err != nil {
-			app.Usage("--schedule %q: %v", s, err)
+			return app.Usagef("--schedule %q: %v", s, err)
 		}
 		scheds = append(scheds, &schedule{job: job, spec: spec, next: next})
 	}
@@ -103,18 +112,21 @@ func serve(ctx context.Context, args []string) int {
 		job, js, ok := strings.Cut(a, "=")
 		switch {
 		case !ok:
-			app.Usage("--args %q: use JOB=JSON, e.g. --args 'orders-report={\"page_size\": 100}'", a)
+			return app.Usagef("--args %q: use JOB=JSON, e.g. --args 'orders-report={\"page_size\": 100}'", a)
 		case !slices.ContainsFunc(scheds, func(s *schedule) bool { return s.job == job }):
-			app.Usage("--args %q: %s has no --schedule", a, job)
+			return app.Usagef("--args %q: %s has no --schedule", a, job)
 		case argsOf[job] != nil:
-			app.Usage("--args %q: %s has --args already: give each job one", a, job)
+			return app.Usagef("--args %q: %s has --args already: give each job one", a, job)
 		}
 		if err := app.JSONError(js); err != nil {
-			app.Usage("--args %q: %.100q is not JSON (%v): keys and strings take double quotes, and the whole takes single quotes for the shell, e.g. --args '%s={\"page_size\": 100}'", a, js, err, job)
+			return app.Usagef("--args %q: %.100q is not JSON (%v): keys and strings take double quotes, and the whole takes single quotes for the shell, e.g. --args '%s={\"page_size\": 100}'", a, js, err, job)
 		}
 		argsOf[job] = json.RawMessage(js)
 	}
-	c := connect(ctx, *url)
+	c, err := connect(ctx, *url, stderr)
+	if err != nil {
+		return err
+	}
 	defer c.close()
 	catalogue, err := c.mr.Jobs(ctx)
 	if len(catalogue) == 0 && err == nil {
@@ -125,33 +137,33 @@ func serve(ctx context.Context, args []string) int {
 			select {
 			case <-ctx.Done():
 				log.Info("scheduler: stopped")
-				return 0
+				return nil
 			case <-time.After(catalogueRecheck):
 			}
 			catalogue, err = c.mr.Jobs(ctx)
 		}
 	}
 	if err != nil {
-		app.Fail("serve: %s", trim(err))
+		return fmt.Errorf("serve: %s", trim(err))
 	}
 	for _, s := range scheds {
 		s.args = argsOf[s.job]
 		i := slices.IndexFunc(catalogue, func(j mapreduce.JobInfo) bool { return j.Name == s.job })
 		if i < 0 {
-			app.Fail("--schedule %s=%s: %s; then serve again (it checks its jobs at start-up)", s.job, s.spec, c.unknownJob(s.job, catalogue))
+			return fmt.Errorf("--schedule %s=%s: %s; then serve again (it checks its jobs at start-up)", s.job, s.spec, c.unknownJob(s.job, catalogue))
 		}
 		info := catalogue[i]
 		if !info.JSON {
-			app.Fail("--schedule %s=%s: the job's arguments are not JSON (its codec is its own), so the scheduler cannot start it: start it from Go with Job.Start", s.job, s.spec)
+			return fmt.Errorf("--schedule %s=%s: the job's arguments are not JSON (its codec is its own), so the scheduler cannot start it: start it from Go with Job.Start", s.job, s.spec)
 		}
 		if err := checkArgs(info.ArgsSchema, s.args); err != nil {
-			app.Usage("%s: %v", argsFlag(s), err)
+			return app.Usagef("%s: %v", argsFlag(s), err)
 		}
 		if len(info.Workers) == 0 {
 			log.Warn("scheduler: no live worker runs the job: its runs will wait until one starts, and its own Validate checks --args only then", "job", s.job)
 		} else if err := c.mr.CheckJSON(ctx, s.job, s.args); err != nil {
 			// A live worker ran the job's own Validate.
-			app.Usage("%s: %s", argsFlag(s), trim(err))
+			return app.Usagef("%s: %s", argsFlag(s), trim(err))
 		}
 	}
 	log.Info("scheduler: serving", "schedules", []string(specs))
@@ -173,7 +185,7 @@ func serve(ctx context.Context, args []string) int {
 			<-published
 			firing.Wait()
 			log.Info("scheduler: stopped")
-			return 0
+			return nil
 		case <-time.After(time.Until(due)):
 		}
 		for _, s := range scheds {

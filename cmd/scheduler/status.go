@@ -3,9 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
-	"os"
+	"io"
 	"strings"
 	"time"
 
@@ -29,56 +30,67 @@ Example:
 Flags:
 `
 
-func status(ctx context.Context, args []string) int {
+func status(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	url := redisFlag(fs)
+	url, err := redisFlag(fs)
+	if err != nil {
+		return err
+	}
 	asJSON := fs.Bool("json", false, "print the status as JSON")
-	pos := parse(fs, statusUsage, args)
-	want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)")
-	c := connect(ctx, *url)
+	pos, err := parse(fs, statusUsage, args, stdout)
+	if err != nil {
+		return err
+	}
+	if err := want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)"); err != nil {
+		return err
+	}
+	c, err := connect(ctx, *url, stderr)
+	if err != nil {
+		return err
+	}
 	defer c.close()
 	st, err := c.mr.Status(ctx, pos[0])
 	if err != nil {
-		app.Fail("%s", trim(err))
+		return errors.New(trim(err))
 	}
 	now := time.Now().Add(app.RedisSkew(ctx, c.rdb))
 	if *asJSON {
-		printJSON(st, now)
-		return 0
+		printJSON(stdout, st, now)
+		return nil
 	}
-	fmt.Printf("run      %s\njob      %s\nstate    %s\npages    %s\n", st.ID, st.Job, st.State, progress(st))
+	fmt.Fprintf(stdout, "run      %s\njob      %s\nstate    %s\npages    %s\n", st.ID, st.Job, st.State, progress(st))
 	if json.Valid(st.Args) {
-		fmt.Printf("args     %s\n", st.Args)
+		fmt.Fprintf(stdout, "args     %s\n", st.Args)
 	}
 	if idle, stalled := st.Stalled(now); stalled {
-		fmt.Printf("changed  %s (%s ago: nothing recorded since; unless its pages take this long, look at 'last err', the workers' logs and /readyz, and the database's pg_stat_activity)\n",
+		fmt.Fprintf(stdout, "changed  %s (%s ago: nothing recorded since; unless its pages take this long, look at 'last err', the workers' logs and /readyz, and the database's pg_stat_activity)\n",
 			st.Updated.Format(time.RFC3339), idle.Round(time.Second))
 	} else if !st.State.Ended() && !st.Updated.IsZero() {
-		fmt.Printf("changed  %s (%s ago)\n", st.Updated.Format(time.RFC3339), max(now.Sub(st.Updated), 0).Round(time.Second))
+		fmt.Fprintf(stdout, "changed  %s (%s ago)\n", st.Updated.Format(time.RFC3339), max(now.Sub(st.Updated), 0).Round(time.Second))
 	}
 	if line := console.TasksText(st); line != "" {
-		fmt.Printf("tasks    %s\n", line)
+		fmt.Fprintf(stdout, "tasks    %s\n", line)
 	}
-	fmt.Printf("created  %s\n", st.Created.Format(time.RFC3339))
+	fmt.Fprintf(stdout, "created  %s\n", st.Created.Format(time.RFC3339))
 	if st.Retries > 0 {
-		fmt.Printf("retried  %s (retry %d)\n", st.Retried.Format(time.RFC3339), st.Retries)
+		fmt.Fprintf(stdout, "retried  %s (retry %d)\n", st.Retried.Format(time.RFC3339), st.Retries)
 	}
 	if !st.Finished.IsZero() {
-		fmt.Printf("finished %s (%s)\n", st.Finished.Format(time.RFC3339), st.Finished.Sub(st.Created).Round(time.Millisecond))
+		fmt.Fprintf(stdout, "finished %s (%s)\n", st.Finished.Format(time.RFC3339), st.Finished.Sub(st.Created).Round(time.Millisecond))
 	}
 	if st.Error != "" {
-		fmt.Printf("error    %s\n", st.Error)
+		fmt.Fprintf(stdout, "error    %s\n", st.Error)
 	}
 	if e := st.LastError; e.Error != "" && e.Error != st.Error {
-		fmt.Printf("last err %s failed at %s: %s\n", e.Step, e.At.Format(time.RFC3339), strings.TrimPrefix(e.Error, "mapreduce: "))
+		fmt.Fprintf(stdout, "last err %s failed at %s: %s\n", e.Step, e.At.Format(time.RFC3339), strings.TrimPrefix(e.Error, "mapreduce: "))
 	}
 	if st.Result != nil {
-		fmt.Printf("result   %s\n", st.Result)
+		fmt.Fprintf(stdout, "result   %s\n", st.Result)
 	}
 	if next := retryHint(st); next != "" {
-		fmt.Printf("next     %s\n", next)
+		fmt.Fprintf(stdout, "next     %s\n", next)
 	}
-	return 0
+	return nil
 }
 
 // jsonStatus is the --json form of a status.
@@ -123,7 +135,7 @@ type jsonStepError struct {
 	At    time.Time `json:"at"`
 }
 
-func printJSON(st *mapreduce.Status, now time.Time) {
+func printJSON(w io.Writer, st *mapreduce.Status, now time.Time) {
 	js := jsonStatus{ID: st.ID, Job: st.Job, State: string(st.State), Total: st.Total, Done: st.Done,
 		Failed: st.Failed, Created: st.Created, Error: st.Error, Retries: st.Retries,
 		PagesPerTask: st.PagesPerTask, PackedFrom: st.PackedFrom}
@@ -161,12 +173,12 @@ func printJSON(st *mapreduce.Status, now time.Time) {
 	if json.Valid(st.Args) {
 		js.Args = st.Args
 	}
-	writeJSON(js)
+	writeJSON(w, js)
 }
 
-// writeJSON prints v as indented JSON on stdout: every command's --json.
-func writeJSON(v any) {
-	enc := json.NewEncoder(os.Stdout)
+// writeJSON prints v as indented JSON on w: every command's --json.
+func writeJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -56,9 +57,12 @@ Examples:
 Flags:
 `
 
-func ui(ctx context.Context, args []string) int {
+func ui(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ui", flag.ContinueOnError)
-	url := redisFlag(fs)
+	url, err := redisFlag(fs)
+	if err != nil {
+		return err
+	}
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve the console on (loopback by default; beyond it needs BATCHMR_UI_TOKEN)")
 	readOnly := fs.Bool("read-only", false, "serve no mutations: no cancel, retry or set limit")
 	insecure := fs.Bool("insecure-no-auth", false, "listen beyond loopback without BATCHMR_UI_TOKEN: only behind a proxy that authenticates every request")
@@ -67,18 +71,26 @@ func ui(ctx context.Context, args []string) int {
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
 	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged (env LOG_LEVEL)")
 	publicURL := fs.String("public-url", app.Env("BATCHMR_UI_PUBLIC_URL", ""), "the URL browsers use when it is a name, e.g. https://batchmr.example.com behind a proxy (env BATCHMR_UI_PUBLIC_URL)")
-	pos := parse(fs, uiUsage, args)
-	want(pos, 0, 0, "")
-	log, err := app.Logger(*logFormat, *logLevel)
+	pos, err := parse(fs, uiUsage, args, stdout)
 	if err != nil {
-		app.Usage("%v", err)
+		return err
+	}
+	if err := want(pos, 0, 0, ""); err != nil {
+		return err
+	}
+	log, err := app.NewLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		return app.Usagef("%v", err)
 	}
 	if *publicURL != "" {
 		if err := console.CheckPublicURL(*publicURL); err != nil {
-			app.Usage("--public-url: %v", err)
+			return app.Usagef("--public-url: %v", err)
 		}
 	}
-	tlsConf := uiTLS(*tlsCert, *tlsKey, log)
+	tlsConf, err := uiTLS(*tlsCert, *tlsKey, log)
+	if err != nil {
+		return err
+	}
 	token := os.Getenv("BATCHMR_UI_TOKEN")
 	if n := len(token); n > 0 && n < 16 {
 		log.Warn("scheduler: BATCHMR_UI_TOKEN is short: it can be guessed, at 5 tries a minute per address; use 16 random characters or more, such as $(openssl rand -hex 16)", "characters", n)
@@ -86,19 +98,20 @@ func ui(ctx context.Context, args []string) int {
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		if _, _, serr := net.SplitHostPort(*listen); serr != nil {
-			app.Usage("ui --listen %q: %v: give HOST:PORT, e.g. 127.0.0.1:8080, or :8080 for every interface", *listen, serr)
+			return app.Usagef("ui --listen %q: %v: give HOST:PORT, e.g. 127.0.0.1:8080, or :8080 for every interface", *listen, serr)
 		}
-		app.Fail("ui: %v: choose another --listen address", err)
+		return fmt.Errorf("ui: %v: choose another --listen address", err)
 	}
+	// Returning before it serves, the command closes it; Shutdown, after.
+	defer ln.Close()
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !isLoopback(host) {
 		switch {
 		case token == "" && !*insecure:
-			_ = ln.Close()
 			what := "read every run's arguments, results and errors, cancel runs and change limits"
 			if *readOnly {
 				what = "read every run's arguments, results and errors"
 			}
-			app.Usage("ui --listen %s reaches beyond this host and BATCHMR_UI_TOKEN is unset: anyone who reaches it could %s. "+
+			return app.Usagef("ui --listen %s reaches beyond this host and BATCHMR_UI_TOKEN is unset: anyone who reaches it could %s. "+
 				"Set BATCHMR_UI_TOKEN (for instance to $(openssl rand -hex 16)), listen on 127.0.0.1, "+
 				"or, when a proxy in front authenticates every request, pass --insecure-no-auth", *listen, what)
 		case token == "":
@@ -107,12 +120,15 @@ func ui(ctx context.Context, args []string) int {
 			log.Warn("scheduler: the console listens beyond loopback over plain HTTP: the token and the session cookie cross the network in clear; give --tls-cert and --tls-key, or put a TLS proxy in front (and --public-url https://...)", "listen", ln.Addr().String())
 		}
 	}
-	c := connect(ctx, *url)
+	c, err := connect(ctx, *url, stderr)
+	if err != nil {
+		return err
+	}
 	defer c.close()
 	con, err := console.New(console.Config{Redis: c.rdb, MapReduce: c.mr, Prefix: app.Prefix,
 		SemaphorePrefix: app.SemaphorePrefix(app.Prefix), ReadOnly: *readOnly, Token: token, PublicURL: *publicURL, Logger: log})
 	if err != nil {
-		app.Fail("ui: %v", err)
+		return fmt.Errorf("ui: %v", err)
 	}
 	defer con.Close()
 	go con.Sample(ctx)
@@ -128,10 +144,10 @@ func ui(ctx context.Context, args []string) int {
 			done <- srv.Serve(ln)
 		}
 	}()
-	fmt.Fprintf(os.Stderr, "scheduler: console on %s (Ctrl-C stops it)\n", consoleURL(ln.Addr(), *publicURL, tlsConf != nil))
+	fmt.Fprintf(stderr, "scheduler: console on %s (Ctrl-C stops it)\n", consoleURL(ln.Addr(), *publicURL, tlsConf != nil))
 	select {
 	case err := <-done:
-		app.Fail("ui: %v", err)
+		return fmt.Errorf("ui: %v", err)
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -139,23 +155,23 @@ func ui(ctx context.Context, args []string) int {
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		log.Warn("scheduler: console shutdown", "error", err)
 	}
-	return 0
+	return nil
 }
 
 // uiTLS returns the TLS configuration of --tls-cert and --tls-key, nil
-// when neither is given; it exits on a bad pair.
-func uiTLS(certFile, keyFile string, log *slog.Logger) *tls.Config {
+// when neither is given; one without the other is a *app.UsageError.
+func uiTLS(certFile, keyFile string, log *slog.Logger) (*tls.Config, error) {
 	if (certFile == "") != (keyFile == "") {
-		app.Usage("--tls-cert and --tls-key go together: give both (the PEM files of the certificate and of its private key), or neither to serve plain HTTP")
+		return nil, app.Usagef("--tls-cert and --tls-key go together: give both (the PEM files of the certificate and of its private key), or neither to serve plain HTTP")
 	}
 	if certFile == "" {
-		return nil
+		return nil, nil
 	}
 	files, err := loadCertFiles(certFile, keyFile, log)
 	if err != nil {
-		app.Fail("ui: %v", err)
+		return nil, fmt.Errorf("ui: %v", err)
 	}
-	return &tls.Config{GetCertificate: files.get, MinVersion: tls.VersionTLS12}
+	return &tls.Config{GetCertificate: files.get, MinVersion: tls.VersionTLS12}, nil
 }
 
 func isLoopback(host string) bool {

@@ -38,75 +38,52 @@ func Env(name, def string) string {
 	return def
 }
 
-// EnvInt is Env for an integer; a malformed value is reported and exits.
-func EnvInt(name string, def int) int {
+// EnvInt is Env for an integer. A malformed value returns def and a
+// *UsageError naming the variable and the fix.
+func EnvInt(name string, def int) (int, error) {
 	v, ok := os.LookupEnv(name)
 	if !ok {
-		return def
+		return def, nil
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil {
-		Usage("%s=%q is not a whole number: give one such as %d, or unset it for that default", name, v, def)
+		return def, Usagef("%s=%q is not a whole number: give one such as %d, or unset it for that default", name, v, def)
 	}
-	return n
+	return n, nil
 }
 
-// EnvDuration is Env for a duration.
-func EnvDuration(name string, def time.Duration) time.Duration {
+// EnvDuration is EnvInt for a duration.
+func EnvDuration(name string, def time.Duration) (time.Duration, error) {
 	v, ok := os.LookupEnv(name)
 	if !ok {
-		return def
+		return def, nil
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		Usage("%s=%q is not a duration: give one such as %v (units ms, s, m, h), or unset it for that default", name, v, def)
+		return def, Usagef("%s=%q is not a duration: give one such as %v (units ms, s, m, h), or unset it for that default", name, v, def)
 	}
-	return d
+	return d, nil
 }
 
-// EnvBool is Env for a boolean (1, t, true, 0, f, false, as flags take
+// EnvBool is EnvInt for a boolean (1, t, true, 0, f, false, as flags take
 // them).
-func EnvBool(name string, def bool) bool {
+func EnvBool(name string, def bool) (bool, error) {
 	v, ok := os.LookupEnv(name)
 	if !ok {
-		return def
+		return def, nil
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		Usage("%s=%q is not a boolean: give true or false, or unset it for %v", name, v, def)
+		return def, Usagef("%s=%q is not a boolean: give true or false, or unset it for %v", name, v, def)
 	}
-	return b
+	return b, nil
 }
 
-// Fail prints one line on stderr and exits 1.
-func Fail(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s: %s\n", commandName(), fmt.Sprintf(format, args...))
-	os.Exit(1)
-}
-
-// Usage exits 2 after a bad command line, pointing at --help.
-func Usage(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s: %s (see --help)\n", commandName(), fmt.Sprintf(format, args...))
-	os.Exit(2)
-}
-
-func commandName() string {
-	name := os.Args[0]
-	if i := strings.LastIndexByte(name, '/'); i >= 0 {
-		name = name[i+1:]
-	}
-	return name
-}
-
-// Logger returns a slog logger writing to stderr in format (text or json)
-// the records at level (debug, info, warn or error) and above; both in any
-// case. It returns an error naming the flag, its variable and the values
-// allowed for anything else, such as "warning" or "DEBUG+2".
-func Logger(format, level string) (*slog.Logger, error) {
-	return NewLogger(os.Stderr, format, level)
-}
-
-// NewLogger is Logger writing to w.
+// NewLogger returns a slog logger writing to w (a command's stderr) in
+// format (text or json) the records at level (debug, info, warn or error)
+// and above; both in any case. It returns an error naming the flag, its
+// variable and the values allowed for anything else, such as "warning" or
+// "DEBUG+2".
 func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	lv, ok := map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo,
 		"warn": slog.LevelWarn, "error": slog.LevelError}[strings.ToLower(level)]
@@ -459,32 +436,3 @@ func (s *StringList) String() string     { return strings.Join(*s, ",") }
 func (s *StringList) Set(v string) error { *s = append(*s, v); return nil }
 
 var _ flag.Value = (*StringList)(nil)
-
-// Parse parses a command's flags: --help prints the usage and exits 0; a
-// bad flag is one line on stderr and exit 2.
-func Parse(fs *flag.FlagSet, usage string, args []string) {
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	err := fs.Parse(args)
-	if errors.Is(err, flag.ErrHelp) {
-		fs.SetOutput(os.Stdout)
-		fmt.Print(usage)
-		// A default may come from the environment (REDIS_URL): help
-		// shows where it points, never its password.
-		fs.VisitAll(func(f *flag.Flag) { f.DefValue = Redact(f.DefValue) })
-		fs.PrintDefaults()
-		os.Exit(0)
-	}
-	if err != nil {
-		// "invalid value "redis://u:PW@..." for flag": the value may be a URL.
-		msg := Redact(err.Error())
-		if hint := UnknownFlagHint; hint != "" && strings.HasPrefix(msg, "flag provided but not defined") {
-			Usage("%s: %s", msg, hint)
-		}
-		Usage("%s", msg)
-	}
-}
-
-// UnknownFlagHint, if set, follows Parse's error for a flag the command
-// does not define: what such a flag most likely meant.
-var UnknownFlagHint string

@@ -49,12 +49,15 @@ func (t RedisTLS) any() bool {
 
 // AddFlags registers --redis-ca-file, --redis-cert-file, --redis-key-file
 // and --redis-insecure-skip-verify on fs, each with its environment
-// variable as default, setting t.
-func (t *RedisTLS) AddFlags(fs *flag.FlagSet) {
+// variable as default, setting t. A malformed variable returns a
+// *UsageError naming it, the flags registered all the same.
+func (t *RedisTLS) AddFlags(fs *flag.FlagSet) error {
 	fs.StringVar(&t.CAFile, "redis-ca-file", Env("REDIS_CA_FILE", ""), "PEM file of the CA that signed Redis's certificate, for a rediss:// URL; default: the system's CAs (env REDIS_CA_FILE)")
 	fs.StringVar(&t.CertFile, "redis-cert-file", Env("REDIS_CERT_FILE", ""), "PEM file of this client's certificate, for a Redis that requires one (tls-auth-clients yes) (env REDIS_CERT_FILE)")
 	fs.StringVar(&t.KeyFile, "redis-key-file", Env("REDIS_KEY_FILE", ""), "PEM file of the key of --redis-cert-file (env REDIS_KEY_FILE)")
-	fs.BoolVar(&t.InsecureSkipVerify, "redis-insecure-skip-verify", EnvBool("REDIS_INSECURE_SKIP_VERIFY", false), "accept any certificate from Redis: insecure, for tests only; allows skip_verify=true in the URL (env REDIS_INSECURE_SKIP_VERIFY)")
+	insecure, err := EnvBool("REDIS_INSECURE_SKIP_VERIFY", false)
+	fs.BoolVar(&t.InsecureSkipVerify, "redis-insecure-skip-verify", insecure, "accept any certificate from Redis: insecure, for tests only; allows skip_verify=true in the URL (env REDIS_INSECURE_SKIP_VERIFY)")
+	return err
 }
 
 // apply applies t to parsed, the TLS configuration that go-redis read

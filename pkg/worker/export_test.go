@@ -2,7 +2,11 @@ package worker
 
 import (
 	"net"
+	"strings"
 	"time"
+
+	"github.com/batchmr/batchmr/internal/app"
+	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 
 // WithClock returns cfg with the worker's clock replaced by now, as a host
@@ -28,3 +32,11 @@ func WithLimitChecks(cfg Config, d time.Duration) Config {
 
 // AsynqLevel is the asynq.LogLevel a worker with log gives asynq.
 var AsynqLevel = asynqLevel
+
+// Command runs the worker command named "w" on args in-process, as
+// MainWith does, and returns its stdout, stderr and exit status.
+func Command(args []string, jobs ...mapreduce.AnyJob) (string, string, int) {
+	var stdout, stderr strings.Builder
+	code := app.Exit("w", command("w", args, &stdout, &stderr, nil, jobs), &stderr)
+	return stdout.String(), stderr.String(), code
+}

@@ -1,9 +1,12 @@
 package worker
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -65,13 +68,30 @@ func Main(jobs ...mapreduce.AnyJob) { MainWith(nil, jobs...) }
 // Observer for tracing: configure, if not nil, is called with the Config
 // that the command line and environment gave, before the worker starts,
 // and may change it. Every flag keeps working, and MainWith returns after
-// a clean shutdown, so that main's deferred calls (flushing spans) run:
+// a clean shutdown (and after --help or --version), so that main's
+// deferred calls (flushing spans) run; any other outcome exits:
 //
 //	worker.MainWith(func(cfg *worker.Config) {
 //		cfg.Observer = mrotel.New(mrotel.Options{TracerProvider: tp})
 //	}, countkinds.Job)
 func MainWith(configure func(*Config), jobs ...mapreduce.AnyJob) {
-	cfg := configFromFlags(os.Args[1:], jobs)
+	name := filepath.Base(os.Args[0])
+	err := command(name, os.Args[1:], os.Stdout, os.Stderr, configure, jobs)
+	if code := app.Exit(name, err, os.Stderr); code != 0 {
+		os.Exit(code)
+	}
+}
+
+// command is the worker command named name, with args its command line:
+// it returns nil after a clean shutdown, --help or --version, a
+// *app.UsageError for a bad command line and another error when the
+// worker cannot start, each message without the "worker: " prefix that
+// name replaces.
+func command(name string, args []string, stdout, stderr io.Writer, configure func(*Config), jobs []mapreduce.AnyJob) error {
+	cfg, err := configFromFlags(name, args, jobs, stdout, stderr)
+	if err != nil {
+		return err
+	}
 	if configure != nil {
 		configure(&cfg)
 	}
@@ -79,7 +99,7 @@ func MainWith(configure func(*Config), jobs ...mapreduce.AnyJob) {
 	// out (a RedisURL of its own) or ask for more (RequireDatabase): a
 	// missing setting exits 2 with its fix, whichever gave it.
 	if err := cfg.withDefaults().validate(); err != nil {
-		app.Usage("%v", strings.TrimPrefix(err.Error(), "worker: "))
+		return app.Usagef("%v", strings.TrimPrefix(err.Error(), "worker: "))
 	}
 	// A SIGTERM while connecting is a clean stop too.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -88,53 +108,72 @@ func MainWith(configure func(*Config), jobs ...mapreduce.AnyJob) {
 	if err != nil {
 		if ctx.Err() != nil {
 			cfg.Logger.Info("worker: stopped before starting")
-			return // exit 0, after main's deferred calls
+			return nil // exit 0, after main's deferred calls
 		}
-		app.Fail("%s", strings.TrimPrefix(err.Error(), "worker: "))
+		return errors.New(strings.TrimPrefix(err.Error(), "worker: "))
 	}
 	<-ctx.Done()
 	stop() // a second signal kills the process at once
 	w.stop()
+	return nil
 }
 
-// configFromFlags parses the command line into a Config, exiting 0 after
-// --help and 2 with one line after a bad flag.
-func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
-	name := filepath.Base(os.Args[0])
+// configFromFlags parses the command line into a Config. It returns
+// flag.ErrHelp after printing --help or --version on stdout, and a
+// *app.UsageError naming the fix for a bad flag or environment variable.
+func configFromFlags(name string, args []string, jobs []mapreduce.AnyJob, stdout, stderr io.Writer) (Config, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var cfg Config
+	// A malformed variable is reported before the command line is read,
+	// the first of them: it would be the flag's default.
+	var envErr error
+	envInt := func(name string, def int) int {
+		n, err := app.EnvInt(name, def)
+		envErr = cmp.Or(envErr, err)
+		return n
+	}
+	envDuration := func(name string, def time.Duration) time.Duration {
+		d, err := app.EnvDuration(name, def)
+		envErr = cmp.Or(envErr, err)
+		return d
+	}
 	fs.StringVar(&cfg.RedisURL, "redis-url", app.Env("REDIS_URL", ""), "Redis URL: redis://host:port/db, redis://host:port?addr=host2:port2 (Cluster) or redis://sentinel:26379/db?master_name=NAME (Sentinel); rediss:// for TLS (env REDIS_URL)")
 	var redisTLS app.RedisTLS
-	redisTLS.AddFlags(fs)
+	envErr = redisTLS.AddFlags(fs)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", app.Env("DATABASE_URL", ""), "Postgres URL; none: the jobs get no database (env DATABASE_URL)")
-	fs.IntVar(&cfg.Concurrency, "concurrency", app.EnvInt("WORKER_CONCURRENCY", 10), "tasks run at once by this worker (env WORKER_CONCURRENCY)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", envInt("WORKER_CONCURRENCY", 10), "tasks run at once by this worker (env WORKER_CONCURRENCY)")
 	fs.StringVar(&cfg.ApplicationName, "application-name", app.Env("WORKER_APPLICATION_NAME", "batchmr-worker"), "application_name of the database connections, as pg_stat_activity shows them (env WORKER_APPLICATION_NAME)")
-	dbPermits := fs.Int("db-permits", app.EnvInt("DB_PERMITS", 8), `the fleet's concurrent database queries (semaphore "db"), used only if Redis has no limit yet (env DB_PERMITS)`)
+	dbPermits := fs.Int("db-permits", envInt("DB_PERMITS", 8), `the fleet's concurrent database queries (semaphore "db"), used only if Redis has no limit yet (env DB_PERMITS)`)
 	permits := app.StringList(splitList(app.Env("WORKER_PERMITS", "")))
 	fs.Var(&permits, "permits", "NAME=N: open the fleet-wide semaphore NAME with N permits if Redis has no limit yet; repeatable (env WORKER_PERMITS, comma-separated)")
 	weights := app.StringList(splitList(app.Env("WORKER_WEIGHTS", "")))
 	fs.Var(&weights, "weight", "JOB=N: the priority of JOB's queue against the other jobs' (default 1); repeatable (env WORKER_WEIGHTS, comma-separated)")
-	fs.DurationVar(&cfg.Lease, "lease", app.EnvDuration("DB_PERMIT_LEASE", 30*time.Second), "how long a crashed worker's permit stays taken (env DB_PERMIT_LEASE)")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", app.EnvDuration("WORKER_SHUTDOWN_TIMEOUT", 30*time.Second), "on SIGTERM, how long in-flight tasks may finish before they are handed back (env WORKER_SHUTDOWN_TIMEOUT)")
-	fs.DurationVar(&cfg.ReconcileEvery, "reconcile-every", app.EnvDuration("WORKER_RECONCILE_EVERY", 30*time.Second), "how often to repair runs left behind by crashes (env WORKER_RECONCILE_EVERY)")
-	fs.DurationVar(&cfg.PollInterval, "poll-interval", app.EnvDuration("WORKER_POLL_INTERVAL", defaultPollInterval), "how often an idle worker looks for tasks: each step of a run that starts on idle workers waits for their next look; lower starts steps sooner, at a Redis call per queue per look (env WORKER_POLL_INTERVAL)")
-	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", app.EnvDuration("WORKER_MAX_CLOCK_OFFSET", 3*time.Second), "how far this host's clock may be from Redis's before the worker refuses to start (env WORKER_MAX_CLOCK_OFFSET)")
+	fs.DurationVar(&cfg.Lease, "lease", envDuration("DB_PERMIT_LEASE", 30*time.Second), "how long a crashed worker's permit stays taken (env DB_PERMIT_LEASE)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", envDuration("WORKER_SHUTDOWN_TIMEOUT", 30*time.Second), "on SIGTERM, how long in-flight tasks may finish before they are handed back (env WORKER_SHUTDOWN_TIMEOUT)")
+	fs.DurationVar(&cfg.ReconcileEvery, "reconcile-every", envDuration("WORKER_RECONCILE_EVERY", 30*time.Second), "how often to repair runs left behind by crashes (env WORKER_RECONCILE_EVERY)")
+	fs.DurationVar(&cfg.PollInterval, "poll-interval", envDuration("WORKER_POLL_INTERVAL", defaultPollInterval), "how often an idle worker looks for tasks: each step of a run that starts on idle workers waits for their next look; lower starts steps sooner, at a Redis call per queue per look (env WORKER_POLL_INTERVAL)")
+	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", envDuration("WORKER_MAX_CLOCK_OFFSET", 3*time.Second), "how far this host's clock may be from Redis's before the worker refuses to start (env WORKER_MAX_CLOCK_OFFSET)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", app.Env("METRICS_ADDR", ""), "host:port to serve Prometheus /metrics, /healthz and /readyz on, e.g. 127.0.0.1:9090; empty: none (env METRICS_ADDR)")
 	fs.StringVar(&cfg.Version, "version-label", app.Env("WORKER_VERSION", ""), "free text shown with this worker in 'scheduler jobs', e.g. a build ID; default: the batchmr version it was built with (env WORKER_VERSION)")
 	version := fs.Bool("version", false, "print the batchmr version this worker was built with, and exit")
 	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json, on stderr (env LOG_FORMAT)")
 	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged, asynq's included (env LOG_LEVEL)")
+	if envErr != nil {
+		return cfg, envErr
+	}
 	names := make([]string, len(jobs))
 	for i, j := range jobs {
 		names[i] = j.JobName()
 	}
-	app.Parse(fs, fmt.Sprintf(usage, name, strings.Join(names, ", ")), args)
+	if err := app.Parse(fs, fmt.Sprintf(usage, name, strings.Join(names, ", ")), args, stdout); err != nil {
+		return cfg, err
+	}
 	if *version {
-		fmt.Printf("%s: batchmr %s, %s\n", name, app.BuildVersion(), runtime.Version())
-		os.Exit(0)
+		fmt.Fprintf(stdout, "%s: batchmr %s, %s\n", name, app.BuildVersion(), runtime.Version())
+		return cfg, flag.ErrHelp // printed what was asked: exit 0
 	}
 	if fs.NArg() > 0 {
-		app.Usage("unexpected argument %q", fs.Arg(0))
+		return cfg, app.Usagef("unexpected argument %q", fs.Arg(0))
 	}
 	cfg.RedisCAFile, cfg.RedisCertFile, cfg.RedisKeyFile = redisTLS.CAFile, redisTLS.CertFile, redisTLS.KeyFile
 	cfg.RedisInsecureSkipVerify = redisTLS.InsecureSkipVerify
@@ -142,19 +181,19 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 	// would read it as "the default", silently.
 	for _, d := range cfg.durations() {
 		if d.v == 0 {
-			app.Usage("%s 0 (env %s): use a positive duration, or leave it unset for the default (see --help)", d.flag, d.env)
+			return cfg, app.Usagef("%s 0 (env %s): use a positive duration, or leave it unset for the default (see --help)", d.flag, d.env)
 		}
 	}
 	var err error
-	if cfg.Logger, err = app.Logger(*logFormat, *logLevel); err != nil {
-		app.Usage("%v", err)
+	if cfg.Logger, err = app.NewLogger(stderr, *logFormat, *logLevel); err != nil {
+		return cfg, app.Usagef("%v", err)
 	}
 	if cfg.Concurrency < 1 {
-		app.Usage("--concurrency %d: use at least 1", cfg.Concurrency)
+		return cfg, app.Usagef("--concurrency %d: use at least 1", cfg.Concurrency)
 	}
 	cfg.Prefix = app.Prefix
 	if cfg.Permits, err = parseCounts("--permits", permits); err != nil {
-		app.Usage("%v", err)
+		return cfg, app.Usagef("%v", err)
 	}
 	if cfg.DatabaseURL != "" {
 		if _, set := cfg.Permits[DBSemaphore]; !set {
@@ -162,14 +201,14 @@ func configFromFlags(args []string, jobs []mapreduce.AnyJob) Config {
 		}
 	}
 	if cfg.Weights, err = parseCounts("--weight", weights); err != nil {
-		app.Usage("%v", err)
+		return cfg, app.Usagef("%v", err)
 	}
 	for job, n := range cfg.Weights {
 		if !slices.Contains(names, job) {
-			app.Usage("--weight %s=%d: this worker runs no job %q (it runs: %s)", job, n, job, strings.Join(names, ", "))
+			return cfg, app.Usagef("--weight %s=%d: this worker runs no job %q (it runs: %s)", job, n, job, strings.Join(names, ", "))
 		}
 	}
-	return cfg
+	return cfg, nil
 }
 
 func splitList(s string) []string {
