@@ -13,14 +13,14 @@ import (
 )
 
 // The scripts keep the holders' total weight in a record rather than
-// summing every holder on each call. Processes running an older batchmr
-// share the keys but keep no record, so these tests change the holders the
-// way an older version's scripts do, by hand, and check that the limit
-// still holds (S1) and that freed capacity is still granted.
+// summing every holder on each call. Anything else that changes the
+// holders (an operator, an eviction) leaves the record behind, so these
+// tests change the holders by hand and check that the limit still holds
+// (S1) and that freed capacity is still granted.
 
-// grantAsOlderVersion adds a holder the way a script that keeps no record
-// does: a new fence, the holder with a lease, its info.
-func grantAsOlderVersion(t *testing.T, rdb redis.UniversalClient, prefix, token string) {
+// grantByHand adds a holder as an operator might, keeping no record: a new
+// fence, the holder with a lease, its info.
+func grantByHand(t *testing.T, rdb redis.UniversalClient, prefix, token string) {
 	t.Helper()
 	ctx := context.Background()
 	k := prefix + ":{db}:"
@@ -47,7 +47,7 @@ func TestAHolderAddedWithoutTheRecordStillCountsTowardTheLimit(t *testing.T) {
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 3})
 	ctx := context.Background()
 	p := mustAcquire(t, s) // the record now says: one holder, weight 1
-	grantAsOlderVersion(t, rdb, prefix, "older-1-x:1:2")
+	grantByHand(t, rdb, prefix, "older-1-x:1:2")
 
 	if q, err := s.TryAcquire(ctx); !errors.Is(err, semaphore.ErrNoPermit) {
 		t.Fatalf("TryAcquire with weight 1+2 of 3 held = %v, %v; want ErrNoPermit (a stale record would grant a 4th unit)", q, err)
@@ -69,7 +69,7 @@ func TestAHolderRemovedWithoutTheRecordFreesItsWeight(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 3})
 	ctx := context.Background()
-	grantAsOlderVersion(t, rdb, prefix, "older-1-x:1:2")
+	grantByHand(t, rdb, prefix, "older-1-x:1:2")
 	mustAcquire(t, s) // the record now says: weight 3, full
 	if _, err := s.TryAcquire(ctx); !errors.Is(err, semaphore.ErrNoPermit) {
 		t.Fatalf("TryAcquire when full = %v; want ErrNoPermit", err)

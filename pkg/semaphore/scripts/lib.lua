@@ -213,8 +213,8 @@ end
 -- of holders it left. The record is trusted only while both still match:
 -- every grant, by any version of these scripts, increments the fence
 -- counter, and every removal changes the number of holders, so a holder
--- added or removed by anyone else — an older batchmr that keeps no record,
--- an operator, an eviction — makes it stale, and the sum is read afresh.
+-- added or removed by anything else — an operator, an eviction — makes it
+-- stale, and the sum is read afresh.
 --
 -- read_held reads the limit, the fence counter and the record (one MGET)
 -- and the number of holders, once per call, and takes the weight from the
