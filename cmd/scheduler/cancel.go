@@ -24,21 +24,14 @@ func cancel(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	pos, err := parse(fs, cancelUsage, args, stdout)
-	if err != nil {
-		return err
-	}
-	if err := want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)"); err != nil {
-		return err
-	}
-	c, err := connect(ctx, *url, stderr)
+	c, id, err := connectForRun(ctx, fs, url, cancelUsage, args, stdout, stderr)
 	if err != nil {
 		return err
 	}
 	defer c.close()
-	if err := c.mr.Cancel(ctx, pos[0]); err != nil {
+	if err := c.mr.Cancel(ctx, id); err != nil {
 		return errors.New(trim(err))
 	}
-	fmt.Fprintln(stdout, "cancelled", pos[0])
+	fmt.Fprintln(stdout, "cancelled", id)
 	return nil
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 
@@ -95,4 +97,32 @@ func want(pos []string, min, max int, what string) error {
 		return app.Usagef("unexpected argument %q", pos[max])
 	}
 	return nil
+}
+
+// connectForRun parses the flags of fs, url among them, and the one RUN
+// of a command about a run (status, cancel, retry), and connects to Redis.
+func connectForRun(ctx context.Context, fs *flag.FlagSet, url *redisFlags, usage string, args []string, stdout, stderr io.Writer) (*conn, string, error) {
+	pos, err := parse(fs, usage, args, stdout)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)"); err != nil {
+		return nil, "", err
+	}
+	c, err := connect(ctx, *url, stderr) // url is set once fs is parsed
+	return c, pos[0], err
+}
+
+// logFlags adds --log-format and --log-level to fs, and returns what makes
+// the logger they ask for, on stderr, once fs is parsed.
+func logFlags(fs *flag.FlagSet) func(stderr io.Writer) (*slog.Logger, error) {
+	format := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
+	level := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged (env LOG_LEVEL)")
+	return func(stderr io.Writer) (*slog.Logger, error) {
+		log, err := app.NewLogger(stderr, *format, *level)
+		if err != nil {
+			return nil, app.Usagef("%v", err)
+		}
+		return log, nil
+	}
 }

@@ -39,15 +39,7 @@ func retry(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	wait := fs.Bool("wait", false, "follow the run until it ends; exit 0 only if it succeeded")
-	pos, err := parse(fs, retryUsage, args, stdout)
-	if err != nil {
-		return err
-	}
-	if err := want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)"); err != nil {
-		return err
-	}
-	id := pos[0]
-	c, err := connect(ctx, *url, stderr)
+	c, id, err := connectForRun(ctx, fs, url, retryUsage, args, stdout, stderr)
 	if err != nil {
 		return err
 	}

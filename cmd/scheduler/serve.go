@@ -79,8 +79,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var specs, jobArgs app.StringList
 	fs.Var(&specs, "schedule", "JOB=SPEC: run JOB on SPEC (repeatable)")
 	fs.Var(&jobArgs, "args", "JOB=JSON: the arguments of JOB's scheduled runs (repeatable)")
-	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
-	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged (env LOG_LEVEL)")
+	newLogger := logFlags(fs)
 	pos, err := parse(fs, serveUsage, args, stdout)
 	if err != nil {
 		return err
@@ -88,9 +87,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := want(pos, 0, 0, ""); err != nil {
 		return err
 	}
-	log, err := app.NewLogger(stderr, *logFormat, *logLevel)
+	log, err := newLogger(stderr)
 	if err != nil {
-		return app.Usagef("%v", err)
+		return err
 	}
 	if len(specs) == 0 {
 		return app.Usagef("no --schedule: give at least one, e.g. --schedule 'orders-report=@every 10m'")

@@ -37,19 +37,12 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	asJSON := fs.Bool("json", false, "print the status as JSON")
-	pos, err := parse(fs, statusUsage, args, stdout)
-	if err != nil {
-		return err
-	}
-	if err := want(pos, 1, 1, "RUN (a run ID, as 'scheduler run' or 'scheduler runs' print it)"); err != nil {
-		return err
-	}
-	c, err := connect(ctx, *url, stderr)
+	c, id, err := connectForRun(ctx, fs, url, statusUsage, args, stdout, stderr)
 	if err != nil {
 		return err
 	}
 	defer c.close()
-	st, err := c.mr.Status(ctx, pos[0])
+	st, err := c.mr.Status(ctx, id)
 	if err != nil {
 		return errors.New(trim(err))
 	}

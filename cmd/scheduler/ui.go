@@ -68,8 +68,7 @@ func ui(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	insecure := fs.Bool("insecure-no-auth", false, "listen beyond loopback without BATCHMR_UI_TOKEN: only behind a proxy that authenticates every request")
 	tlsCert := fs.String("tls-cert", app.Env("BATCHMR_UI_TLS_CERT", ""), "PEM file of the certificate to serve HTTPS with, its chain leaf first; needs --tls-key (env BATCHMR_UI_TLS_CERT)")
 	tlsKey := fs.String("tls-key", app.Env("BATCHMR_UI_TLS_KEY", ""), "PEM file of --tls-cert's private key (env BATCHMR_UI_TLS_KEY)")
-	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json (env LOG_FORMAT)")
-	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged (env LOG_LEVEL)")
+	newLogger := logFlags(fs)
 	publicURL := fs.String("public-url", app.Env("BATCHMR_UI_PUBLIC_URL", ""), "the URL browsers use when it is a name, e.g. https://batchmr.example.com behind a proxy (env BATCHMR_UI_PUBLIC_URL)")
 	pos, err := parse(fs, uiUsage, args, stdout)
 	if err != nil {
@@ -78,9 +77,9 @@ func ui(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := want(pos, 0, 0, ""); err != nil {
 		return err
 	}
-	log, err := app.NewLogger(stderr, *logFormat, *logLevel)
+	log, err := newLogger(stderr)
 	if err != nil {
-		return app.Usagef("%v", err)
+		return err
 	}
 	if *publicURL != "" {
 		if err := console.CheckPublicURL(*publicURL); err != nil {
