@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"encoding/json"
 	"io"
 	"os/exec"
@@ -105,15 +106,19 @@ func (f *fleet) checkRodeOut(sched *followed, a runArgs, base time.Duration, kil
 	seen := f.sampler.startsBetween(st.Created, ended)
 	t.Logf("Postgres saw %d worker queries start for the run's %d pages (%d beyond one a page; the sampler may miss a few)", seen, a.pages(f), seen-a.pages(f))
 	// A task whose outcome asynq failed to write during the failover
-	// would stay active until asynq's recoverer, a minute or two on
-	// (docs/asynq-sync-retry.md): handlers wait for their queue's primary
-	// before they return.
+	// stays active until asynq's recoverer, a minute or two on
+	// (docs/asynq-sync-retry.md). On a Cluster, a task that ends soon
+	// after a node failed waits for its queue's primary before it
+	// returns, so that only tasks that returned in the moment between the
+	// kill and the first failure seen stay so, not every task held at
+	// the kill (30 here).
+	const leftActive = 5
 	insp := asynq.NewInspectorFromRedisClient(f.rdb)
 	var qi *asynq.QueueInfo
-	testenv.WaitFor(t, 10*time.Second, "no task of the run's queue to be active 10 s after the run", func() bool {
+	testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("at most %d tasks of the run's queue to be active 10 s after the run", leftActive), func() bool {
 		var err error
 		qi, err = insp.GetQueueInfo(queue)
-		return err == nil && qi.Active == 0
+		return err == nil && qi.Active <= leftActive
 	})
 	t.Logf("asynq after the run: %d archived, %d retry, %d active, %d pending; processed %d, failed %d today", qi.Archived, qi.Retry, qi.Active, qi.Pending, qi.Processed, qi.Failed)
 
