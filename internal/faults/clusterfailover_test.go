@@ -3,12 +3,7 @@
 package faults_test
 
 import (
-	"context"
-	"strings"
-	"sync/atomic"
 	"testing"
-
-	"github.com/batchmr/batchmr/internal/testenv"
 )
 
 // reqClusterFailoverCost is reqFailoverCost on a Cluster.
@@ -43,7 +38,6 @@ func TestARunRidesOutAClusterFailoverOfThePrimaryOfItsRecordsOrOfItsQueue(t *tes
 // of hash tag tag (holds says what they are) and checks the run rides it
 // out.
 func rideOutClusterFailover(t *testing.T, tag, holds string) {
-	ctx := context.Background()
 	f := newFleet(t, fleetConfig{Cluster: true})
 	a := defaultRun()
 	base := f.baseline(a)
@@ -56,26 +50,12 @@ func rideOutClusterFailover(t *testing.T, tag, holds string) {
 		t.Fatalf("the job's queue and the run's records are both on primary %d: clusterTags must keep them apart", p)
 	}
 	victim, replica := f.cluster.Primaries[p], f.cluster.Replicas[p]
-	// Synced writes wait for the replica (WAIT 1 1000 on their
-	// connection): counted on the victim until it dies.
-	var synced atomic.Int32
-	testenv.Monitor(t, "tcp", victim.Client.Options().Addr, func(line string) {
-		if strings.Contains(line, `"WAIT" "1" "1000"`) || strings.Contains(line, `"wait" "1" "1000"`) {
-			synced.Add(1)
-		}
-	})
-	sched := f.startFollowed(a)
+	sched, before, synced := f.runAQuarter(a, victim)
 	id := sched.id
-	f.waitDone(id, a.pages(f)/4)
-
-	before, err := f.mr.Status(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tag == job && synced.Load() == 0 {
+	if tag == job && synced == 0 {
 		t.Errorf("no write of the run waited for the replica before the kill: the ledger's writes must (WAIT 1)")
 	}
-	t.Logf("the victim, primary %d, holds %s; %d round trips to it waited for its replica before the kill", p, holds, synced.Load())
+	t.Logf("the victim, primary %d, holds %s; %d round trips to it waited for its replica before the kill", p, holds, synced)
 	killed, promoted := f.failOver(id, before.Done, "the Cluster", victim, replica)
 
 	f.checkRodeOut(sched, a, base, killed, promoted, reqClusterFailoverCost)

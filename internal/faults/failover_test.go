@@ -44,30 +44,15 @@ const (
 // queries run beyond one per page, and the samples over the permits.
 func TestARunRidesOutASentinelFailoverOfItsRedisAndEndsExact(t *testing.T) {
 	soak(t, func(t *testing.T) {
-		ctx := context.Background()
 		f := newFleet(t, fleetConfig{Sentinel: true})
 		a := defaultRun()
 		base := f.baseline(a)
-		// The ledger's writes wait for the replica (WAIT 1 1000 on their
-		// connection): counted on the primary until it dies.
-		var synced atomic.Int32
-		testenv.Monitor(t, "tcp", f.redis.Client.Options().Addr, func(line string) {
-			if strings.Contains(line, `"WAIT" "1" "1000"`) || strings.Contains(line, `"wait" "1" "1000"`) {
-				synced.Add(1)
-			}
-		})
-		sched := f.startFollowed(a)
+		sched, before, synced := f.runAQuarter(a, f.redis)
 		id := sched.id
-		f.waitDone(id, a.pages(f)/4)
-
-		before, err := f.mr.Status(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if synced.Load() == 0 {
+		if synced == 0 {
 			t.Errorf("no write of the run waited for the replica before the kill: the ledger's writes must (WAIT 1)")
 		}
-		t.Logf("%d round trips of the run's writes waited for the replica before the kill", synced.Load())
+		t.Logf("%d round trips of the run's writes waited for the replica before the kill", synced)
 		killed, promoted := f.failOver(id, before.Done, "the Sentinels", f.redis, f.group.Replica)
 
 		f.checkRodeOut(sched, a, base, killed, promoted, reqFailoverCost)
@@ -246,4 +231,27 @@ func (f *fleet) failOver(id string, done int, who string, victim, replica *teste
 	f.t.Logf("%s promoted the replica %v after the kill; the run had %d pages recorded before it, the new primary %d (%d lost)",
 		who, promoted.Sub(killed).Round(time.Millisecond), done, kept, max(done-kept, 0))
 	return killed, promoted
+}
+
+// runAQuarter starts run a, followed by scheduler run --wait, and returns
+// once a quarter of its pages are recorded, with the run's status then and
+// how many round trips to victim, a primary, waited for its replica
+// meanwhile (WAIT 1 1000, which follows the synced writes on their
+// connection).
+func (f *fleet) runAQuarter(a runArgs, victim *testenv.RedisServer) (*followed, *mapreduce.Status, int32) {
+	f.t.Helper()
+	var synced atomic.Int32
+	stop := testenv.Monitor(f.t, "tcp", victim.Client.Options().Addr, func(line string) {
+		if strings.Contains(line, `"WAIT" "1" "1000"`) || strings.Contains(line, `"wait" "1" "1000"`) {
+			synced.Add(1)
+		}
+	})
+	sched := f.startFollowed(a)
+	f.waitDone(sched.id, a.pages(f)/4)
+	before, err := f.mr.Status(context.Background(), sched.id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	stop()
+	return sched, before, synced.Load()
 }
