@@ -664,6 +664,11 @@ func TestThePublishedNextTickIsNeverInThePast(t *testing.T) {
 	p := newScheduler(t, f).start("serve", "--schedule", "sum=@every 2s", "--args", `sum={"n": 2, "page_size": 1}`)
 	testenv.WaitFor(t, 10*time.Second, "serve to serve", func() bool { return strings.Contains(p.stderr.String(), "serving") })
 	ctx := context.Background()
+	// It publishes its schedules just after it says it serves.
+	testenv.WaitFor(t, 5*time.Second, "the first publication", func() bool {
+		list, err := schedules.List(ctx, f.rdb, f.prefix)
+		return err == nil && len(list) > 0
+	})
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		list, err := schedules.List(ctx, f.rdb, f.prefix)
 		if err != nil || len(list) != 1 {
