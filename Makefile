@@ -43,17 +43,15 @@ test: tools
 	scripts/with-servers.sh $(MAKE) --no-print-directory test-inner
 
 # test-inner: check + tests; run it directly with BATCHMR_TEST_* set to your own servers.
-# The semaphore runs its scripts as Redis functions where it can; a second
-# run of its tests, beside the first, takes the EVALSHA path that Redis < 7
-# and ACL-restricted users get. Most tests wait on servers rather than
-# compute, so four packages run at once. Last, the demo runs as make demo
-# does (it checks its report against SQL and the queries Postgres ran at
-# once against the permits), so that a change that breaks it fails here.
+# Three passes run at once (scripts/test-passes.sh): every package, four at
+# a time, with internal/faults' timed scenarios; internal/faults' scenarios
+# that mostly wait (a 60 s outage among them); and pkg/semaphore again on
+# the EVALSHA path that Redis < 7 and ACL-restricted users get. Last, the
+# demo runs as make demo does (it checks its report against SQL and the
+# queries Postgres ran at once against the permits), so that a change that
+# breaks it fails here.
 test-inner: check
-	@(BATCHMR_SEMAPHORE_SCRIPTS=eval go test -race -count=1 -timeout 8m ./pkg/semaphore/ > .test-eval.log 2>&1; echo $$? > .test-eval.rc) & \
-	go test -race -count=1 -p 4 -timeout 8m ./...; main=$$?; wait; \
-	echo "BATCHMR_SEMAPHORE_SCRIPTS=eval go test -race ./pkg/semaphore/:"; cat .test-eval.log; \
-	eval=$$(cat .test-eval.rc); rm -f .test-eval.log .test-eval.rc; [ $$main -eq 0 ] && [ $$eval -eq 0 ]
+	scripts/test-passes.sh
 	scripts/demo.sh
 
 # chaos: soak the fault suite (internal/faults, which starts its own Redis

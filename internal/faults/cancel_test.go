@@ -27,6 +27,7 @@ const cancelRounds = 3
 // than permits (F3: it saw 4-5 with 3), and every query of the run is gone
 // within cancelGone. Three runs, one after the other.
 func TestCancellingARunOfLongQueriesEndsEveryQueryAndNeverOverrunsThePermits(t *testing.T) {
+	timed(t)
 	soak(t, func(t *testing.T) {
 		ctx := context.Background()
 		f := newFleet(t, fleetConfig{})

@@ -24,6 +24,7 @@ const reqClusterFailoverCost = "a run rides out a Cluster failover: it ends with
 // per page, the samples over the permits, and the tasks asynq still
 // shows active (docs/operations.md says why the queue's leaves some).
 func TestARunRidesOutAClusterFailoverOfThePrimaryOfItsRecordsOrOfItsQueue(t *testing.T) {
+	timed(t)
 	for _, sc := range []struct{ name, tag, holds string }{
 		{"records", job, "the run's records and the db semaphore"},
 		{"queue", queue, "the job's asynq queue"},

@@ -48,7 +48,9 @@
 //
 // The suite takes a few minutes: the 60 s outage is inherent. Scenarios
 // that only wait run in parallel; those whose timing bounds others would
-// distort run alone. -short skips it. make chaos soaks it:
+// distort run alone. make test runs the two kinds as two processes at once
+// (BATCHMR_FAULTS=timed and =waiting); unset, one process runs both.
+// -short skips it. make chaos soaks it:
 // BATCHMR_CHAOS_REPEAT runs each scenario that many times, and
 // BATCHMR_CHAOS_PAGES sets the pages of a run (400 by default; the
 // campaign that found the faults used 2,500).

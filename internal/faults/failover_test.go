@@ -43,6 +43,7 @@ const (
 // time, the ledger's records the promoted replica lacked, the worker
 // queries run beyond one per page, and the samples over the permits.
 func TestARunRidesOutASentinelFailoverOfItsRedisAndEndsExact(t *testing.T) {
+	timed(t)
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{Sentinel: true})
 		a := defaultRun()

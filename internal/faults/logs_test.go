@@ -24,7 +24,7 @@ import (
 // logs each failed attempt at debug only, while the pages back off and
 // the run ends exact.
 func TestADatabaseOutageLogsItsStartAndEndOncePerWorkerNotEachRetry(t *testing.T) {
-	t.Parallel() // it mostly waits: the timing of others does not suffer
+	mostlyWaits(t)
 	f := newFleet(t, fleetConfig{JSONLogs: true})
 	f.through(databaseFault, func() {
 		f.pg.Stop(testenv.StopImmediate)
@@ -39,7 +39,7 @@ func TestADatabaseOutageLogsItsStartAndEndOncePerWorkerNotEachRetry(t *testing.T
 // goes and one line when the worker's client sees it answer again; so
 // are the semaphore's retries of acquires, releases and refreshes.
 func TestARedisOutageLogsItsStartAndEndOncePerWorkerNotEachRetry(t *testing.T) {
-	t.Parallel()
+	mostlyWaits(t)
 	f := newFleet(t, fleetConfig{JSONLogs: true})
 	f.through(redisFault, func() {
 		f.redis.Kill()

@@ -47,6 +47,7 @@ func countPages(t *testing.T) int { return 500 * defaultPages(t) }
 // page counted once, and cost no more than an outage of an unpacked run
 // may.
 func TestAPackedRunSurvivesRedisKilledAndRestartedWithAOFExactly(t *testing.T) {
+	timed(t)
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{})
 		a := countArgs{Pages: countPages(t)}

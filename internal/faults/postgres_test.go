@@ -12,6 +12,7 @@ import (
 // Postgres restarted mid-run (a fast shutdown, as for maintenance, then
 // started again): every worker's connections break at once.
 func TestARunSurvivesAPostgresRestartMidRunExactly(t *testing.T) {
+	timed(t)
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{})
 		f.through(databaseFault, func() { f.pg.Restart(testenv.StopFast) })
@@ -21,7 +22,7 @@ func TestARunSurvivesAPostgresRestartMidRunExactly(t *testing.T) {
 // Postgres crashed and away for 60 s mid-run, then back (F6: a 13 s outage
 // failed a whole run). With the job's default options.
 func TestARunSurvivesASixtySecondPostgresOutageMidRunExactly(t *testing.T) {
-	t.Parallel() // it mostly waits: the timing of others does not suffer
+	mostlyWaits(t)
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{})
 		f.through(databaseFault, func() {

@@ -12,6 +12,7 @@ import (
 // before the crash must not stay taken until their leases run out (F1: no
 // worker query for 30 s).
 func TestRedisKilledAndRestartedWithAOFMidRunCostsSecondsNotALease(t *testing.T) {
+	timed(t)
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{})
 		f.through(redisFault, func() {
@@ -26,6 +27,7 @@ func TestRedisKilledAndRestartedWithAOFMidRunCostsSecondsNotALease(t *testing.T)
 // connections closed, new ones refused (F2: the run took 121 s instead of
 // 18 s, tasks stuck "active" in asynq).
 func TestAnEightSecondCutBetweenWorkersAndRedisCostsAtMostTheCutPlusTenSeconds(t *testing.T) {
+	timed(t)
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{Proxy: true})
 		f.through(redisFault, func() {
@@ -54,6 +56,7 @@ func TestAnEightSecondCutBetweenWorkersAndRedisCostsAtMostTheCutPlusTenSeconds(t
 // the carrying calls Redis ran, so that it cannot stop driving them
 // unnoticed.
 func TestAnEightSecondBlackholeBetweenWorkersAndRedisCostsAtMostItsLengthPlusTenSeconds(t *testing.T) {
+	timed(t)
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{Proxy: true})
 		a := defaultRun()
@@ -81,6 +84,7 @@ const minCarries = 25
 
 // Redis down for 10 s mid-run (killed, then started again with its AOF).
 func TestARunSurvivesATenSecondRedisOutageAndResumesWithinTwoSeconds(t *testing.T) {
+	timed(t)
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{})
 		f.through(redisFault, func() {

@@ -24,6 +24,7 @@ const archiveBound = 3 * time.Second
 // archived at once, without spending retries, with a short error that
 // names the type (F5: they were retried instead); the job's runs go on.
 func TestTasksNoStepCanRunAreArchivedAtOnceWithAClearError(t *testing.T) {
+	timed(t)
 	soak(t, func(t *testing.T) {
 		ctx := context.Background()
 		f := newFleet(t, fleetConfig{})

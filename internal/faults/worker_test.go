@@ -23,6 +23,7 @@ import (
 // Postgres never sees more worker queries than permits. The pause, an
 // outage of one worker, costs the run at most its length plus 10 s.
 func TestAPermitHolderPausedPastItsLeaseLosesItsPermitsAndNeverOverrunsThemWhenItContinues(t *testing.T) {
+	timed(t)
 	soak(t, func(t *testing.T) {
 		const lease = 3 * time.Second
 		f := newFleet(t, fleetConfig{Lease: lease})
@@ -84,7 +85,7 @@ const killRecovery = 3 * time.Minute
 // not hand its pages on for 2 h (F4: the run hung). The run must still
 // finish, exact, with the two workers left.
 func TestARunFinishesAfterAWorkerWhoseClockRanTwoHoursFastIsKilled(t *testing.T) {
-	t.Parallel() // it mostly waits: the timing of others does not suffer
+	mostlyWaits(t)
 	soak(t, func(t *testing.T) {
 		f := newFleet(t, fleetConfig{})
 		a := defaultRun()
