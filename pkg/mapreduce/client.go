@@ -77,6 +77,9 @@ type Client struct {
 	bigResultWarned atomic.Int64 // unix ns of the last warning of a large result
 	handBackWarned  atomic.Int64 // unix ns of the last warning of a step its code handed back
 	outages         *outage.Log  // steps' failed attempts that outages caused
+
+	catalog *catalog  // the jobs and workers announced (catalog.go)
+	repairs *repairer // what crashes and lost enqueues left behind (reconcile.go)
 }
 
 // New returns a Client that keeps runs in rdb and enqueues tasks through
@@ -127,6 +130,11 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	c.outages = outage.New(c.log, "mapreduce")
 	c.enqueue = batchedScripts{UniversalClient: rdb, batches: &sync.Map{}}
 	c.aq = asynq.NewClientFromRedisClient(c.enqueue)
+	c.catalog = &catalog{rdb: rdb, prefix: cfg.Prefix, jobs: cfg.Jobs, log: c.log, bg: c, runs: c.Runs}
+	c.repairs = &repairer{
+		rdb: rdb, insp: c.insp, aq: c.aq, prefix: cfg.Prefix, jobs: cfg.Jobs, log: c.log,
+		stuckAfter: cfg.StuckAfter, runs: c, bg: c,
+	}
 	return c, nil
 }
 
@@ -150,14 +158,19 @@ func jobOf(runID string) (string, bool) {
 	return job, ok && jobNameRE.MatchString(job)
 }
 
-func (c *Client) keys(runID string) (runKeys, error) {
+// keys returns the Redis keys of the run runID and of its job, or an error
+// if runID is not a run ID.
+func (c *Client) keys(runID string) (runKeys, error) { return keysUnder(c.prefix, runID) }
+
+// keysUnder is keys under prefix.
+func keysUnder(prefix, runID string) (runKeys, error) {
 	job, ok := jobOf(runID)
 	if !ok {
 		return runKeys{}, fmt.Errorf("%q is not a run ID: run IDs look like <job>:<key>, as Start returns them and scheduler runs lists them", runID)
 	}
 	// The kind comes before the run ID: IDs may contain ':', and a kind
 	// after it could make one run's key another run's ("k:results").
-	base := c.prefix + ":{" + job + "}"
+	base := prefix + ":{" + job + "}"
 	records := base + ":run:"
 	return runKeys{
 		run: records + runID, records: records, recorded: base + ":recorded:" + runID,
@@ -189,9 +202,13 @@ type jobSpec struct {
 }
 
 // spec resolves a job's queue: by default its own, under the prefix.
-func (c *Client) spec(name string, o JobOptions) jobSpec {
+func (c *Client) spec(name string, o JobOptions) jobSpec { return specUnder(c.prefix, name, o) }
+
+// specUnder resolves a job's queue under prefix: by default the job's own,
+// "<prefix>:<job>".
+func specUnder(prefix, name string, o JobOptions) jobSpec {
 	if o.Queue == "" {
-		o.Queue = c.prefix + ":" + name
+		o.Queue = prefix + ":" + name
 	}
 	return jobSpec{name: name, o: o}
 }
