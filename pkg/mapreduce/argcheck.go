@@ -96,8 +96,8 @@ type checkAnswer struct {
 func (cat *catalog) askHost(ctx context.Context, job string, args json.RawMessage) error {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	id := hex.EncodeToString(b[:])
-	req, _ := json.Marshal(checkRequest{ID: id, Args: args, Deadline: time.Now().Add(checkTimeout).UnixMilli()})
+	reqID := hex.EncodeToString(b[:])
+	req, _ := json.Marshal(checkRequest{ID: reqID, Args: args, Deadline: time.Now().Add(checkTimeout).UnixMilli()})
 	list := cat.key("check", job)
 	if err := rediserr.Tx(cat.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.LPush(ctx, list, req)
@@ -106,7 +106,7 @@ func (cat *catalog) askHost(ctx context.Context, job string, args json.RawMessag
 	})); err != nil {
 		return err
 	}
-	res, err := cat.rdb.BRPop(ctx, checkTimeout, cat.key("answer", id)).Result()
+	res, err := cat.rdb.BRPop(ctx, checkTimeout, cat.key("answer", reqID)).Result()
 	if err != nil {
 		cat.rdb.LRem(context.WithoutCancel(ctx), list, 1, req)
 		if errors.Is(err, redis.Nil) {

@@ -421,11 +421,11 @@ func (cat *catalog) forget(ctx context.Context, name string) error {
 		return err
 	}
 	if len(info.Workers) > 0 {
-		ids := make([]string, len(info.Workers))
+		workerIDs := make([]string, len(info.Workers))
 		for i, w := range info.Workers {
-			ids[i] = w.ID
+			workerIDs[i] = w.ID
 		}
-		return fmt.Errorf("mapreduce: forget %s: live workers run it (%s): stop them, or they announce it again", name, strings.Join(ids, ", "))
+		return fmt.Errorf("mapreduce: forget %s: live workers run it (%s): stop them, or they announce it again", name, strings.Join(workerIDs, ", "))
 	}
 	if err := cat.noOpenRuns(ctx, name); err != nil {
 		return err
@@ -474,17 +474,17 @@ func (cat *catalog) workers(ctx context.Context) ([]WorkerInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: workers: %w", err)
 	}
-	ids, err := cat.rdb.ZRangeByScore(ctx, cat.key("workers"), &redis.ZRangeBy{Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
+	workerIDs, err := cat.rdb.ZRangeByScore(ctx, cat.key("workers"), &redis.ZRangeBy{Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: workers: %w", err)
 	}
-	out := make([]WorkerInfo, 0, len(ids))
-	if len(ids) == 0 {
+	out := make([]WorkerInfo, 0, len(workerIDs))
+	if len(workerIDs) == 0 {
 		return out, nil
 	}
-	keys := make([]string, len(ids))
-	for i, id := range ids {
-		keys[i] = cat.key("worker", id)
+	keys := make([]string, len(workerIDs))
+	for i, workerID := range workerIDs {
+		keys[i] = cat.key("worker", workerID)
 	}
 	vals, err := cat.rdb.MGet(ctx, keys...).Result()
 	if err != nil {
