@@ -272,15 +272,8 @@ type catalog struct {
 	runs func(ctx context.Context, job string) ([]*Status, error)
 }
 
-// background is how a background loop (the announcer, the reconciler)
-// reports to the Client's outage log (outage.go).
-type background interface {
-	backgroundFailed(err error, what string) bool
-	backgroundAnswered(wrote bool)
-}
-
-var _ background = (*Client)(nil)
-
+// key names a catalogue key: "<prefix>:{catalog}:" and parts joined by
+// colons.
 func (cat *catalog) key(parts ...string) string {
 	return cat.prefix + ":{catalog}:" + strings.Join(parts, ":")
 }
