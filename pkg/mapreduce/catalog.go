@@ -1,7 +1,6 @@
 package mapreduce
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -9,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"reflect"
 	"slices"
@@ -167,10 +167,6 @@ func (i JobInfo) spec() jobSpec {
 	return jobSpec{name: i.Name, o: o.withDefaults()}
 }
 
-func (c *Client) catalogKey(parts ...string) string {
-	return c.prefix + ":{catalog}:" + strings.Join(parts, ":")
-}
-
 // heartbeatTTL is how long a worker stays listed after its last heartbeat;
 // heartbeatEvery how often it renews.
 const (
@@ -202,54 +198,129 @@ func (c *Client) NewWorkerInfo() WorkerInfo {
 // of the listing 30 seconds after its last heartbeat. While Redis is
 // unreachable it logs a warning and keeps trying. It returns an error at
 // once only when c runs no job or w has no ID.
-func (c *Client) Announce(ctx context.Context, w WorkerInfo) error {
-	names := c.jobs.Names()
+func (c *Client) Announce(ctx context.Context, w WorkerInfo) error { return c.catalog.announce(ctx, w) }
+
+// Jobs returns every job announced in the catalogue, sorted by name, each
+// with the live workers that run it. A job whose workers have all stopped
+// stays listed with none: its runs would not start until one is back.
+func (c *Client) Jobs(ctx context.Context) ([]JobInfo, error) { return c.catalog.list(ctx) }
+
+// Job returns the catalogue's entry of one job, or an error wrapping
+// ErrUnknownJob that lists the jobs there are.
+func (c *Client) Job(ctx context.Context, name string) (JobInfo, error) {
+	return c.catalog.job(ctx, name)
+}
+
+// ForgetJob removes a job nobody runs any more (retired or renamed) from
+// the catalogue, so that it is no longer listed or started. It refuses,
+// changing nothing, a job that a live worker runs (the worker would
+// announce it again: stop it first) or that has a run not ended (cancel
+// it first: no worker of the job is left to end it). A start that raced
+// with it (one that read the catalogue before) puts the job back, and a
+// worker of the job that starts later announces it again. Its ended runs
+// stay in Redis until their retention ends, readable by ID.
+func (c *Client) ForgetJob(ctx context.Context, name string) error {
+	return c.catalog.forget(ctx, name)
+}
+
+// Workers returns the live workers, sorted by ID.
+func (c *Client) Workers(ctx context.Context) ([]WorkerInfo, error) { return c.catalog.workers(ctx) }
+
+// StartJSON starts a run of the job named job with arguments encoded as
+// JSON (nil or empty: the zero value), for callers that do not have the
+// job's Go type: a command line, an HTTP handler. A job this process runs
+// is checked here; any other is looked up in the catalogue, and a live
+// worker that runs it decodes the arguments and runs Validate before the
+// run is created, answering within a few seconds. An error wrapping
+// ErrInvalidArgs means nothing was created: arguments over the job's
+// JobOptions.MaxArgsBytes (as its workers announce it) are refused before
+// any worker is asked. If no worker answers (none is live), the run is
+// created unchecked and its split checks the arguments, failing the run at
+// once if they are invalid. Otherwise StartJSON returns what Job.Start
+// does.
+func (c *Client) StartJSON(ctx context.Context, job string, args json.RawMessage, opts StartOptions) (string, error) {
+	spec, args, err := c.catalog.checkJSON(ctx, job, args)
+	if err != nil {
+		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
+	}
+	return c.start(ctx, spec, args, opts)
+}
+
+// CheckJSON checks arguments encoded as JSON for the job named job as
+// StartJSON does, without starting a run: a scheduler checks the arguments
+// of its schedules with it at start-up. It returns nil when no live worker
+// could check them (they are then checked when a run starts).
+func (c *Client) CheckJSON(ctx context.Context, job string, args json.RawMessage) error {
+	if _, _, err := c.catalog.checkJSON(ctx, job, args); err != nil {
+		return fmt.Errorf("mapreduce: check %q: %w", job, err)
+	}
+	return nil
+}
+
+// catalog reads and writes the catalogue (the keys above) for a Client:
+// it announces the jobs this process runs, lists the jobs and workers
+// announced, and checks a job's arguments here or on a worker that runs
+// it (argcheck.go).
+type catalog struct {
+	rdb    redis.UniversalClient
+	prefix string       // Config.Prefix: the catalogue's keys start with it
+	jobs   *Jobs        // the jobs this process runs: announced, arguments checked here
+	log    *slog.Logger // the Client's
+	bg     background   // where the announcer reports Redis outages
+	// runs returns a job's runs (Client.Runs): ForgetJob refuses a job
+	// with a run not ended.
+	runs func(ctx context.Context, job string) ([]*Status, error)
+}
+
+// key names a catalogue key: "<prefix>:{catalog}:" and parts joined by
+// colons.
+func (cat *catalog) key(parts ...string) string {
+	return cat.prefix + ":{catalog}:" + strings.Join(parts, ":")
+}
+
+// announce is Client.Announce.
+func (cat *catalog) announce(ctx context.Context, w WorkerInfo) error {
+	names := cat.jobs.Names()
 	if len(names) == 0 {
 		return errors.New("mapreduce: announce: this Client runs no job: register jobs in Config.Jobs")
 	}
 	if w.ID == "" {
 		return errors.New("mapreduce: announce: WorkerInfo.ID is empty: start from Client.NewWorkerInfo")
 	}
-	go c.answerChecks(ctx)
+	go cat.answerChecks(ctx)
 	// What each job is does not change while the process runs: describe
 	// it once (its schema takes reflection), stamp it at each heartbeat.
 	infos := make([]JobInfo, 0, len(names))
 	w.Shapes = make(map[string]string, len(names))
 	for _, name := range names {
-		r, _ := c.jobs.lookup(name)
+		r, _ := cat.jobs.lookup(name)
 		info := r.info()
-		info.Queue = c.options(r).Queue
+		info.Queue = specUnder(cat.prefix, name, r.options()).o.Queue
 		infos = append(infos, info)
 		w.Shapes[name] = info.shape()
 	}
 	var lastWarn time.Time
 	for {
-		err := c.announce(ctx, w, infos)
+		err := cat.heartbeat(ctx, w, infos)
 		if err == nil {
-			c.backgroundAnswered(true)
+			cat.bg.backgroundAnswered(true)
 		}
-		if err != nil && ctx.Err() == nil && !c.backgroundFailed(err, "announcing this worker's jobs") && time.Since(lastWarn) > time.Minute {
+		if err != nil && ctx.Err() == nil && !cat.bg.backgroundFailed(err, "announcing this worker's jobs") && time.Since(lastWarn) > time.Minute {
 			lastWarn = time.Now()
-			c.log.Warn("mapreduce: announcing this worker's jobs failed; retrying", "error", err)
+			cat.log.Warn("mapreduce: announcing this worker's jobs failed; retrying", "error", err)
 		}
 		select {
 		case <-ctx.Done():
-			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			defer cancel()
-			_, _ = c.rdb.Pipelined(wctx, func(p redis.Pipeliner) error {
-				p.ZRem(wctx, c.catalogKey("workers"), w.ID)
-				p.Del(wctx, c.catalogKey("worker", w.ID))
-				return nil
-			})
+			cat.withdraw(ctx, w.ID)
 			return nil
 		case <-time.After(heartbeatEvery):
 		}
 	}
 }
 
-// announce writes one heartbeat: the worker, and every job it runs.
-func (c *Client) announce(ctx context.Context, w WorkerInfo, infos []JobInfo) error {
-	now, err := c.rdb.Time(ctx).Result()
+// heartbeat writes one heartbeat: the worker, and every job it runs.
+func (cat *catalog) heartbeat(ctx context.Context, w WorkerInfo, infos []JobInfo) error {
+	now, err := cat.rdb.Time(ctx).Result()
 	if err != nil {
 		return err
 	}
@@ -261,24 +332,34 @@ func (c *Client) announce(ctx context.Context, w WorkerInfo, infos []JobInfo) er
 		b, _ := json.Marshal(info)
 		jobs[info.Name] = b
 	}
-	return rediserr.Tx(c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZRemRangeByScore(ctx, c.catalogKey("workers"), "-inf", strconv.FormatInt(now.UnixMilli(), 10))
-		p.ZAdd(ctx, c.catalogKey("workers"), redis.Z{Score: float64(now.Add(heartbeatTTL).UnixMilli()), Member: w.ID})
-		p.Set(ctx, c.catalogKey("worker", w.ID), wb, heartbeatTTL)
-		p.HSet(ctx, c.catalogKey("jobs"), jobs)
+	return rediserr.Tx(cat.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRemRangeByScore(ctx, cat.key("workers"), "-inf", strconv.FormatInt(now.UnixMilli(), 10))
+		p.ZAdd(ctx, cat.key("workers"), redis.Z{Score: float64(now.Add(heartbeatTTL).UnixMilli()), Member: w.ID})
+		p.Set(ctx, cat.key("worker", w.ID), wb, heartbeatTTL)
+		p.HSet(ctx, cat.key("jobs"), jobs)
 		return nil
 	}))
 }
 
-// Jobs returns every job announced in the catalogue, sorted by name, each
-// with the live workers that run it. A job whose workers have all stopped
-// stays listed with none: its runs would not start until one is back.
-func (c *Client) Jobs(ctx context.Context) ([]JobInfo, error) {
-	workers, err := c.Workers(ctx)
+// withdraw takes the worker out of the listing, trying for 2 seconds even
+// though ctx is done; its jobs stay listed.
+func (cat *catalog) withdraw(ctx context.Context, workerID string) {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	_, _ = cat.rdb.Pipelined(wctx, func(p redis.Pipeliner) error {
+		p.ZRem(wctx, cat.key("workers"), workerID)
+		p.Del(wctx, cat.key("worker", workerID))
+		return nil
+	})
+}
+
+// list is Client.Jobs.
+func (cat *catalog) list(ctx context.Context) ([]JobInfo, error) {
+	workers, err := cat.workers(ctx)
 	if err != nil {
 		return nil, err
 	}
-	raw, err := c.rdb.HGetAll(ctx, c.catalogKey("jobs")).Result()
+	raw, err := cat.rdb.HGetAll(ctx, cat.key("jobs")).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: jobs: %w", err)
 	}
@@ -286,7 +367,7 @@ func (c *Client) Jobs(ctx context.Context) ([]JobInfo, error) {
 	for name, b := range raw {
 		var info JobInfo
 		if err := json.Unmarshal([]byte(b), &info); err != nil {
-			return nil, fmt.Errorf("mapreduce: jobs: the catalogue entry of %q is malformed (%v): delete it with HDEL %s %s; a worker re-announces it", name, err, c.catalogKey("jobs"), name)
+			return nil, fmt.Errorf("mapreduce: jobs: the catalogue entry of %q is malformed (%v): delete it with HDEL %s %s; a worker re-announces it", name, err, cat.key("jobs"), name)
 		}
 		shape := info.shape()
 		for _, w := range workers {
@@ -303,10 +384,9 @@ func (c *Client) Jobs(ctx context.Context) ([]JobInfo, error) {
 	return out, nil
 }
 
-// Job returns the catalogue's entry of one job, or an error wrapping
-// ErrUnknownJob that lists the jobs there are.
-func (c *Client) Job(ctx context.Context, name string) (JobInfo, error) {
-	all, err := c.Jobs(ctx)
+// job is Client.Job.
+func (cat *catalog) job(ctx context.Context, name string) (JobInfo, error) {
+	all, err := cat.list(ctx)
 	if err != nil {
 		return JobInfo{}, err
 	}
@@ -324,16 +404,9 @@ func (c *Client) Job(ctx context.Context, name string) (JobInfo, error) {
 	return JobInfo{}, fmt.Errorf("mapreduce: job %q: %w: no worker has announced it (known jobs: %s)", name, ErrUnknownJob, known)
 }
 
-// ForgetJob removes a job nobody runs any more (retired or renamed) from
-// the catalogue, so that it is no longer listed or started. It refuses,
-// changing nothing, a job that a live worker runs (the worker would
-// announce it again: stop it first) or that has a run not ended (cancel
-// it first: no worker of the job is left to end it). A start that raced
-// with it (one that read the catalogue before) puts the job back, and a
-// worker of the job that starts later announces it again. Its ended runs
-// stay in Redis until their retention ends, readable by ID.
-func (c *Client) ForgetJob(ctx context.Context, name string) error {
-	info, err := c.Job(ctx, name)
+// forget is Client.ForgetJob.
+func (cat *catalog) forget(ctx context.Context, name string) error {
+	info, err := cat.job(ctx, name)
 	if errors.Is(err, ErrUnknownJob) {
 		return fmt.Errorf("mapreduce: forget %s: %w: the catalogue has no job by that name ('scheduler jobs' lists them)", name, ErrUnknownJob)
 	}
@@ -341,27 +414,27 @@ func (c *Client) ForgetJob(ctx context.Context, name string) error {
 		return err
 	}
 	if len(info.Workers) > 0 {
-		ids := make([]string, len(info.Workers))
+		workerIDs := make([]string, len(info.Workers))
 		for i, w := range info.Workers {
-			ids[i] = w.ID
+			workerIDs[i] = w.ID
 		}
-		return fmt.Errorf("mapreduce: forget %s: live workers run it (%s): stop them, or they announce it again", name, strings.Join(ids, ", "))
+		return fmt.Errorf("mapreduce: forget %s: live workers run it (%s): stop them, or they announce it again", name, strings.Join(workerIDs, ", "))
 	}
-	if err := c.noOpenRuns(ctx, name); err != nil {
+	if err := cat.noOpenRuns(ctx, name); err != nil {
 		return err
 	}
-	key := c.catalogKey("jobs")
-	entry, err := c.rdb.HGet(ctx, key, name).Result()
+	key := cat.key("jobs")
+	entry, err := cat.rdb.HGet(ctx, key, name).Result()
 	if err == nil {
-		err = c.rdb.HDel(ctx, key, name).Err()
+		err = cat.rdb.HDel(ctx, key, name).Err()
 	}
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("mapreduce: forgetting job %s: %w", name, err)
 	}
 	// A start that read the catalogue before the HDEL may have created a
 	// run since: such a run keeps its job listed.
-	if err := c.noOpenRuns(ctx, name); err != nil && entry != "" {
-		if perr := c.rdb.HSetNX(ctx, key, name, entry).Err(); perr != nil {
+	if err := cat.noOpenRuns(ctx, name); err != nil && entry != "" {
+		if perr := cat.rdb.HSetNX(ctx, key, name, entry).Err(); perr != nil {
 			return fmt.Errorf("%w; putting the job back in the catalogue failed too: %w", err, perr)
 		}
 		return err
@@ -371,8 +444,8 @@ func (c *Client) ForgetJob(ctx context.Context, name string) error {
 
 // noOpenRuns returns an error naming the job's runs that have not ended,
 // if any.
-func (c *Client) noOpenRuns(ctx context.Context, job string) error {
-	runs, err := c.Runs(ctx, job)
+func (cat *catalog) noOpenRuns(ctx context.Context, job string) error {
+	runs, err := cat.runs(ctx, job)
 	if err != nil {
 		return err
 	}
@@ -388,25 +461,25 @@ func (c *Client) noOpenRuns(ctx context.Context, job string) error {
 	return nil
 }
 
-// Workers returns the live workers, sorted by ID.
-func (c *Client) Workers(ctx context.Context) ([]WorkerInfo, error) {
-	now, err := c.rdb.Time(ctx).Result()
+// workers is Client.Workers.
+func (cat *catalog) workers(ctx context.Context) ([]WorkerInfo, error) {
+	now, err := cat.rdb.Time(ctx).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: workers: %w", err)
 	}
-	ids, err := c.rdb.ZRangeByScore(ctx, c.catalogKey("workers"), &redis.ZRangeBy{Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
+	workerIDs, err := cat.rdb.ZRangeByScore(ctx, cat.key("workers"), &redis.ZRangeBy{Min: strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf"}).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: workers: %w", err)
 	}
-	out := make([]WorkerInfo, 0, len(ids))
-	if len(ids) == 0 {
+	out := make([]WorkerInfo, 0, len(workerIDs))
+	if len(workerIDs) == 0 {
 		return out, nil
 	}
-	keys := make([]string, len(ids))
-	for i, id := range ids {
-		keys[i] = c.catalogKey("worker", id)
+	keys := make([]string, len(workerIDs))
+	for i, workerID := range workerIDs {
+		keys[i] = cat.key("worker", workerID)
 	}
-	vals, err := c.rdb.MGet(ctx, keys...).Result()
+	vals, err := cat.rdb.MGet(ctx, keys...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: workers: %w", err)
 	}
@@ -422,189 +495,4 @@ func (c *Client) Workers(ctx context.Context) ([]WorkerInfo, error) {
 	}
 	slices.SortFunc(out, func(a, b WorkerInfo) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
-}
-
-// StartJSON starts a run of the job named job with arguments encoded as
-// JSON (nil or empty: the zero value), for callers that do not have the
-// job's Go type: a command line, an HTTP handler. A job this process runs
-// is checked here; any other is looked up in the catalogue, and a live
-// worker that runs it decodes the arguments and runs Validate before the
-// run is created, answering within a few seconds. An error wrapping
-// ErrInvalidArgs means nothing was created: arguments over the job's
-// JobOptions.MaxArgsBytes (as its workers announce it) are refused before
-// any worker is asked. If no worker answers (none is live), the run is
-// created unchecked and its split checks the arguments, failing the run at
-// once if they are invalid. Otherwise StartJSON returns what Job.Start
-// does.
-func (c *Client) StartJSON(ctx context.Context, job string, args json.RawMessage, opts StartOptions) (string, error) {
-	spec, args, err := c.checkJSON(ctx, job, args)
-	if err != nil {
-		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
-	}
-	return c.start(ctx, spec, args, opts)
-}
-
-// CheckJSON checks arguments encoded as JSON for the job named job as
-// StartJSON does, without starting a run: a scheduler checks the arguments
-// of its schedules with it at start-up. It returns nil when no live worker
-// could check them (they are then checked when a run starts).
-func (c *Client) CheckJSON(ctx context.Context, job string, args json.RawMessage) error {
-	if _, _, err := c.checkJSON(ctx, job, args); err != nil {
-		return fmt.Errorf("mapreduce: check %q: %w", job, err)
-	}
-	return nil
-}
-
-// checkJSON finds a job, here or in the catalogue, and checks args for it:
-// here if this process runs it, else by a live worker that does. It
-// returns the job's spec and the arguments compacted.
-func (c *Client) checkJSON(ctx context.Context, job string, args json.RawMessage) (jobSpec, []byte, error) {
-	if len(args) == 0 {
-		args = json.RawMessage("null")
-	}
-	if r, ok := c.jobs.lookup(job); ok {
-		if r.options().Codec != JSON {
-			return jobSpec{}, nil, errNotJSON
-		}
-		args = compactJSON(args)
-		if err := checkArgsSize(r.options(), len(args)); err != nil {
-			return jobSpec{}, nil, err
-		}
-		if err := r.checkArgs(args); err != nil {
-			return jobSpec{}, nil, err
-		}
-		return c.spec(job, r.options()), args, nil
-	}
-	info, err := c.Job(ctx, job)
-	if err != nil {
-		return jobSpec{}, nil, err
-	}
-	if !info.JSON {
-		return jobSpec{}, nil, errNotJSON
-	}
-	if !json.Valid(args) {
-		return jobSpec{}, nil, fmt.Errorf("%w: %.200q is not JSON", ErrInvalidArgs, args)
-	}
-	spec := info.spec()
-	args = compactJSON(args)
-	if err := checkArgsSize(spec.o, len(args)); err != nil {
-		return jobSpec{}, nil, err
-	}
-	if len(info.Workers) > 0 {
-		if err := c.checkArgs(ctx, job, args); err != nil {
-			return jobSpec{}, nil, err
-		}
-	}
-	return spec, args, nil
-}
-
-var errNotJSON = errors.New("the job's codec is not JSON: start it from Go with Job.Start")
-
-// compactJSON drops the insignificant spaces of valid JSON: the arguments
-// are stored with the run.
-func compactJSON(b []byte) []byte {
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, b); err != nil {
-		return b
-	}
-	return buf.Bytes()
-}
-
-// checkTimeout bounds how long StartJSON waits for a host to check the
-// arguments.
-const checkTimeout = 5 * time.Second
-
-type checkRequest struct {
-	ID       string          `json:"id"`
-	Args     json.RawMessage `json:"args"`
-	Deadline int64           `json:"deadline"` // ms since the epoch, the caller's clock
-}
-
-type checkAnswer struct {
-	Err string `json:"error,omitempty"`
-}
-
-// checkArgs asks a live host of job to check args: a request on the job's
-// check list, one answer on the request's own list. A check nobody answers
-// in time is withdrawn and passes: the split checks again.
-func (c *Client) checkArgs(ctx context.Context, job string, args json.RawMessage) error {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	id := hex.EncodeToString(b[:])
-	req, _ := json.Marshal(checkRequest{ID: id, Args: args, Deadline: time.Now().Add(checkTimeout).UnixMilli()})
-	list := c.catalogKey("check", job)
-	if err := rediserr.Tx(c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.LPush(ctx, list, req)
-		p.Expire(ctx, list, time.Minute)
-		return nil
-	})); err != nil {
-		return err
-	}
-	res, err := c.rdb.BRPop(ctx, checkTimeout, c.catalogKey("answer", id)).Result()
-	if err != nil {
-		c.rdb.LRem(context.WithoutCancel(ctx), list, 1, req)
-		if errors.Is(err, redis.Nil) {
-			c.log.Warn("mapreduce: no worker checked the run's arguments in time; the split will", attrJob, job)
-			return nil
-		}
-		return err
-	}
-	var ans checkAnswer
-	if err := json.Unmarshal([]byte(res[1]), &ans); err != nil {
-		return fmt.Errorf("a malformed answer to the argument check: %w", err)
-	}
-	if ans.Err != "" {
-		return &remoteInvalid{ans.Err}
-	}
-	return nil
-}
-
-// remoteInvalid is a host's refusal of arguments: its message as the host
-// wrote it (which names ErrInvalidArgs already), matching ErrInvalidArgs.
-type remoteInvalid struct{ msg string }
-
-func (e *remoteInvalid) Error() string        { return e.msg }
-func (e *remoteInvalid) Is(target error) bool { return target == ErrInvalidArgs }
-
-// answerChecks answers argument checks for the jobs c runs until ctx is
-// done, on one blocking connection.
-func (c *Client) answerChecks(ctx context.Context) {
-	names := c.jobs.Names()
-	lists := make([]string, len(names))
-	for i, n := range names {
-		lists[i] = c.catalogKey("check", n)
-	}
-	for ctx.Err() == nil {
-		res, err := c.rdb.BRPop(ctx, 2*time.Second, lists...).Result()
-		if err != nil {
-			if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
-				if !rediserr.Transient(err) {
-					c.log.Warn("mapreduce: waiting for argument checks failed", "error", err)
-				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(time.Second):
-				}
-			}
-			continue
-		}
-		job := strings.TrimPrefix(res[0], c.catalogKey("check")+":")
-		var req checkRequest
-		if json.Unmarshal([]byte(res[1]), &req) != nil || req.ID == "" || time.Now().UnixMilli() > req.Deadline {
-			continue // malformed, or its caller has given up
-		}
-		var ans checkAnswer
-		if r, ok := c.jobs.lookup(job); ok {
-			if err := r.checkArgs(req.Args); err != nil {
-				ans.Err = err.Error()
-			}
-		}
-		b, _ := json.Marshal(ans)
-		key := c.catalogKey("answer", req.ID)
-		_, _ = c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.LPush(ctx, key, b)
-			p.Expire(ctx, key, time.Minute)
-			return nil
-		})
-	}
 }

@@ -77,6 +77,9 @@ type Client struct {
 	bigResultWarned atomic.Int64 // unix ns of the last warning of a large result
 	handBackWarned  atomic.Int64 // unix ns of the last warning of a step its code handed back
 	outages         *outage.Log  // steps' failed attempts that outages caused
+
+	catalog *catalog  // the jobs and workers announced (catalog.go)
+	repairs *repairer // what crashes and lost enqueues left behind (reconcile.go)
 }
 
 // New returns a Client that keeps runs in rdb and enqueues tasks through
@@ -127,6 +130,11 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	c.outages = outage.New(c.log, "mapreduce")
 	c.enqueue = batchedScripts{UniversalClient: rdb, batches: &sync.Map{}}
 	c.aq = asynq.NewClientFromRedisClient(c.enqueue)
+	c.catalog = &catalog{rdb: rdb, prefix: cfg.Prefix, jobs: cfg.Jobs, log: c.log, bg: c, runs: c.Runs}
+	c.repairs = &repairer{
+		rdb: rdb, insp: c.insp, aq: c.aq, prefix: cfg.Prefix, jobs: cfg.Jobs, log: c.log,
+		stuckAfter: cfg.StuckAfter, runs: c, bg: c,
+	}
 	return c, nil
 }
 
@@ -144,20 +152,29 @@ func (k runKeys) all() []string {
 	return []string{k.run, k.recorded, k.results, k.failures, k.active, k.unfinished}
 }
 
+// A run's ID is "<job>:<key>", its key being StartOptions.Key: Start
+// returns it and Status.ID holds it. In code it is runID (runIDs for
+// several); task payloads carry it as Run.
+
 // jobOf returns the job name a run ID starts with.
 func jobOf(runID string) (string, bool) {
 	job, _, ok := strings.Cut(runID, ":")
 	return job, ok && jobNameRE.MatchString(job)
 }
 
-func (c *Client) keys(runID string) (runKeys, error) {
+// keys returns the Redis keys of the run runID and of its job, or an error
+// if runID is not a run ID.
+func (c *Client) keys(runID string) (runKeys, error) { return keysUnder(c.prefix, runID) }
+
+// keysUnder is keys under prefix.
+func keysUnder(prefix, runID string) (runKeys, error) {
 	job, ok := jobOf(runID)
 	if !ok {
 		return runKeys{}, fmt.Errorf("%q is not a run ID: run IDs look like <job>:<key>, as Start returns them and scheduler runs lists them", runID)
 	}
 	// The kind comes before the run ID: IDs may contain ':', and a kind
 	// after it could make one run's key another run's ("k:results").
-	base := c.prefix + ":{" + job + "}"
+	base := prefix + ":{" + job + "}"
 	records := base + ":run:"
 	return runKeys{
 		run: records + runID, records: records, recorded: base + ":recorded:" + runID,
@@ -189,9 +206,13 @@ type jobSpec struct {
 }
 
 // spec resolves a job's queue: by default its own, under the prefix.
-func (c *Client) spec(name string, o JobOptions) jobSpec {
+func (c *Client) spec(name string, o JobOptions) jobSpec { return specUnder(c.prefix, name, o) }
+
+// specUnder resolves a job's queue under prefix: by default the job's own,
+// "<prefix>:<job>".
+func specUnder(prefix, name string, o JobOptions) jobSpec {
 	if o.Queue == "" {
-		o.Queue = c.prefix + ":" + name
+		o.Queue = prefix + ":" + name
 	}
 	return jobSpec{name: name, o: o}
 }
@@ -210,14 +231,14 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 	} else if !keyRE.MatchString(key) {
 		return "", fmt.Errorf("mapreduce: start %q: Key %q is invalid: use up to 200 characters from [A-Za-z0-9_.:+-]", job, key)
 	}
-	id := job + ":" + key
-	k, _ := c.keys(id)
+	runID := job + ":" + key
+	k, _ := c.keys(runID)
 	overlap := "0"
 	if o.AllowOverlap {
 		overlap = "1"
 	}
-	res, err := c.createRun(ctx, id, []string{k.run, k.runs, k.active, k.unfinished},
-		id, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, newNonce(), bundlePages)
+	res, err := c.createRun(ctx, runID, []string{k.run, k.runs, k.active, k.unfinished},
+		runID, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, newNonce(), bundlePages)
 	if err != nil {
 		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
 	}
@@ -230,16 +251,16 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 	case 0:
 		if State(detail) == StateSplitting {
 			// The first Start may have died before enqueuing the split.
-			if err := c.enqueueStep(ctx, id, nonce, typeSplit, o); err != nil {
-				return id, fmt.Errorf("mapreduce: start %s: %w", id, err)
+			if err := c.enqueueStep(ctx, runID, nonce, typeSplit, o); err != nil {
+				return runID, fmt.Errorf("mapreduce: start %s: %w", runID, err)
 			}
 		}
-		return id, fmt.Errorf("mapreduce: start %s: %w (state %s)", id, ErrRunExists, detail)
+		return runID, fmt.Errorf("mapreduce: start %s: %w (state %s)", runID, ErrRunExists, detail)
 	}
-	if err := c.enqueueStep(ctx, id, nonce, typeSplit, o); err != nil {
-		return id, fmt.Errorf("mapreduce: start %s: the run was created but its split could not be enqueued (a worker's reconciler will enqueue it): %w", id, err)
+	if err := c.enqueueStep(ctx, runID, nonce, typeSplit, o); err != nil {
+		return runID, fmt.Errorf("mapreduce: start %s: the run was created but its split could not be enqueued (a worker's reconciler will enqueue it): %w", runID, err)
 	}
-	return id, nil
+	return runID, nil
 }
 
 // createRun runs the start script as a synced write (replicas.go): where
@@ -249,8 +270,8 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 // within replicaWait is kept all the same, with a warning: it exists, and
 // failing its Start would have the caller start it again into
 // ErrRunExists.
-func (c *Client) createRun(ctx context.Context, id string, keys []string, args ...any) ([]any, error) {
-	job, _ := jobOf(id)
+func (c *Client) createRun(ctx context.Context, runID string, keys []string, args ...any) ([]any, error) {
+	job, _ := jobOf(runID)
 	for again := true; ; again = false {
 		var sha *redis.Cmd
 		err := c.batch(job).doScriptAs(ctx, true, scriptStart, func(pl redis.Pipeliner) *redis.Cmd {
@@ -260,7 +281,7 @@ func (c *Client) createRun(ctx context.Context, id string, keys []string, args .
 		if errors.Is(err, errNotReplicated) && sha != nil {
 			if sha.Err() == nil {
 				c.log.Warn("mapreduce: start: no replica acknowledged the new run in time; going on without one: a failover now may lose the run",
-					attrRun, id, attrJob, job, "error", err)
+					attrRun, runID, attrJob, job, "error", err)
 				return sha.Slice()
 			}
 			if again {
@@ -287,38 +308,38 @@ func newNonce() string {
 // Status returns a snapshot of the run, its arguments and result included,
 // or an error wrapping ErrRunNotFound. To watch a run, poll StatusUpTo,
 // which leaves out what may be large.
-func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
-	k, err := c.keys(id)
+func (c *Client) Status(ctx context.Context, runID string) (*Status, error) {
+	k, err := c.keys(runID)
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: status: %w", err)
 	}
 	h, err := c.rdb.HGetAll(ctx, k.run).Result()
 	if err != nil {
-		return nil, fmt.Errorf("mapreduce: status %s: %w", id, err)
+		return nil, fmt.Errorf("mapreduce: status %s: %w", runID, err)
 	}
 	if len(h) == 0 {
-		return nil, fmt.Errorf("mapreduce: status %s: %w (never started, or expired after its retention)", id, ErrRunNotFound)
+		return nil, fmt.Errorf("mapreduce: status %s: %w (never started, or expired after its retention)", runID, ErrRunNotFound)
 	}
-	st := parseStatus(id, h)
+	st := parseStatus(runID, h)
 	st.ArgsBytes, st.ResultBytes = len(st.Args), len(st.Result)
 	return st, nil
 }
 
 // Wait blocks until the run has ended or ctx is done, and returns its last
 // status: whole (as Status reads it) once the run has ended, its summary
-// (as StatusUpTo(ctx, id, 0) reads it, which is what Wait polls) if ctx
+// (as StatusUpTo(ctx, runID, 0) reads it, which is what Wait polls) if ctx
 // ends first. A run that ended failed or cancelled is not an error: check
 // Status.State. Redis being unreachable for a while is not an error either:
 // Wait keeps trying until ctx is done.
-func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
+func (c *Client) Wait(ctx context.Context, runID string) (*Status, error) {
 	delay := 20 * time.Millisecond
 	var last *Status
 	var failed bool // an outage is under way: said once (outages), its end too
 	var cause outage.Cause
 	for {
-		st, err := c.StatusUpTo(ctx, id, 0)
+		st, err := c.StatusUpTo(ctx, runID, 0)
 		if err == nil && st.State.Ended() {
-			st, err = c.Status(ctx, id)
+			st, err = c.Status(ctx, runID)
 		}
 		switch {
 		case err == nil:
@@ -334,8 +355,8 @@ func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 			return last, err
 		default:
 			failed, cause = true, redisOutage(err)
-			job, _ := jobOf(id)
-			c.outages.Failed(nil, cause, "", err, slog.String("while", "waiting for a run"), slog.String(attrRun, id), slog.String(attrJob, job))
+			job, _ := jobOf(runID)
+			c.outages.Failed(nil, cause, "", err, slog.String("while", "waiting for a run"), slog.String(attrRun, runID), slog.String(attrJob, job))
 		}
 		select {
 		case <-ctx.Done():
@@ -343,7 +364,7 @@ func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 			if last != nil {
 				state = last.State
 			}
-			return last, fmt.Errorf("mapreduce: wait %s: %w (last state %s)", id, ctx.Err(), state)
+			return last, fmt.Errorf("mapreduce: wait %s: %w (last state %s)", runID, ctx.Err(), state)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, time.Second)
@@ -354,18 +375,18 @@ func (c *Client) Wait(ctx context.Context, id string) (*Status, error) {
 // work on it see their context cancelled with cause ErrRunCancelled within
 // Config.CancelPoll, and Reduce does not run. Cancelling a cancelled run does nothing; a run that
 // succeeded or failed gives an error wrapping ErrRunEnded.
-func (c *Client) Cancel(ctx context.Context, id string) error {
-	ended, state, err := c.finish(ctx, id, "", StateCancelled, nil, "cancelled", "")
+func (c *Client) Cancel(ctx context.Context, runID string) error {
+	ended, state, err := c.finish(ctx, runID, "", StateCancelled, nil, "cancelled", "")
 	if err != nil {
-		return fmt.Errorf("mapreduce: cancel %s: %w", id, err)
+		return fmt.Errorf("mapreduce: cancel %s: %w", runID, err)
 	}
 	switch {
 	case ended, state == StateCancelled:
 		return nil
 	case state == "":
-		return fmt.Errorf("mapreduce: cancel %s: %w", id, ErrRunNotFound)
+		return fmt.Errorf("mapreduce: cancel %s: %w", runID, ErrRunNotFound)
 	default:
-		return fmt.Errorf("mapreduce: cancel %s: %w (%s)", id, ErrRunEnded, state)
+		return fmt.Errorf("mapreduce: cancel %s: %w (%s)", runID, ErrRunEnded, state)
 	}
 }
 
@@ -379,11 +400,11 @@ func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
 		return nil, fmt.Errorf("mapreduce: runs: job name %q is invalid", job)
 	}
 	k, _ := c.keys(job + ":x")
-	ids, err := c.rdb.ZRevRange(ctx, k.runs, 0, -1).Result()
+	runIDs, err := c.rdb.ZRevRange(ctx, k.runs, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
 	}
-	out, _, err := c.summaries(ctx, ids)
+	out, _, err := c.summaries(ctx, runIDs)
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
 	}
@@ -392,8 +413,8 @@ func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
 
 // finish runs finish.lua; from restricts the state the run must be in, and
 // a nonce other than "" the attempt (Retry draws a new nonce).
-func (c *Client) finish(ctx context.Context, id, nonce string, to State, result []byte, msg string, from State) (ended bool, state State, err error) {
-	k, err := c.keys(id)
+func (c *Client) finish(ctx context.Context, runID, nonce string, to State, result []byte, msg string, from State) (ended bool, state State, err error) {
+	k, err := c.keys(runID)
 	if err != nil {
 		return false, "", err
 	}
@@ -404,7 +425,7 @@ func (c *Client) finish(ctx context.Context, id, nonce string, to State, result 
 	msg = shorten.To(msg, errorMax)
 	var res []any
 	err = c.withRedis(ctx, "ending a run", func(ctx context.Context) (err error) {
-		res, err = c.batch(k.job).runScriptSynced(ctx, scriptFinish, k.all(), id, string(to), string(result), msg, string(from), hasResult, nonce).Slice()
+		res, err = c.batch(k.job).runScriptSynced(ctx, scriptFinish, k.all(), runID, string(to), string(result), msg, string(from), hasResult, nonce).Slice()
 		return err
 	})
 	if err != nil {
@@ -413,8 +434,8 @@ func (c *Client) finish(ctx context.Context, id, nonce string, to State, result 
 	n, _ := res[0].(int64)
 	s, _ := res[1].(string)
 	if n == 1 {
-		c.logOutcome(ctx, id, to, msg)
-		c.observeEnd(ctx, id, to)
+		c.logOutcome(ctx, runID, to, msg)
+		c.observeEnd(ctx, runID, to)
 	}
 	return n == 1, State(s), nil
 }

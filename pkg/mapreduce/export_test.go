@@ -84,16 +84,18 @@ const (
 // few seconds, without the scan lock; it returns how many copies it
 // enqueued.
 func (c *Client) ScanOrphans(ctx context.Context, job string) (int, error) {
-	held, err := c.heldTasks()
+	held, err := c.repairs.heldTasks()
 	if err != nil {
 		return 0, err
 	}
-	return c.repairOrphans(ctx, job, held)
+	return c.repairs.repairOrphans(ctx, job, held)
 }
 
 // ClaimKey names the mark a handler leaves when it starts on attempt
 // retried of task id.
-func (c *Client) ClaimKey(job, id string, retried int) string { return c.claimKey(job, id, retried) }
+func (c *Client) ClaimKey(job, id string, retried int) string {
+	return claimKey(c.prefix, job, id, retried)
+}
 
 // PendingKey is asynq's list of a queue's pending tasks, as the split reads
 // it.
@@ -168,7 +170,7 @@ func (c *Client) StoredResults(ctx context.Context, id string) (int, error) {
 // the index of unfinished runs.
 func (c *Client) Unlist(ctx context.Context, job string, ids ...string) (int, error) {
 	k, _ := c.keys(job + ":x")
-	return c.unlist(ctx, k, ids)
+	return c.repairs.unlist(ctx, k, ids)
 }
 
 // SetReduceReadBytes sets the most bytes of results one read of c's

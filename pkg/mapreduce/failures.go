@@ -24,19 +24,19 @@ type PageFailure struct {
 // with no failed page gives none and 0, as does a run Retry resumed: it
 // forgets the failed pages to run them again. An unknown run gives an error
 // wrapping ErrRunNotFound.
-func (c *Client) Failures(ctx context.Context, id string, max int) ([]PageFailure, int, error) {
-	k, err := c.keys(id)
+func (c *Client) Failures(ctx context.Context, runID string, max int) ([]PageFailure, int, error) {
+	k, err := c.keys(runID)
 	if err != nil {
 		return nil, 0, fmt.Errorf("mapreduce: failures: %w", err)
 	}
 	if n, err := c.rdb.Exists(ctx, k.run).Result(); err != nil {
-		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w", id, err)
+		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w", runID, err)
 	} else if n == 0 {
-		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w (never started, or expired after its retention)", id, ErrRunNotFound)
+		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w (never started, or expired after its retention)", runID, ErrRunNotFound)
 	}
 	fields, err := c.rdb.HKeys(ctx, k.failures).Result()
 	if err != nil {
-		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w", id, err)
+		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w", runID, err)
 	}
 	idx := make([]int, 0, len(fields))
 	for _, f := range fields {
@@ -58,7 +58,7 @@ func (c *Client) Failures(ctx context.Context, id string, max int) ([]PageFailur
 	}
 	vals, err := c.rdb.HMGet(ctx, k.failures, want...).Result()
 	if err != nil {
-		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w", id, err)
+		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w", runID, err)
 	}
 	out := make([]PageFailure, 0, len(idx))
 	for j, i := range idx {

@@ -51,16 +51,16 @@ const copySep = "~"
 // orphanKeys are a job's keys for the orphan scan: first sightings of
 // orphan candidates (task ID → Redis time in ms) and the lock that lets
 // one worker at a time scan the job's queue.
-func (c *Client) orphanKeys(job string) (seen, lock string) {
-	base := c.prefix + ":{" + job + "}"
+func (r *repairer) orphanKeys(job string) (seen, lock string) {
+	base := r.prefix + ":{" + job + "}"
 	return base + ":orphans", base + ":orphan-scan"
 }
 
 // claimKey names the mark a handler leaves when it starts on attempt
-// retried of task id, in job's slot. It lives orphanGrace: by then a live
-// worker's heartbeat lists the task.
-func (c *Client) claimKey(job, id string, retried int) string {
-	return c.prefix + ":{" + job + "}:claim:" + id + "#" + strconv.Itoa(retried)
+// retried of task taskID, in job's slot under prefix. It lives
+// orphanGrace: by then a live worker's heartbeat lists the task.
+func claimKey(prefix, job, taskID string, retried int) string {
+	return prefix + ":{" + job + "}:claim:" + taskID + "#" + strconv.Itoa(retried)
 }
 
 // claim adds to pl the mark that the task ctx runs, of a run of job, has
@@ -76,17 +76,17 @@ func (c *Client) claim(ctx context.Context, pl redis.Pipeliner, job string) *red
 // claimOf returns the key of the mark of the task ctx runs, or "" outside
 // an asynq handler. Recording a page deletes it: the work is done.
 func (c *Client) claimOf(ctx context.Context, job string) string {
-	id, ok := asynq.GetTaskID(ctx)
+	taskID, ok := asynq.GetTaskID(ctx)
 	if !ok {
 		return ""
 	}
 	n, _ := asynq.GetRetryCount(ctx)
-	return c.claimKey(job, id, n)
+	return claimKey(c.prefix, job, taskID, n)
 }
 
 // heldTasks returns the IDs of the tasks live asynq servers work on.
-func (c *Client) heldTasks() (map[string]bool, error) {
-	servers, err := c.insp.Servers()
+func (r *repairer) heldTasks() (map[string]bool, error) {
+	servers, err := r.insp.Servers()
 	if err != nil {
 		return nil, fmt.Errorf("listing asynq servers: %w", err)
 	}
@@ -102,91 +102,34 @@ func (c *Client) heldTasks() (map[string]bool, error) {
 // repairOrphans looks for orphans of job's tasks (its caller holds the
 // job's scan lock) and enqueues a copy of each that its run still needs.
 // It returns how many copies it enqueued.
-func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]bool) (int, error) {
-	r, ok := c.jobs.lookup(job)
+func (r *repairer) repairOrphans(ctx context.Context, job string, held map[string]bool) (int, error) {
+	jr, ok := r.jobs.lookup(job)
 	if !ok {
 		return 0, nil
 	}
-	o := c.options(r)
-	seenKey, _ := c.orphanKeys(job)
-	var cands []*asynq.TaskInfo
-	for page := 1; ; page++ {
-		tasks, err := c.insp.ListActiveTasks(o.Queue, asynq.Page(page), asynq.PageSize(1000))
-		if isTaskGone(err) {
-			break
-		}
-		if err != nil {
-			return 0, fmt.Errorf("listing active tasks of queue %s: %w", o.Queue, err)
-		}
-		for _, t := range tasks {
-			if !held[t.ID] && (t.Type == typeSplit || t.Type == typeMap || t.Type == typePages || t.Type == typeReduce) {
-				cands = append(cands, t)
-			}
-		}
-		if len(tasks) < 1000 {
-			break
-		}
+	o := r.options(jr)
+	seenKey, _ := r.orphanKeys(job)
+	cands, err := r.orphanCandidates(o.Queue, held)
+	if err != nil {
+		return 0, err
 	}
 	if len(cands) == 0 {
-		return 0, c.rdb.Del(ctx, seenKey).Err()
+		return 0, r.rdb.Del(ctx, seenKey).Err()
 	}
-	now, err := c.rdb.Time(ctx).Result()
+	now, err := r.rdb.Time(ctx).Result()
 	if err != nil {
 		return 0, err
 	}
-	ids := make([]string, len(cands))
-	claimed := make([]*redis.IntCmd, len(cands))
-	var firsts *redis.SliceCmd
-	var known *redis.StringSliceCmd
-	err = rediserr.Tx(c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		for i, t := range cands {
-			ids[i] = t.ID
-			p.HSetNX(ctx, seenKey, t.ID, now.UnixMilli())
-			claimed[i] = p.Exists(ctx, c.claimKey(job, t.ID, t.Retried))
-		}
-		firsts = p.HMGet(ctx, seenKey, ids...)
-		known = p.HKeys(ctx, seenKey)
-		p.PExpire(ctx, seenKey, 10*orphanGrace)
-		return nil
-	}))
+	seen, err := r.sight(ctx, job, cands, now)
 	if err != nil {
 		return 0, err
-	}
-	// Forget sightings of tasks that are no longer orphan candidates.
-	isCand := map[string]bool{}
-	for _, id := range ids {
-		isCand[id] = true
-	}
-	var stale []string
-	for _, id := range known.Val() {
-		if !isCand[id] {
-			stale = append(stale, id)
-		}
-	}
-	if len(stale) > 0 {
-		c.rdb.HDel(ctx, seenKey, stale...)
 	}
 	copies := 0
 	for i, t := range cands {
-		s, _ := firsts.Val()[i].(string)
-		if s == settled(t) {
+		if !r.due(ctx, seenKey, t, seen[i], now) {
 			continue
 		}
-		if strings.HasPrefix(s, settledPrefix) {
-			// An earlier attempt of this task was settled; this one is
-			// first seen now.
-			c.rdb.HSet(ctx, seenKey, t.ID, now.UnixMilli())
-			continue
-		}
-		first, _ := strconv.ParseInt(s, 10, 64)
-		grace := unclaimedGrace
-		if claimed[i].Val() == 1 {
-			grace = orphanGrace
-		}
-		if first == 0 || now.Sub(time.UnixMilli(first)) < grace {
-			continue
-		}
-		enqueued, err := c.copyOrphan(ctx, t, o, s)
+		enqueued, err := r.copyOrphan(ctx, t, o, seen[i].first)
 		if err != nil {
 			return copies, err
 		}
@@ -199,9 +142,105 @@ func (c *Client) repairOrphans(ctx context.Context, job string, held map[string]
 		// Its entry goes once it is no longer a candidate. Should the copy
 		// be orphaned in turn, the copy is the candidate then; should asynq
 		// retry the orphan and its worker die too, that attempt is.
-		c.rdb.HSet(ctx, seenKey, t.ID, settled(t))
+		r.rdb.HSet(ctx, seenKey, t.ID, settled(t))
 	}
 	return copies, nil
+}
+
+// orphanCandidates returns the tasks of batchmr's types that asynq shows
+// as active in queue and that no live server holds.
+func (r *repairer) orphanCandidates(queue string, held map[string]bool) ([]*asynq.TaskInfo, error) {
+	var cands []*asynq.TaskInfo
+	for page := 1; ; page++ {
+		tasks, err := r.insp.ListActiveTasks(queue, asynq.Page(page), asynq.PageSize(1000))
+		if isTaskGone(err) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listing active tasks of queue %s: %w", queue, err)
+		}
+		for _, t := range tasks {
+			if !held[t.ID] && (t.Type == typeSplit || t.Type == typeMap || t.Type == typePages || t.Type == typeReduce) {
+				cands = append(cands, t)
+			}
+		}
+		if len(tasks) < 1000 {
+			break
+		}
+	}
+	return cands, nil
+}
+
+// sighting is what the scans know of an orphan candidate: its first
+// sighting (Redis time in ms, or settled's mark), and whether a handler
+// claimed it.
+type sighting struct {
+	first   string
+	claimed bool
+}
+
+// sight notes now as the first sighting of the candidates of job not seen
+// before, forgets the sightings of tasks that are no longer candidates,
+// and returns each candidate's sighting.
+func (r *repairer) sight(ctx context.Context, job string, cands []*asynq.TaskInfo, now time.Time) ([]sighting, error) {
+	seenKey, _ := r.orphanKeys(job)
+	taskIDs := make([]string, len(cands))
+	claimed := make([]*redis.IntCmd, len(cands))
+	var firsts *redis.SliceCmd
+	var known *redis.StringSliceCmd
+	err := rediserr.Tx(r.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for i, t := range cands {
+			taskIDs[i] = t.ID
+			p.HSetNX(ctx, seenKey, t.ID, now.UnixMilli())
+			claimed[i] = p.Exists(ctx, claimKey(r.prefix, job, t.ID, t.Retried))
+		}
+		firsts = p.HMGet(ctx, seenKey, taskIDs...)
+		known = p.HKeys(ctx, seenKey)
+		p.PExpire(ctx, seenKey, 10*orphanGrace)
+		return nil
+	}))
+	if err != nil {
+		return nil, err
+	}
+	isCand := map[string]bool{}
+	for _, id := range taskIDs {
+		isCand[id] = true
+	}
+	var stale []string
+	for _, id := range known.Val() {
+		if !isCand[id] {
+			stale = append(stale, id)
+		}
+	}
+	if len(stale) > 0 {
+		r.rdb.HDel(ctx, seenKey, stale...)
+	}
+	out := make([]sighting, len(cands))
+	for i := range cands {
+		first, _ := firsts.Val()[i].(string)
+		out[i] = sighting{first: first, claimed: claimed[i].Val() == 1}
+	}
+	return out, nil
+}
+
+// due reports whether candidate t has been seen long enough to copy it:
+// unclaimedGrace, or orphanGrace if a handler claimed it. An attempt
+// settled already is not due; a later attempt of a task whose earlier one
+// was settled is first seen now (seenKey notes it).
+func (r *repairer) due(ctx context.Context, seenKey string, t *asynq.TaskInfo, s sighting, now time.Time) bool {
+	if s.first == settled(t) {
+		return false
+	}
+	if strings.HasPrefix(s.first, settledPrefix) {
+		r.rdb.HSet(ctx, seenKey, t.ID, now.UnixMilli())
+		return false
+	}
+	first, _ := strconv.ParseInt(s.first, 10, 64)
+	grace := unclaimedGrace
+	if s.claimed {
+		grace = orphanGrace
+	}
+	return first != 0 && now.Sub(time.UnixMilli(first)) >= grace
 }
 
 // settled is what replaces the first sighting of orphan t once a scan has
@@ -221,65 +260,67 @@ const settledPrefix = "settled#"
 // splitting, the reduce of a run still reducing. The copy's ID is derived
 // from the orphan's and its first sighting, so that workers scanning at
 // once enqueue it once.
-func (c *Client) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions, firstSeen string) (bool, error) {
+func (r *repairer) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptions, firstSeen string) (bool, error) {
 	var p mapPayload // split and reduce payloads are its first fields
 	if err := json.Unmarshal(t.Payload, &p); err != nil {
 		return false, nil // not ours to repair: the handler archives it
 	}
-	k, err := c.keys(p.Run)
+	runID := p.Run
+	k, err := keysUnder(r.prefix, runID)
 	if err != nil {
 		return false, nil
 	}
 	pages := p.parts()
-	st, nonce, recorded, err := c.pageState(ctx, k, pages[0].i, pages[len(pages)-1].i, "")
+	st, nonce, recorded, err := r.runs.pageState(ctx, k, pages[0].i, pages[len(pages)-1].i, "")
 	if err != nil {
 		return false, err
 	}
 	if nonce != p.Nonce {
 		return false, nil
 	}
-	timeout := o.MapTimeout
-	switch t.Type {
-	case typeMap, typePages:
-		if (st != StateSplitting && st != StateMapping) || len(recorded.unrecorded(pages)) == 0 {
-			return false, nil
-		}
-		timeout = time.Duration(len(pages)) * o.MapTimeout
-	case typeSplit:
-		if st != StateSplitting {
-			return false, nil
-		}
-		timeout = o.SplitTimeout
-	case typeReduce:
-		if st != StateReducing {
-			return false, nil
-		}
-		timeout = o.ReduceTimeout
+	timeout, needed := copyNeeded(t.Type, st, len(recorded.unrecorded(pages)) > 0, len(pages), o)
+	if !needed {
+		return false, nil
 	}
 	base, _, _ := strings.Cut(t.ID, copySep)
-	id := base + copySep + firstSeen
-	opts := []asynq.Option{asynq.TaskID(id), asynq.Queue(t.Queue), asynq.MaxRetry(t.MaxRetry), asynq.Timeout(timeout)}
+	copyID := base + copySep + firstSeen
+	opts := []asynq.Option{asynq.TaskID(copyID), asynq.Queue(t.Queue), asynq.MaxRetry(t.MaxRetry), asynq.Timeout(timeout)}
 	if t.Type != typeMap && t.Type != typePages {
 		// Kept once completed, as the step tasks are (enqueueStepAs): a
 		// split's copy that fed becomes the run's split task (feed.lua),
 		// which the reconciler must find completed, not gone.
 		opts = append(opts, asynq.Retention(o.Retention))
 	}
-	_, err = c.aq.EnqueueContext(ctx, asynq.NewTask(t.Type, t.Payload), opts...)
+	_, err = r.aq.EnqueueContext(ctx, asynq.NewTask(t.Type, t.Payload), opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("enqueuing a copy of orphaned task %s: %w", t.ID, err)
 	}
-	job, _ := jobOf(p.Run)
-	attrs := []any{attrRun, p.Run, attrJob, job, attrTask, t.ID, "copy", id, "type", t.Type}
+	job, _ := jobOf(runID)
+	attrs := []any{attrRun, runID, attrJob, job, attrTask, t.ID, "copy", copyID, "type", t.Type}
 	switch t.Type {
 	case typeMap:
 		attrs = append(attrs, attrPage, p.Index)
 	case typePages:
 		attrs = append(attrs, attrPages, pageRange(pages[0].i, pages[len(pages)-1].i))
 	}
-	c.log.Warn("mapreduce: a task asynq shows as active has no live worker (killed, cut off from Redis, or with a skewed clock): enqueued a copy", attrs...)
+	r.log.Warn("mapreduce: a task asynq shows as active has no live worker (killed, cut off from Redis, or with a skewed clock): enqueued a copy", attrs...)
 	return true, nil
+}
+
+// copyNeeded reports whether the run of an orphaned task of type typ,
+// carrying pages pages of which some are unrecorded (unrecorded), still
+// needs a copy in state st, and the copy's timeout.
+func copyNeeded(typ string, st State, unrecorded bool, pages int, o JobOptions) (time.Duration, bool) {
+	switch typ {
+	case typeMap, typePages:
+		return time.Duration(pages) * o.MapTimeout, (st == StateSplitting || st == StateMapping) && unrecorded
+	case typeSplit:
+		return o.SplitTimeout, st == StateSplitting
+	case typeReduce:
+		return o.ReduceTimeout, st == StateReducing
+	}
+	return o.MapTimeout, true
 }

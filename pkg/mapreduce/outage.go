@@ -53,6 +53,15 @@ func redisOutage(err error) outage.Cause {
 	return outage.Redis
 }
 
+// background is how a background loop of a Client's (the announcer, the
+// reconciler) reports to the Client's outage log.
+type background interface {
+	backgroundFailed(err error, what string) bool
+	backgroundAnswered(wrote bool)
+}
+
+var _ background = (*Client)(nil)
+
 // backgroundFailed reports whether err, an error of a background loop
 // of c's (the reconciler, the cancellation watch, the announcer), is a
 // Redis outage's, which it then counts in c's outage log: its warning

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -48,15 +49,68 @@ const maxPageChecks = 1000
 //
 // Every repair is idempotent, so any number of workers may reconcile at
 // once. RunReconciler calls it periodically.
-func (c *Client) Reconcile(ctx context.Context) (Repairs, error) {
+func (c *Client) Reconcile(ctx context.Context) (Repairs, error) { return c.repairs.reconcile(ctx) }
+
+// RunReconciler calls Reconcile every interval until ctx is done, logging
+// what it repaired and what failed. Run it in every worker (or at least
+// one): it is what turns a crash at the wrong moment into a delay rather
+// than a stuck run.
+func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
+	c.repairs.run(ctx, interval)
+}
+
+// repairer finds and repairs, for a Client, what a crash or a lost enqueue
+// left behind in the runs of the jobs this process runs: runs without the
+// task they wait for (this file) and tasks without a worker (orphans.go).
+// It reads runs and asynq's queues itself, and changes a run only through
+// the run's state machine (runMachine), so that a repair is a step the
+// run could have taken.
+type repairer struct {
+	rdb        redis.UniversalClient
+	insp       *asynq.Inspector
+	aq         *asynq.Client // enqueues orphans' copies
+	prefix     string        // Config.Prefix
+	jobs       *Jobs         // the jobs whose runs it repairs
+	log        *slog.Logger
+	stuckAfter time.Duration // Config.StuckAfter
+	runs       runMachine
+	bg         background // where RunReconciler reports Redis outages
+}
+
+// runMachine is what the repairs ask of the run's state machine: read
+// runs, record pages, end runs and enqueue their steps.
+type runMachine interface {
+	// summaries reads runs' summaries (summary.go).
+	summaries(ctx context.Context, runIDs []string) (found []*Status, gone []string, err error)
+	// pageState reads a run's state and which of its pages are recorded (map.go).
+	pageState(ctx context.Context, k runKeys, first, last int, job string) (State, string, recordedBits, error)
+	// record records pages' outcomes (map.go).
+	record(ctx context.Context, k runKeys, nonce string, pages []pageOutcome, mapUS int64, measured int, claim string) (State, error)
+	// finish ends a run (client.go).
+	finish(ctx context.Context, runID, nonce string, to State, result []byte, msg string, from State) (bool, State, error)
+	// handOn hands a run's split on to a new split task (window.go).
+	handOn(ctx context.Context, k runKeys, runID, nonce string, resume int, o JobOptions) error
+	// enqueueStepAs enqueues a run's split or reduce task (tasks.go).
+	enqueueStepAs(ctx context.Context, runID, nonce, typ, step string, o JobOptions) error
+}
+
+var _ runMachine = (*Client)(nil)
+
+// options returns a job's options with its queue resolved.
+func (r *repairer) options(jr jobRunner) JobOptions {
+	return specUnder(r.prefix, jr.name(), jr.options()).o
+}
+
+// reconcile is Client.Reconcile.
+func (r *repairer) reconcile(ctx context.Context) (Repairs, error) {
 	var rep Repairs
 	var errs []error
-	for _, job := range c.jobs.Names() {
-		if err := c.reconcileJob(ctx, job, &rep); err != nil {
+	for _, job := range r.jobs.Names() {
+		if err := r.reconcileJob(ctx, job, &rep); err != nil {
 			errs = append(errs, fmt.Errorf("job %q: %w", job, err))
 		}
 	}
-	n, err := c.reconcileOrphans(ctx)
+	n, err := r.reconcileOrphans(ctx)
 	rep.OrphansCopied += n
 	if err != nil {
 		errs = append(errs, err)
@@ -67,11 +121,8 @@ func (c *Client) Reconcile(ctx context.Context) (Repairs, error) {
 	return rep, nil
 }
 
-// RunReconciler calls Reconcile every interval until ctx is done, logging
-// what it repaired and what failed. Run it in every worker (or at least
-// one): it is what turns a crash at the wrong moment into a delay rather
-// than a stuck run.
-func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
+// run is Client.RunReconciler.
+func (r *repairer) run(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = 30 * time.Second
 	}
@@ -81,15 +132,15 @@ func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
 	defer orphans.Stop()
 	var lastWarn time.Time
 	for {
-		rep, err := c.Reconcile(ctx)
+		rep, err := r.reconcile(ctx)
 		switch {
 		case err == nil:
-			c.backgroundAnswered(true)
-		case ctx.Err() == nil && !c.backgroundFailed(err, "reconciling"):
-			c.log.Warn("mapreduce: reconcile failed; retrying at the next interval", "error", err)
+			r.bg.backgroundAnswered(true)
+		case ctx.Err() == nil && !r.bg.backgroundFailed(err, "reconciling"):
+			r.log.Warn("mapreduce: reconcile failed; retrying at the next interval", "error", err)
 		}
 		if rep.total() > 0 {
-			c.log.Info("mapreduce: reconciler repaired runs", "splits_enqueued", rep.SplitsEnqueued,
+			r.log.Info("mapreduce: reconciler repaired runs", "splits_enqueued", rep.SplitsEnqueued,
 				"reduces_enqueued", rep.ReducesEnqueued, "runs_failed", rep.RunsFailed,
 				"pages_failed", rep.PagesFailed, "orphans_copied", rep.OrphansCopied)
 		}
@@ -103,24 +154,24 @@ func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
 			case <-orphans.C:
 				// Quietly: an outage fails every scan, and the full pass
 				// above reports failures once per interval.
-				if _, err := c.reconcileOrphans(ctx); err != nil && ctx.Err() == nil && !c.backgroundFailed(err, "looking for orphaned tasks") && time.Since(lastWarn) > interval {
+				if _, err := r.reconcileOrphans(ctx); err != nil && ctx.Err() == nil && !r.bg.backgroundFailed(err, "looking for orphaned tasks") && time.Since(lastWarn) > interval {
 					lastWarn = time.Now()
-					c.log.Warn("mapreduce: looking for orphaned tasks failed; retrying", "error", err)
+					r.log.Warn("mapreduce: looking for orphaned tasks failed; retrying", "error", err)
 				}
 			}
 		}
 	}
 }
 
-// reconcileOrphans looks for orphans of every job c runs.
+// reconcileOrphans looks for orphans of every job the repairer repairs.
 // Only the jobs whose scan lock this call takes are scanned, and asynq's
 // server list is read only if there is one: a fleet of many workers scans
 // each job about once per orphanScanEvery, not once per worker.
-func (c *Client) reconcileOrphans(ctx context.Context) (int, error) {
+func (r *repairer) reconcileOrphans(ctx context.Context) (int, error) {
 	var jobs []string
-	for _, job := range c.jobs.Names() {
-		_, lockKey := c.orphanKeys(job)
-		got, err := c.rdb.SetNX(ctx, lockKey, 1, orphanScanEvery*3/4).Result()
+	for _, job := range r.jobs.Names() {
+		_, lockKey := r.orphanKeys(job)
+		got, err := r.rdb.SetNX(ctx, lockKey, 1, orphanScanEvery*3/4).Result()
 		if err != nil {
 			return 0, fmt.Errorf("mapreduce: looking for orphaned tasks: %w", err)
 		}
@@ -131,14 +182,14 @@ func (c *Client) reconcileOrphans(ctx context.Context) (int, error) {
 	if len(jobs) == 0 {
 		return 0, nil
 	}
-	held, err := c.heldTasks()
+	held, err := r.heldTasks()
 	if err != nil {
 		return 0, fmt.Errorf("mapreduce: looking for orphaned tasks: %w", err)
 	}
 	copies := 0
 	var errs []error
 	for _, job := range jobs {
-		n, err := c.repairOrphans(ctx, job, held)
+		n, err := r.repairOrphans(ctx, job, held)
 		copies += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("job %q: %w", job, err))
@@ -150,10 +201,11 @@ func (c *Client) reconcileOrphans(ctx context.Context) (int, error) {
 	return copies, nil
 }
 
-func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) error {
-	r, _ := c.jobs.lookup(job)
-	o := c.options(r)
-	runs, err := c.unfinishedRuns(ctx, job)
+// reconcileJob repairs the unfinished runs of one job.
+func (r *repairer) reconcileJob(ctx context.Context, job string, rep *Repairs) error {
+	jr, _ := r.jobs.lookup(job)
+	o := r.options(jr)
+	runs, err := r.unfinishedRuns(ctx, job)
 	if err != nil {
 		return err
 	}
@@ -162,17 +214,17 @@ func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) err
 		var err error
 		switch st.State {
 		case StateSplitting:
-			err = c.repairStep(ctx, st, typeSplit, o, &rep.SplitsEnqueued, rep)
+			err = r.repairStep(ctx, st, typeSplit, o, &rep.SplitsEnqueued, rep)
 			// A split lasts most of a windowed run: pages it enqueued that
 			// were lost would hold the window for good.
-			if err == nil && st.resume > 0 && time.Since(st.Updated) >= c.cfg.StuckAfter {
-				err = c.repairPages(ctx, st, st.resume, o, rep)
+			if err == nil && st.resume > 0 && time.Since(st.Updated) >= r.stuckAfter {
+				err = r.repairPages(ctx, st, st.resume, o, rep)
 			}
 		case StateReducing:
-			err = c.repairStep(ctx, st, typeReduce, o, &rep.ReducesEnqueued, rep)
+			err = r.repairStep(ctx, st, typeReduce, o, &rep.ReducesEnqueued, rep)
 		case StateMapping:
-			if time.Since(st.Updated) >= c.cfg.StuckAfter {
-				err = c.repairPages(ctx, st, st.Total, o, rep)
+			if time.Since(st.Updated) >= r.stuckAfter {
+				err = r.repairPages(ctx, st, st.Total, o, rep)
 			}
 		}
 		if err != nil {
@@ -183,17 +235,17 @@ func (c *Client) reconcileJob(ctx context.Context, job string, rep *Repairs) err
 }
 
 // repairStep checks the split or reduce task of a run in that step.
-func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOptions, enqueued *int, rep *Repairs) error {
-	run := st.ID
-	k, _ := c.keys(run)
+func (r *repairer) repairStep(ctx context.Context, st *Status, typ string, o JobOptions, enqueued *int, rep *Repairs) error {
+	runID := st.ID
+	k, _ := keysUnder(r.prefix, runID)
 	step := st.splitTask // the first split, or the one it handed on to
 	if typ == typeReduce {
 		step = "reduce"
 	}
-	info, err := c.insp.GetTaskInfo(o.Queue, taskID(run, st.nonce, step))
+	info, err := r.insp.GetTaskInfo(o.Queue, taskID(runID, st.nonce, step))
 	switch {
 	case isTaskGone(err):
-		if err := c.enqueueStepAs(ctx, run, st.nonce, typ, step, o); err != nil {
+		if err := r.runs.enqueueStepAs(ctx, runID, st.nonce, typ, step, o); err != nil {
 			return err
 		}
 		*enqueued++
@@ -202,7 +254,7 @@ func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOp
 	case typ == typeSplit && info.State == asynq.TaskStateCompleted:
 		// It ended without ending the split (a hand-on whose enqueue was
 		// lost, say): the run is still splitting, so hand it on again.
-		switch err := c.handOn(ctx, k, run, st.nonce, 0, o); {
+		switch err := r.runs.handOn(ctx, k, runID, st.nonce, 0, o); {
 		case errors.Is(err, errRunGone): // it ended the split since the run was read
 		case err != nil:
 			return err
@@ -211,7 +263,7 @@ func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOp
 		}
 	case info.State == asynq.TaskStateArchived:
 		msg := fmt.Sprintf("mapreduce: the %s task was archived by asynq after its retries ran out: %s", step, info.LastErr)
-		ended, _, err := c.finish(ctx, run, st.nonce, StateFailed, nil, msg, "")
+		ended, _, err := r.runs.finish(ctx, runID, st.nonce, StateFailed, nil, msg, "")
 		if err != nil {
 			return err
 		}
@@ -224,10 +276,11 @@ func (c *Client) repairStep(ctx context.Context, st *Status, typ string, o JobOp
 
 // repairPages looks at the unrecorded pages below upto of a stuck run: a
 // mapping run's total, or the resume mark of a splitting one (every page
-// below it was enqueued).
-func (c *Client) repairPages(ctx context.Context, st *Status, upto int, o JobOptions, rep *Repairs) error {
-	k, _ := c.keys(st.ID)
-	bits, err := c.rdb.Get(ctx, k.recorded).Bytes()
+// below it was enqueued). It records as failed the pages whose task is
+// lost, and enqueues the reduce if one of them was the run's last page.
+func (r *repairer) repairPages(ctx context.Context, st *Status, upto int, o JobOptions, rep *Repairs) error {
+	k, _ := keysUnder(r.prefix, st.ID)
+	bits, err := r.rdb.Get(ctx, k.recorded).Bytes()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return err
 	}
@@ -239,67 +292,18 @@ func (c *Client) repairPages(ctx context.Context, st *Status, upto int, o JobOpt
 			continue
 		}
 		checks++
-		// The unrecorded pages of i's task: i alone, or those its pack's
-		// group task carries (the rest of a block fed after the group's
-		// task went one a task: packing.feedFrom).
-		pages := []int{i}
-		var (
-			info *asynq.TaskInfo
-			err  error
-		)
-		if !st.pack.packed(i) {
-			info, err = c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, st.nonce, i))
-		} else {
-			info, err = c.insp.GetTaskInfo(o.Queue, pagesTaskID(st.ID, st.nonce, st.pack.group(i)))
-			if err != nil && !isTaskGone(err) {
-				return err
-			}
-			var carried []fedPage
-			if err == nil {
-				var p mapPayload
-				if json.Unmarshal(info.Payload, &p) == nil {
-					carried = p.parts()
-				}
-			}
-			if !slices.ContainsFunc(carried, func(pg fedPage) bool { return pg.i == i }) {
-				info, err = c.insp.GetTaskInfo(o.Queue, mapTaskID(st.ID, st.nonce, i))
-			} else {
-				pages = pages[:0]
-				for _, pg := range carried {
-					if pg.i >= i && pg.i < upto && !bitSet(bits, pg.i) {
-						pages = append(pages, pg.i)
-					}
-				}
-			}
+		pages, info, err := r.pageTask(st, i, upto, bits, o.Queue)
+		if err != nil && !isTaskGone(err) {
+			return err
 		}
 		for _, j := range pages {
 			handled[j] = true
 		}
-		var why string
-		descs := map[int][]byte{}
-		switch {
-		case isTaskGone(err):
-			// Gone without being recorded: deleted by hand, or lost with a
-			// Redis that failed over. Its page descriptors went with it.
-			why = "mapreduce: the map task disappeared before its page was recorded"
-		case err != nil:
-			return err
-		case info.State == asynq.TaskStateArchived:
-			var p mapPayload
-			_ = json.Unmarshal(info.Payload, &p)
-			for _, pg := range p.parts() {
-				descs[pg.i] = pg.page
-			}
-			why = "mapreduce: archived by asynq after its retries ran out: " + info.LastErr
-		default:
+		failures := lostPages(pages, info, err)
+		if failures == nil {
 			continue // pending, active, retrying: it will record itself
 		}
-		outcomes := make([]pageOutcome, len(pages))
-		for n, j := range pages {
-			b, _ := json.Marshal(failure{Page: descs[j], Error: why})
-			outcomes[n] = pageOutcome{i: j, outcome: b, failed: true}
-		}
-		state, err := c.record(ctx, k, st.nonce, outcomes, 0, 0, "")
+		state, err := r.runs.record(ctx, k, st.nonce, failures, 0, 0, "")
 		if err != nil {
 			return err
 		}
@@ -307,9 +311,72 @@ func (c *Client) repairPages(ctx context.Context, st *Status, upto int, o JobOpt
 		reducing = reducing || state == StateReducing
 	}
 	if reducing { // a page recorded here was the last one
-		return c.enqueueStep(ctx, st.ID, st.nonce, typeReduce, o)
+		return r.runs.enqueueStepAs(ctx, st.ID, st.nonce, typeReduce, "reduce", o)
 	}
 	return nil
+}
+
+// pageTask looks up the map task of unrecorded page i of a run, in queue:
+// its pack's group task if that carries i, else the task of i alone (the
+// rest of a block fed after the group's task went on a task:
+// packing.feedFrom). It returns the unrecorded pages from i to upto that
+// the task carries, and the lookup's answer.
+func (r *repairer) pageTask(st *Status, i, upto int, bits []byte, queue string) ([]int, *asynq.TaskInfo, error) {
+	if !st.pack.packed(i) {
+		info, err := r.insp.GetTaskInfo(queue, mapTaskID(st.ID, st.nonce, i))
+		return []int{i}, info, err
+	}
+	info, err := r.insp.GetTaskInfo(queue, pagesTaskID(st.ID, st.nonce, st.pack.group(i)))
+	if err != nil && !isTaskGone(err) {
+		return nil, nil, err
+	}
+	var carried []fedPage
+	if err == nil {
+		var p mapPayload
+		if json.Unmarshal(info.Payload, &p) == nil {
+			carried = p.parts()
+		}
+	}
+	if !slices.ContainsFunc(carried, func(pg fedPage) bool { return pg.i == i }) {
+		info, err = r.insp.GetTaskInfo(queue, mapTaskID(st.ID, st.nonce, i))
+		return []int{i}, info, err
+	}
+	var pages []int
+	for _, pg := range carried {
+		if pg.i >= i && pg.i < upto && !bitSet(bits, pg.i) {
+			pages = append(pages, pg.i)
+		}
+	}
+	return pages, info, nil
+}
+
+// lostPages returns the failures to record for pages, whose map task's
+// lookup answered info or err (a task gone): nil while the task may still
+// record them itself.
+func lostPages(pages []int, info *asynq.TaskInfo, err error) []pageOutcome {
+	var why string
+	descs := map[int][]byte{}
+	switch {
+	case isTaskGone(err):
+		// Gone without being recorded: deleted by hand, or lost with a
+		// Redis that failed over. Its page descriptors went with it.
+		why = "mapreduce: the map task disappeared before its page was recorded"
+	case info.State == asynq.TaskStateArchived:
+		var p mapPayload
+		_ = json.Unmarshal(info.Payload, &p)
+		for _, pg := range p.parts() {
+			descs[pg.i] = pg.page
+		}
+		why = "mapreduce: archived by asynq after its retries ran out: " + info.LastErr
+	default:
+		return nil
+	}
+	outcomes := make([]pageOutcome, len(pages))
+	for n, j := range pages {
+		b, _ := json.Marshal(failure{Page: descs[j], Error: why})
+		outcomes[n] = pageOutcome{i: j, outcome: b, failed: true}
+	}
+	return outcomes
 }
 
 func isTaskGone(err error) bool {
@@ -321,13 +388,13 @@ func isTaskGone(err error) bool {
 // finish.lua takes it out, retry.lua lists it again), so that a pass costs
 // the runs in progress, not every run kept for its retention. Entries
 // whose record is gone (deleted by hand, or evicted) are taken out.
-func (c *Client) unfinishedRuns(ctx context.Context, job string) ([]*Status, error) {
-	k, _ := c.keys(job + ":x")
-	ids, err := c.rdb.ZRange(ctx, k.unfinished, 0, -1).Result()
+func (r *repairer) unfinishedRuns(ctx context.Context, job string) ([]*Status, error) {
+	k, _ := keysUnder(r.prefix, job+":x")
+	runIDs, err := r.rdb.ZRange(ctx, k.unfinished, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
 	}
-	found, stale, err := c.summaries(ctx, ids)
+	found, stale, err := r.runs.summaries(ctx, runIDs)
 	if err != nil {
 		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
 	}
@@ -340,20 +407,20 @@ func (c *Client) unfinishedRuns(ctx context.Context, job string) ([]*Status, err
 		}
 	}
 	if len(stale) > 0 {
-		if _, err := c.unlist(ctx, k, stale); err != nil {
+		if _, err := r.unlist(ctx, k, stale); err != nil {
 			return nil, fmt.Errorf("unlisting ended runs of %q: %w", job, err)
 		}
 	}
 	return out, nil
 }
 
-// unlist runs unlist.lua: it takes those of the runs ids of k's job that
-// have ended or are gone out of the job's index of unfinished runs, and
-// returns how many it took out.
-func (c *Client) unlist(ctx context.Context, k runKeys, ids []string) (int, error) {
+// unlist runs unlist.lua: it takes those of the runs runIDs of k's job
+// that have ended or are gone out of the job's index of unfinished runs,
+// and returns how many it took out.
+func (r *repairer) unlist(ctx context.Context, k runKeys, runIDs []string) (int, error) {
 	args := []any{k.records}
-	for _, id := range ids {
-		args = append(args, id)
+	for _, runID := range runIDs {
+		args = append(args, runID)
 	}
-	return scriptUnlist.Run(ctx, c.rdb, []string{k.unfinished}, args...).Int()
+	return scriptUnlist.Run(ctx, r.rdb, []string{k.unfinished}, args...).Int()
 }

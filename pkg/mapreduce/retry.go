@@ -24,8 +24,8 @@ import (
 // ErrUnknownJob, and leaves the run unchanged; except when only the enqueue
 // of the split failed: the run is resumed, the error says so, and a
 // worker's reconciler enqueues the split.
-func (c *Client) Retry(ctx context.Context, id string) error {
-	k, err := c.keys(id)
+func (c *Client) Retry(ctx context.Context, runID string) error {
+	k, err := c.keys(runID)
 	if err != nil {
 		return fmt.Errorf("mapreduce: retry: %w", err)
 	}
@@ -33,21 +33,21 @@ func (c *Client) Retry(ctx context.Context, id string) error {
 	// when its job is unknown; the script checks again.
 	look, err := c.rdb.HMGet(ctx, k.run, "state", "failed").Result()
 	if err != nil {
-		return fmt.Errorf("mapreduce: retry %s: %w", id, err)
+		return fmt.Errorf("mapreduce: retry %s: %w", runID, err)
 	}
 	state, _ := look[0].(string)
 	failed, _ := look[1].(string)
-	if err := notRetryable(id, State(state)); err != nil {
+	if err := notRetryable(runID, State(state)); err != nil {
 		if n := atoi(failed); errors.Is(err, ErrRunSucceeded) && n > 0 {
 			// CompleteSemantics: Reduce ran over the pages that succeeded.
 			return fmt.Errorf("mapreduce: retry %s: %w with %d failed pages, which its Reduce was given (the job's Semantics is CompleteSemantics): "+
-				"a succeeded run is not run again; start a new run, or have Reduce return an error when pages failed, so that the run fails and Retry runs them again", id, ErrRunSucceeded, n)
+				"a succeeded run is not run again; start a new run, or have Reduce return an error when pages failed, so that the run fails and Retry runs them again", runID, ErrRunSucceeded, n)
 		}
 		return err
 	}
-	spec, err := c.specOf(ctx, id)
+	spec, err := c.specOf(ctx, runID)
 	if err != nil {
-		return fmt.Errorf("mapreduce: retry %s: %w", id, err)
+		return fmt.Errorf("mapreduce: retry %s: %w", runID, err)
 	}
 	overlap := "0"
 	if spec.o.AllowOverlap {
@@ -55,45 +55,45 @@ func (c *Client) Retry(ctx context.Context, id string) error {
 	}
 	nonce := newNonce()
 	res, err := scriptRetry.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures, k.active, k.transient, k.unfinished},
-		id, overlap, nonce).Slice()
+		runID, overlap, nonce).Slice()
 	if err != nil {
-		return fmt.Errorf("mapreduce: retry %s: %w", id, err)
+		return fmt.Errorf("mapreduce: retry %s: %w", runID, err)
 	}
 	outcome, _ := res[0].(string)
 	detail, _ := res[1].(string)
 	switch outcome {
 	case "missing":
-		return notRetryable(id, "")
+		return notRetryable(runID, "")
 	case "state":
-		return notRetryable(id, State(detail))
+		return notRetryable(runID, State(detail))
 	case "active":
-		return fmt.Errorf("mapreduce: retry %s: %w: %s (wait for it to end or cancel it, or set JobOptions.AllowOverlap)", id, ErrRunActive, detail)
+		return fmt.Errorf("mapreduce: retry %s: %w: %s (wait for it to end or cancel it, or set JobOptions.AllowOverlap)", runID, ErrRunActive, detail)
 	}
-	if err := c.enqueueStep(ctx, id, nonce, typeSplit, spec.o); err != nil {
-		return fmt.Errorf("mapreduce: retry %s: the run was resumed but its split could not be enqueued (a worker's reconciler will enqueue it): %w", id, err)
+	if err := c.enqueueStep(ctx, runID, nonce, typeSplit, spec.o); err != nil {
+		return fmt.Errorf("mapreduce: retry %s: the run was resumed but its split could not be enqueued (a worker's reconciler will enqueue it): %w", runID, err)
 	}
 	return nil
 }
 
 // notRetryable returns the error of Retry for a run in state st ("" if it
 // does not exist), or nil if the run may be retried.
-func notRetryable(id string, st State) error {
+func notRetryable(runID string, st State) error {
 	switch st {
 	case StateFailed, StateCancelled:
 		return nil
 	case "":
-		return fmt.Errorf("mapreduce: retry %s: %w (never started, or expired after its retention)", id, ErrRunNotFound)
+		return fmt.Errorf("mapreduce: retry %s: %w (never started, or expired after its retention)", runID, ErrRunNotFound)
 	case StateSucceeded:
-		return fmt.Errorf("mapreduce: retry %s: %w: only a failed or cancelled run has pages to run again; start a new run", id, ErrRunSucceeded)
+		return fmt.Errorf("mapreduce: retry %s: %w: only a failed or cancelled run has pages to run again; start a new run", runID, ErrRunSucceeded)
 	default:
-		return fmt.Errorf("mapreduce: retry %s: %w (it is %s): wait for it to end, or cancel it first", id, ErrRunNotEnded, st)
+		return fmt.Errorf("mapreduce: retry %s: %w (it is %s): wait for it to end, or cancel it first", runID, ErrRunNotEnded, st)
 	}
 }
 
 // specOf returns the spec of a run's job: a job this process runs, or one
 // of the catalogue.
-func (c *Client) specOf(ctx context.Context, id string) (jobSpec, error) {
-	job, _ := jobOf(id)
+func (c *Client) specOf(ctx context.Context, runID string) (jobSpec, error) {
+	job, _ := jobOf(runID)
 	if r, ok := c.jobs.lookup(job); ok {
 		return c.spec(job, r.options()), nil
 	}

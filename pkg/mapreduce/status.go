@@ -94,9 +94,9 @@ type Status struct {
 	pack      packing
 }
 
-func parseStatus(id string, h map[string]string) *Status {
+func parseStatus(runID string, h map[string]string) *Status {
 	st := &Status{
-		ID:        id,
+		ID:        runID,
 		Job:       h["job"],
 		State:     State(h["state"]),
 		Total:     atoi(h["total"]),
@@ -237,8 +237,8 @@ func (st *Status) ArgsRefused() bool {
 
 // argsRefusedPrefix starts the error of a run whose split found its
 // arguments invalid.
-func argsRefusedPrefix(run string) string {
-	return "mapreduce: split of " + run + ": " + ErrInvalidArgs.Error()
+func argsRefusedPrefix(runID string) string {
+	return "mapreduce: split of " + runID + ": " + ErrInvalidArgs.Error()
 }
 
 // Pages returns the run's number of pages for showing its progress: its

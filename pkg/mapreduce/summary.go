@@ -44,11 +44,11 @@ func summaryOf(vals []any) (h map[string]string, ok bool) {
 // StatusUpTo returns a snapshot of the run as Status does, except that it
 // leaves out (nil) the arguments, and the result, when larger than
 // maxBytes; ArgsBytes and ResultBytes say how large they are either way.
-// StatusUpTo(ctx, id, 0) reads a few hundred bytes whatever the run
+// StatusUpTo(ctx, runID, 0) reads a few hundred bytes whatever the run
 // holds: poll a run with it (Wait does), and read it whole once. It
 // returns an error wrapping ErrRunNotFound for a run that does not exist.
-func (c *Client) StatusUpTo(ctx context.Context, id string, maxBytes int) (*Status, error) {
-	k, err := c.keys(id)
+func (c *Client) StatusUpTo(ctx context.Context, runID string, maxBytes int) (*Status, error) {
+	k, err := c.keys(runID)
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: status: %w", err)
 	}
@@ -59,14 +59,14 @@ func (c *Client) StatusUpTo(ctx context.Context, id string, maxBytes int) (*Stat
 	}
 	res, err := scriptRead.Run(ctx, c.rdb, []string{k.run}, argv...).Result()
 	if errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("mapreduce: status %s: %w (never started, or expired after its retention)", id, ErrRunNotFound)
+		return nil, fmt.Errorf("mapreduce: status %s: %w (never started, or expired after its retention)", runID, ErrRunNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("mapreduce: status %s: %w", id, err)
+		return nil, fmt.Errorf("mapreduce: status %s: %w", runID, err)
 	}
 	vals, _ := res.([]any)
 	if len(vals) != 5 {
-		return nil, fmt.Errorf("mapreduce: status %s: the read script replied %v", id, res)
+		return nil, fmt.Errorf("mapreduce: status %s: the read script replied %v", runID, res)
 	}
 	fields, _ := vals[0].([]any)
 	h, _ := summaryOf(fields)
@@ -76,7 +76,7 @@ func (c *Client) StatusUpTo(ctx context.Context, id string, maxBytes int) (*Stat
 	if s, ok := vals[4].(string); ok {
 		h["result"] = s
 	}
-	st := parseStatus(id, h)
+	st := parseStatus(runID, h)
 	st.ArgsBytes = int(asInt64(vals[1]))
 	st.ResultBytes = max(int(asInt64(vals[2])), 0)
 	return st, nil
@@ -87,14 +87,14 @@ func asInt64(v any) int64 {
 	return n
 }
 
-// summaries reads the summaries of the runs ids in one round trip. It
-// returns those that exist, in the order of ids, and the IDs of those that
+// summaries reads the summaries of the runs runIDs in one round trip. It
+// returns those that exist, in the order of runIDs, and the IDs of those that
 // do not.
-func (c *Client) summaries(ctx context.Context, ids []string) (found []*Status, gone []string, err error) {
-	cmds := make([]*redis.SliceCmd, len(ids))
+func (c *Client) summaries(ctx context.Context, runIDs []string) (found []*Status, gone []string, err error) {
+	cmds := make([]*redis.SliceCmd, len(runIDs))
 	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, id := range ids {
-			rk, _ := c.keys(id)
+		for i, runID := range runIDs {
+			rk, _ := c.keys(runID)
 			cmds[i] = p.HMGet(ctx, rk.run, summaryFields...)
 		}
 		return nil
@@ -102,12 +102,12 @@ func (c *Client) summaries(ctx context.Context, ids []string) (found []*Status, 
 	if err != nil {
 		return nil, nil, err
 	}
-	found = make([]*Status, 0, len(ids))
+	found = make([]*Status, 0, len(runIDs))
 	for i, cmd := range cmds {
 		if h, ok := summaryOf(cmd.Val()); ok {
-			found = append(found, parseStatus(ids[i], h))
+			found = append(found, parseStatus(runIDs[i], h))
 		} else {
-			gone = append(gone, ids[i])
+			gone = append(gone, runIDs[i])
 		}
 	}
 	return found, gone, nil
@@ -121,11 +121,11 @@ func (c *Client) ActiveRuns(ctx context.Context, job string) ([]*Status, error) 
 		return nil, fmt.Errorf("mapreduce: active runs: job name %q is invalid", job)
 	}
 	k, _ := c.keys(job + ":x")
-	ids, err := c.rdb.ZRevRange(ctx, k.unfinished, 0, -1).Result()
+	runIDs, err := c.rdb.ZRevRange(ctx, k.unfinished, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: active runs of %q: %w", job, err)
 	}
-	found, _, err := c.summaries(ctx, ids)
+	found, _, err := c.summaries(ctx, runIDs)
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: active runs of %q: %w", job, err)
 	}
@@ -145,14 +145,14 @@ func (c *Client) CountRuns(ctx context.Context, job string) (map[State]int, erro
 		return nil, fmt.Errorf("mapreduce: count runs: job name %q is invalid", job)
 	}
 	k, _ := c.keys(job + ":x")
-	ids, err := c.rdb.ZRange(ctx, k.runs, 0, -1).Result()
+	runIDs, err := c.rdb.ZRange(ctx, k.runs, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: count runs of %q: %w", job, err)
 	}
-	cmds := make([]*redis.StringCmd, len(ids))
+	cmds := make([]*redis.StringCmd, len(runIDs))
 	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, id := range ids {
-			rk, _ := c.keys(id)
+		for i, runID := range runIDs {
+			rk, _ := c.keys(runID)
 			cmds[i] = p.HGet(ctx, rk.run, "state")
 		}
 		return nil
