@@ -99,10 +99,12 @@ func (s *Semaphore) retryPop(err error, bo *backoff.Backoff) bool {
 	return s.pause(context.Background(), wait) == nil
 }
 
-// ackPopped returns how many replicas hold the grants in msgs, to deliver
-// with them. A grant popped here was made by another connection's script:
-// a write of ours after the pop, and a WAIT for it, cover it. conn is the
-// dispatcher's own connection, or nil when it blocks on a pooled one.
+// ackPopped returns the replica count to deliver the grants in msgs with:
+// grantReplicated when none need wait, else the replicas a WAIT counted,
+// grantUnconfirmed if it failed. A grant popped here was made by another
+// connection's script: a write of ours after the pop, and a WAIT for it,
+// cover it. conn is the dispatcher's own connection, or nil when it blocks
+// on a pooled one.
 func (s *Semaphore) ackPopped(conn *redis.Conn, msgs []string) int {
 	acked := grantReplicated
 	if s.unconfirmed() != grantReplicated && len(msgs) > 0 {
