@@ -51,19 +51,7 @@ func jobs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if len(pos) > 0 && pos[0] == "forget" {
-		if err := want(pos, 2, 2, "JOB (a job of the catalogue that no live worker runs)"); err != nil {
-			return err
-		}
-		c, err := connect(ctx, *url, stderr)
-		if err != nil {
-			return err
-		}
-		defer c.close()
-		if err := c.mr.ForgetJob(ctx, pos[1]); err != nil {
-			return fmt.Errorf("jobs %s", trim(err))
-		}
-		fmt.Fprintf(stdout, "forgot job %s\n", pos[1])
-		return nil
+		return forgetJob(ctx, *url, pos, stdout, stderr)
 	}
 	if err := want(pos, 0, 0, ""); err != nil {
 		return err
@@ -94,6 +82,31 @@ func jobs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "scheduler: "+app.EmptyCatalogue(c.rdb, app.Prefix))
 		return nil
 	}
+	printCatalogue(stdout, all)
+	printCatalogueWarnings(stdout, all)
+	return nil
+}
+
+// forgetJob removes the job named in pos ("forget" JOB) from the catalogue.
+func forgetJob(ctx context.Context, url redisFlags, pos []string, stdout, stderr io.Writer) error {
+	if err := want(pos, 2, 2, "JOB (a job of the catalogue that no live worker runs)"); err != nil {
+		return err
+	}
+	c, err := connect(ctx, url, stderr)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	if err := c.mr.ForgetJob(ctx, pos[1]); err != nil {
+		return fmt.Errorf("jobs %s", trim(err))
+	}
+	fmt.Fprintf(stdout, "forgot job %s\n", pos[1])
+	return nil
+}
+
+// printCatalogue prints the table of the jobs in all, then the table of
+// their live workers.
+func printCatalogue(stdout io.Writer, all []mapreduce.JobInfo) {
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "JOB\tQUEUE\tWORKERS\tANNOUNCED\tARGS")
 	var workers []mapreduce.WorkerInfo
@@ -116,6 +129,12 @@ func jobs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		_ = w.Flush()
 	}
+}
+
+// printCatalogueWarnings prints, after a blank line, the warnings of the
+// jobs in all: no live worker, versions that differ, workers without a
+// database.
+func printCatalogueWarnings(stdout io.Writer, all []mapreduce.JobInfo) {
 	var warned bool
 	for _, j := range all {
 		var warnings []string
@@ -134,7 +153,6 @@ func jobs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintln(stdout, warning)
 		}
 	}
-	return nil
 }
 
 // withoutDatabase warns of the live workers of job j that say they have no

@@ -61,92 +61,105 @@ func permits(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	switch pos[0] {
 	case "get":
-		if err := want(pos, 1, 2, ""); err != nil {
-			return err
-		}
-		c, err := connect(ctx, *url, stderr)
-		if err != nil {
-			return err
-		}
-		defer c.close()
-		inUse, err := announcedSemaphores(ctx, c)
-		if err != nil {
-			return err
-		}
-		names := inUse
-		if len(pos) == 2 {
-			names = pos[1:]
-		} else if len(names) == 0 {
-			fmt.Fprintln(stderr, "scheduler: no live worker announces a semaphore: name one, e.g. scheduler permits get "+app.SemaphoreName)
-			return nil
-		}
-		// Each process is shown with the live worker it belongs to, if any:
-		// the semaphore names processes by host and pid, the catalogue
-		// names workers by their own IDs.
-		workers, _ := c.mr.Workers(ctx)
-		now := time.Now().Add(app.RedisSkew(ctx, c.rdb)) // as the workers' heartbeats are
-		for i, name := range names {
-			st, err := stats(ctx, c, name)
-			if err != nil {
-				return err
-			}
-			if st.Limit == 0 && !slices.Contains(inUse, name) {
-				return fmt.Errorf("permits get %s: no semaphore %q: Redis has no limit for it and no live worker uses it (%s)", name, name, inUseText(inUse))
-			}
-			if i > 0 {
-				fmt.Fprintln(stdout)
-			}
-			printStats(stdout, st, *verbose, workers, now)
-		}
+		return permitsGet(ctx, *url, pos, *verbose, stdout, stderr)
 	case "set":
-		if err := want(pos, 3, 3, map[int]string{1: "NAME and N", 2: "N, the new limit"}[len(pos)]); err != nil {
-			return err
-		}
-		// Atoi refuses a number past int's range (ErrRange), so none wraps.
-		n, err := strconv.Atoi(pos[2])
-		if err != nil || n < 1 || n > semaphore.MaxLimit {
-			return app.Usagef("permits set %s %s: N must be a whole number of at least 1 and at most %d, the largest limit a semaphore takes", pos[1], pos[2], semaphore.MaxLimit)
-		}
-		c, err := connect(ctx, *url, stderr)
-		if err != nil {
-			return err
-		}
-		defer c.close()
-		s, err := open(c, pos[1])
-		if err != nil {
-			return err
-		}
-		defer s.Close()
-		// "db" is every worker's database semaphore: setting it before the
-		// workers start is the usual first step, never a typo.
-		before, err := stats(ctx, c, pos[1])
-		if err != nil {
-			return err
-		}
-		inUse, err := announcedSemaphores(ctx, c)
-		if err != nil {
-			return err
-		}
-		if !*isNew && pos[1] != app.SemaphoreName && before.Limit == 0 && !slices.Contains(inUse, pos[1]) {
-			return fmt.Errorf("permits set %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
-				"or add --new to set the limit of a semaphore before any worker uses it", pos[1], pos[1], inUseText(inUse))
-		}
-		if !*isNew && !slices.Contains(inUse, pos[1]) {
-			// Set before the workers start, as intended (--new says so);
-			// or, under the wrong prefix, a change no running worker sees.
-			fmt.Fprintf(stderr, "scheduler: no live worker under BATCHMR_PREFIX=%q uses semaphore %s: the limit is for workers that start under this prefix (--new says that is meant); if you meant a running fleet, check BATCHMR_PREFIX\n", app.Prefix, pos[1])
-		}
-		if err := s.SetLimit(ctx, n); err != nil {
-			return fmt.Errorf("permits set %s: %v", pos[1], err)
-		}
-		after, err := stats(ctx, c, pos[1])
-		if err != nil {
-			return err
-		}
-		printSet(stdout, before, after)
+		return permitsSet(ctx, *url, pos, *isNew, stdout, stderr)
 	default:
 		return app.Usagef("permits %q: use get or set", pos[0])
 	}
+}
+
+// permitsGet shows the semaphores named in pos ("get" [NAME]), or, without
+// a name, every semaphore a live worker announces.
+func permitsGet(ctx context.Context, url redisFlags, pos []string, verbose bool, stdout, stderr io.Writer) error {
+	if err := want(pos, 1, 2, ""); err != nil {
+		return err
+	}
+	c, err := connect(ctx, url, stderr)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	inUse, err := announcedSemaphores(ctx, c)
+	if err != nil {
+		return err
+	}
+	names := inUse
+	if len(pos) == 2 {
+		names = pos[1:]
+	} else if len(names) == 0 {
+		fmt.Fprintln(stderr, "scheduler: no live worker announces a semaphore: name one, e.g. scheduler permits get "+app.SemaphoreName)
+		return nil
+	}
+	// Each process is shown with the live worker it belongs to, if any:
+	// the semaphore names processes by host and pid, the catalogue
+	// names workers by their own IDs.
+	workers, _ := c.mr.Workers(ctx)
+	now := time.Now().Add(app.RedisSkew(ctx, c.rdb)) // as the workers' heartbeats are
+	for i, name := range names {
+		st, err := stats(ctx, c, name)
+		if err != nil {
+			return err
+		}
+		if st.Limit == 0 && !slices.Contains(inUse, name) {
+			return fmt.Errorf("permits get %s: no semaphore %q: Redis has no limit for it and no live worker uses it (%s)", name, name, inUseText(inUse))
+		}
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		printStats(stdout, st, verbose, workers, now)
+	}
+	return nil
+}
+
+// permitsSet sets the limit of the semaphore named in pos ("set" NAME N),
+// refusing a likely typo unless isNew.
+func permitsSet(ctx context.Context, url redisFlags, pos []string, isNew bool, stdout, stderr io.Writer) error {
+	if err := want(pos, 3, 3, map[int]string{1: "NAME and N", 2: "N, the new limit"}[len(pos)]); err != nil {
+		return err
+	}
+	// Atoi refuses a number past int's range (ErrRange), so none wraps.
+	n, err := strconv.Atoi(pos[2])
+	if err != nil || n < 1 || n > semaphore.MaxLimit {
+		return app.Usagef("permits set %s %s: N must be a whole number of at least 1 and at most %d, the largest limit a semaphore takes", pos[1], pos[2], semaphore.MaxLimit)
+	}
+	c, err := connect(ctx, url, stderr)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	s, err := open(c, pos[1])
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	// "db" is every worker's database semaphore: setting it before the
+	// workers start is the usual first step, never a typo.
+	before, err := stats(ctx, c, pos[1])
+	if err != nil {
+		return err
+	}
+	inUse, err := announcedSemaphores(ctx, c)
+	if err != nil {
+		return err
+	}
+	if !isNew && pos[1] != app.SemaphoreName && before.Limit == 0 && !slices.Contains(inUse, pos[1]) {
+		return fmt.Errorf("permits set %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
+			"or add --new to set the limit of a semaphore before any worker uses it", pos[1], pos[1], inUseText(inUse))
+	}
+	if !isNew && !slices.Contains(inUse, pos[1]) {
+		// Set before the workers start, as intended (--new says so);
+		// or, under the wrong prefix, a change no running worker sees.
+		fmt.Fprintf(stderr, "scheduler: no live worker under BATCHMR_PREFIX=%q uses semaphore %s: the limit is for workers that start under this prefix (--new says that is meant); if you meant a running fleet, check BATCHMR_PREFIX\n", app.Prefix, pos[1])
+	}
+	if err := s.SetLimit(ctx, n); err != nil {
+		return fmt.Errorf("permits set %s: %v", pos[1], err)
+	}
+	after, err := stats(ctx, c, pos[1])
+	if err != nil {
+		return err
+	}
+	printSet(stdout, before, after)
 	return nil
 }
 

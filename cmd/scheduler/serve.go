@@ -91,18 +91,47 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	scheds, err := parseSchedules(specs, jobArgs)
+	if err != nil {
+		return err
+	}
+	c, err := connect(ctx, *url, stderr)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	catalogue, stopped, err := waitForCatalogue(ctx, c, log)
+	if stopped {
+		log.Info("scheduler: stopped")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("serve: %s", trim(err))
+	}
+	if err := checkSchedules(ctx, c, log, scheds, catalogue); err != nil {
+		return err
+	}
+	log.Info("scheduler: serving", "schedules", []string(specs))
+	runSchedules(ctx, c, log, scheds)
+	log.Info("scheduler: stopped")
+	return nil
+}
+
+// parseSchedules reads the --schedule and --args flags: a *app.UsageError
+// names the fix of a bad one.
+func parseSchedules(specs, jobArgs []string) ([]*schedule, error) {
 	if len(specs) == 0 {
-		return app.Usagef("no --schedule: give at least one, e.g. --schedule 'orders-report=@every 10m'")
+		return nil, app.Usagef("no --schedule: give at least one, e.g. --schedule 'orders-report=@every 10m'")
 	}
 	var scheds []*schedule
 	for _, s := range specs {
 		job, spec, ok := strings.Cut(s, "=")
 		if !ok || job == "" {
-			return app.Usagef("--schedule %q: use JOB=SPEC, e.g. orders-report=@every 10m", s)
+			return nil, app.Usagef("--schedule %q: use JOB=SPEC, e.g. orders-report=@every 10m", s)
 		}
 		next, err := parseSpec(spec)
 		if err != nil {
-			return app.Usagef("--schedule %q: %v", s, err)
+			return nil, app.Usagef("--schedule %q: %v", s, err)
 		}
 		scheds = append(scheds, &schedule{job: job, spec: spec, next: next})
 	}
@@ -111,42 +140,49 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		job, js, ok := strings.Cut(a, "=")
 		switch {
 		case !ok:
-			return app.Usagef("--args %q: use JOB=JSON, e.g. --args 'orders-report={\"page_size\": 100}'", a)
+			return nil, app.Usagef("--args %q: use JOB=JSON, e.g. --args 'orders-report={\"page_size\": 100}'", a)
 		case !slices.ContainsFunc(scheds, func(s *schedule) bool { return s.job == job }):
-			return app.Usagef("--args %q: %s has no --schedule", a, job)
+			return nil, app.Usagef("--args %q: %s has no --schedule", a, job)
 		case argsOf[job] != nil:
-			return app.Usagef("--args %q: %s has --args already: give each job one", a, job)
+			return nil, app.Usagef("--args %q: %s has --args already: give each job one", a, job)
 		}
 		if err := app.JSONError(js); err != nil {
-			return app.Usagef("--args %q: %.100q is not JSON (%v): keys and strings take double quotes, and the whole takes single quotes for the shell, e.g. --args '%s={\"page_size\": 100}'", a, js, err, job)
+			return nil, app.Usagef("--args %q: %.100q is not JSON (%v): keys and strings take double quotes, and the whole takes single quotes for the shell, e.g. --args '%s={\"page_size\": 100}'", a, js, err, job)
 		}
 		argsOf[job] = json.RawMessage(js)
 	}
-	c, err := connect(ctx, *url, stderr)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	catalogue, err := c.mr.Jobs(ctx)
-	if len(catalogue) == 0 && err == nil {
-		// A first deployment starts its scheduler beside its workers
-		// (docker compose up): wait for them rather than fail.
-		log.Info("scheduler: no worker has announced a job yet: waiting for one", "up_to", catalogueWait)
-		for deadline := time.Now().Add(catalogueWait); len(catalogue) == 0 && (err == nil || rediserr.Transient(err)) && time.Now().Before(deadline); {
-			select {
-			case <-ctx.Done():
-				log.Info("scheduler: stopped")
-				return nil
-			case <-time.After(catalogueRecheck):
-			}
-			catalogue, err = c.mr.Jobs(ctx)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("serve: %s", trim(err))
-	}
 	for _, s := range scheds {
 		s.args = argsOf[s.job]
+	}
+	return scheds, nil
+}
+
+// waitForCatalogue returns the catalogue's jobs. While it is empty, it
+// waits up to catalogueWait for a worker to announce its jobs: a first
+// deployment starts its scheduler beside its workers (docker compose up).
+// It reports stopped when ctx ends the wait.
+func waitForCatalogue(ctx context.Context, c *conn, log *slog.Logger) (_ []mapreduce.JobInfo, stopped bool, _ error) {
+	catalogue, err := c.mr.Jobs(ctx)
+	if len(catalogue) > 0 || err != nil {
+		return catalogue, false, err
+	}
+	log.Info("scheduler: no worker has announced a job yet: waiting for one", "up_to", catalogueWait)
+	for deadline := time.Now().Add(catalogueWait); len(catalogue) == 0 && (err == nil || rediserr.Transient(err)) && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return nil, true, nil
+		case <-time.After(catalogueRecheck):
+		}
+		catalogue, err = c.mr.Jobs(ctx)
+	}
+	return catalogue, false, err
+}
+
+// checkSchedules checks each schedule's job against the catalogue: known,
+// with JSON arguments that fit its announced schema, and, when a live
+// worker runs it, its own Validate.
+func checkSchedules(ctx context.Context, c *conn, log *slog.Logger, scheds []*schedule, catalogue []mapreduce.JobInfo) error {
+	for _, s := range scheds {
 		i := slices.IndexFunc(catalogue, func(j mapreduce.JobInfo) bool { return j.Name == s.job })
 		if i < 0 {
 			return fmt.Errorf("--schedule %s=%s: %s; then serve again (it checks its jobs at start-up)", s.job, s.spec, c.unknownJob(s.job, catalogue))
@@ -165,7 +201,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return app.Usagef("%s: %s", argsFlag(s), trim(err))
 		}
 	}
-	log.Info("scheduler: serving", "schedules", []string(specs))
+	return nil
+}
+
+// runSchedules fires each schedule's ticks, and publishes them for the
+// console, until ctx is done; then waits for the ticks under way.
+func runSchedules(ctx context.Context, c *conn, log *slog.Logger, scheds []*schedule) {
 	var firing sync.WaitGroup
 	published := make(chan struct{})
 	ticked := make(chan struct{}, 1) // a tick fired: publish the next ones now
@@ -183,8 +224,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		case <-ctx.Done():
 			<-published
 			firing.Wait()
-			log.Info("scheduler: stopped")
-			return nil
+			return
 		case <-time.After(time.Until(due)):
 		}
 		for _, s := range scheds {

@@ -94,30 +94,15 @@ func ui(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if n := len(token); n > 0 && n < 16 {
 		log.Warn("scheduler: BATCHMR_UI_TOKEN is short: it can be guessed, at 5 tries a minute per address; use 16 random characters or more, such as $(openssl rand -hex 16)", "characters", n)
 	}
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := listenUI(*listen)
 	if err != nil {
-		if _, _, serr := net.SplitHostPort(*listen); serr != nil {
-			return app.Usagef("ui --listen %q: %v: give HOST:PORT, e.g. 127.0.0.1:8080, or :8080 for every interface", *listen, serr)
-		}
-		return fmt.Errorf("ui: %v: choose another --listen address", err)
+		return err
 	}
 	// Returning before it serves, the command closes it; Shutdown, after.
 	defer ln.Close()
-	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !isLoopback(host) {
-		switch {
-		case token == "" && !*insecure:
-			what := "read every run's arguments, results and errors, cancel runs and change limits"
-			if *readOnly {
-				what = "read every run's arguments, results and errors"
-			}
-			return app.Usagef("ui --listen %s reaches beyond this host and BATCHMR_UI_TOKEN is unset: anyone who reaches it could %s. "+
-				"Set BATCHMR_UI_TOKEN (for instance to $(openssl rand -hex 16)), listen on 127.0.0.1, "+
-				"or, when a proxy in front authenticates every request, pass --insecure-no-auth", *listen, what)
-		case token == "":
-			log.Warn("scheduler: the console listens beyond loopback with no BATCHMR_UI_TOKEN (--insecure-no-auth): whoever reaches it reads every run, and, without --read-only, changes things", "listen", ln.Addr().String())
-		case tlsConf == nil && !strings.HasPrefix(*publicURL, "https://"):
-			log.Warn("scheduler: the console listens beyond loopback over plain HTTP: the token and the session cookie cross the network in clear; give --tls-cert and --tls-key, or put a TLS proxy in front (and --public-url https://...)", "listen", ln.Addr().String())
-		}
+	https := tlsConf != nil || strings.HasPrefix(*publicURL, "https://")
+	if err := checkReach(ln.Addr(), *listen, token, *insecure, *readOnly, https, log); err != nil {
+		return err
 	}
 	c, err := connect(ctx, *url, stderr)
 	if err != nil {
@@ -131,6 +116,49 @@ func ui(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer con.Close()
 	go con.Sample(ctx)
+	return serveConsole(ctx, con, ln, tlsConf, *publicURL, stderr, log)
+}
+
+// listenUI listens on --listen's address: a *app.UsageError for one that
+// is not HOST:PORT.
+func listenUI(listen string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		if _, _, serr := net.SplitHostPort(listen); serr != nil {
+			return nil, app.Usagef("ui --listen %q: %v: give HOST:PORT, e.g. 127.0.0.1:8080, or :8080 for every interface", listen, serr)
+		}
+		return nil, fmt.Errorf("ui: %v: choose another --listen address", err)
+	}
+	return ln, nil
+}
+
+// checkReach refuses a console listening beyond loopback (on addr) without
+// a token, unless insecure, and warns of one served without a token or in
+// clear (not https).
+func checkReach(addr net.Addr, listen, token string, insecure, readOnly, https bool, log *slog.Logger) error {
+	if host, _, _ := net.SplitHostPort(addr.String()); isLoopback(host) {
+		return nil
+	}
+	switch {
+	case token == "" && !insecure:
+		what := "read every run's arguments, results and errors, cancel runs and change limits"
+		if readOnly {
+			what = "read every run's arguments, results and errors"
+		}
+		return app.Usagef("ui --listen %s reaches beyond this host and BATCHMR_UI_TOKEN is unset: anyone who reaches it could %s. "+
+			"Set BATCHMR_UI_TOKEN (for instance to $(openssl rand -hex 16)), listen on 127.0.0.1, "+
+			"or, when a proxy in front authenticates every request, pass --insecure-no-auth", listen, what)
+	case token == "":
+		log.Warn("scheduler: the console listens beyond loopback with no BATCHMR_UI_TOKEN (--insecure-no-auth): whoever reaches it reads every run, and, without --read-only, changes things", "listen", addr.String())
+	case !https:
+		log.Warn("scheduler: the console listens beyond loopback over plain HTTP: the token and the session cookie cross the network in clear; give --tls-cert and --tls-key, or put a TLS proxy in front (and --public-url https://...)", "listen", addr.String())
+	}
+	return nil
+}
+
+// serveConsole serves con on ln, over TLS with tlsConf if not nil, until
+// ctx is done, then shuts the server down within 5s.
+func serveConsole(ctx context.Context, con http.Handler, ln net.Listener, tlsConf *tls.Config, publicURL string, stderr io.Writer, log *slog.Logger) error {
 	// Bounded reads and idle connections: a client beyond loopback cannot
 	// hold connections open by trickling bytes.
 	srv := &http.Server{Handler: con, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
@@ -143,7 +171,7 @@ func ui(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			done <- srv.Serve(ln)
 		}
 	}()
-	fmt.Fprintf(stderr, "scheduler: console on %s (Ctrl-C stops it)\n", consoleURL(ln.Addr(), *publicURL, tlsConf != nil))
+	fmt.Fprintf(stderr, "scheduler: console on %s (Ctrl-C stops it)\n", consoleURL(ln.Addr(), publicURL, tlsConf != nil))
 	select {
 	case err := <-done:
 		return fmt.Errorf("ui: %v", err)

@@ -106,6 +106,36 @@ func Median[T cmp.Ordered](xs []T) T {
 	return s[len(s)/2]
 }
 
+// MedianOf returns the median of f over xs (the upper one of an even
+// count).
+func MedianOf[T any](xs []T, f func(T) float64) float64 {
+	vs := make([]float64, len(xs))
+	for i, x := range xs {
+		vs[i] = f(x)
+	}
+	return Median(vs)
+}
+
+// Floats formats xs with prec decimals, separated by spaces.
+func Floats(xs []float64, prec int) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.FormatFloat(x, 'f', prec, 64)
+	}
+	return strings.Join(parts, " ")
+}
+
+// RunBytes returns what the keys of run id of job, under the mapreduce
+// prefix, take in Redis (MEMORY USAGE): once the run ended, its ledger.
+func RunBytes(ctx context.Context, rdb redis.Cmdable, prefix, job, id string) int64 {
+	var n int64
+	for _, kind := range []string{"run", "recorded", "results", "failures"} {
+		b, _ := rdb.MemoryUsage(ctx, prefix+":{"+job+"}:"+kind+":"+id, 0).Result()
+		n += b
+	}
+	return n
+}
+
 // RedisCPU returns the CPU time Redis has used, user and system, from
 // INFO cpu.
 func RedisCPU(ctx context.Context, rdb *redis.Client) time.Duration {

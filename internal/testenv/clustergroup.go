@@ -59,12 +59,8 @@ func PrivateRedisClusterGroup(t testing.TB, o ClusterGroupOptions) *ClusterGroup
 	}
 	ctx := context.Background()
 	nodes := make([]*RedisServer, 6)
-	buses := make([]int, 6)
+	buses := freePorts(t, 6)
 	for i := range nodes {
-		var err error
-		if buses[i], err = freePort(); err != nil {
-			t.Fatal(err)
-		}
 		nodes[i] = privateClusterNode(t, bin, []string{"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(buses[i]),
 			"--cluster-node-timeout", strconv.FormatInt(timeout.Milliseconds(), 10),
 			"--cluster-replica-validity-factor", "0", "--cluster-announce-ip", "127.0.0.1"})
@@ -75,15 +71,67 @@ func PrivateRedisClusterGroup(t testing.TB, o ClusterGroupOptions) *ClusterGroup
 		}
 	}
 	g := &ClusterGroup{Primaries: nodes[:3], Replicas: nodes[3:]}
+	g.assignSlots(t, o.Tags)
+	port0 := strings.TrimPrefix(nodes[0].Client.Options().Addr, "127.0.0.1:")
+	for _, n := range nodes[1:] {
+		if err := n.Client.Do(ctx, "CLUSTER", "MEET", "127.0.0.1", port0, buses[0]).Err(); err != nil {
+			t.Fatalf("testenv: CLUSTER MEET: %v", err)
+		}
+	}
+	WaitFor(t, 30*time.Second, "every node of the cluster to know the other five", func() bool {
+		for _, n := range nodes {
+			info, err := n.Client.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_known_nodes:6\r") {
+				return false
+			}
+		}
+		return true
+	})
+	for i, r := range g.Replicas {
+		replicate(t, r, g.Primaries[i])
+	}
+	WaitFor(t, 60*time.Second, "the cluster to be ok, with every node seeing three primaries and three replicas, each replica in sync", func() bool {
+		for _, n := range nodes {
+			info, err := n.Client.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return false
+			}
+			all, err := n.Client.ClusterNodes(ctx).Result()
+			if err != nil || strings.Count(all, "slave") != 3 || strings.Count(all, "master") != 3 {
+				return false
+			}
+		}
+		for i, r := range g.Replicas {
+			if !inSync(ctx, r, g.Primaries[i]) {
+				return false
+			}
+		}
+		return true
+	})
 
-	// Each slot's primary: three equal ranges, then o.Tags's slots.
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.Client.Options().Addr)
+	}
+	q := url.Values{"addr": addrs[1:]}
+	g.URL = fmt.Sprintf("redis://%s?%s", addrs[0], q.Encode())
+	g.Client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = g.Client.Close() })
+	return g
+}
+
+// assignSlots gives each primary its slots: three equal ranges, then the
+// slots of tags[i]'s hash tags to Primaries[i].
+func (g *ClusterGroup) assignSlots(t testing.TB, tags [3][]string) {
+	t.Helper()
+	ctx := context.Background()
 	owner := make([]int, 16384)
 	for s := range owner {
 		owner[s] = min(s*3/16384, 2)
 	}
-	for p, tags := range o.Tags {
+	for p, tags := range tags {
 		for _, tag := range tags {
-			slot, err := nodes[0].Client.ClusterKeySlot(ctx, "{"+tag+"}").Result()
+			slot, err := g.Primaries[0].Client.ClusterKeySlot(ctx, "{"+tag+"}").Result()
 			if err != nil {
 				t.Fatalf("testenv: CLUSTER KEYSLOT: %v", err)
 			}
@@ -107,63 +155,36 @@ func PrivateRedisClusterGroup(t testing.TB, o ClusterGroupOptions) *ClusterGroup
 			t.Fatalf("testenv: giving primary %d its slots: %v", p, err)
 		}
 	}
-	port0 := strings.TrimPrefix(nodes[0].Client.Options().Addr, "127.0.0.1:")
-	for _, n := range nodes[1:] {
-		if err := n.Client.Do(ctx, "CLUSTER", "MEET", "127.0.0.1", port0, buses[0]).Err(); err != nil {
-			t.Fatalf("testenv: CLUSTER MEET: %v", err)
-		}
-	}
-	WaitFor(t, 30*time.Second, "every node of the cluster to know the other five", func() bool {
-		for _, n := range nodes {
-			info, err := n.Client.ClusterInfo(ctx).Result()
-			if err != nil || !strings.Contains(info, "cluster_known_nodes:6\r") {
-				return false
-			}
-		}
-		return true
-	})
-	for i, r := range g.Replicas {
-		id, err := g.Primaries[i].Client.Do(ctx, "CLUSTER", "MYID").Text()
-		if err != nil {
-			t.Fatalf("testenv: the cluster node's ID: %v", err)
-		}
-		WaitFor(t, 20*time.Second, "a node to replicate its primary", func() bool {
-			return r.Client.Do(ctx, "CLUSTER", "REPLICATE", id).Err() == nil
-		})
-	}
-	WaitFor(t, 60*time.Second, "the cluster to be ok, with every node seeing three primaries and three replicas, each replica in sync", func() bool {
-		for _, n := range nodes {
-			info, err := n.Client.ClusterInfo(ctx).Result()
-			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				return false
-			}
-			all, err := n.Client.ClusterNodes(ctx).Result()
-			if err != nil || strings.Count(all, "slave") != 3 || strings.Count(all, "master") != 3 {
-				return false
-			}
-		}
-		for i, r := range g.Replicas {
-			info, err := r.Client.Info(ctx, "replication").Result()
-			if err != nil || !strings.Contains(info, "master_link_status:up") {
-				return false
-			}
-			n, err := g.Primaries[i].Client.Do(ctx, "WAIT", 1, 100).Int()
-			if err != nil || n != 1 {
-				return false
-			}
-		}
-		return true
-	})
+}
 
-	var addrs []string
-	for _, n := range nodes {
-		addrs = append(addrs, n.Client.Options().Addr)
+// replicate makes cluster node r a replica of primary, a node of the same
+// cluster, waiting up to 20s for r to know primary.
+func replicate(t testing.TB, r, primary *RedisServer) {
+	t.Helper()
+	ctx := context.Background()
+	id, err := primary.Client.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatalf("testenv: the cluster node's ID: %v", err)
 	}
-	q := url.Values{"addr": addrs[1:]}
-	g.URL = fmt.Sprintf("redis://%s?%s", addrs[0], q.Encode())
-	g.Client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { _ = g.Client.Close() })
-	return g
+	WaitFor(t, 20*time.Second, "a node to replicate its primary", func() bool {
+		return r.Client.Do(ctx, "CLUSTER", "REPLICATE", id).Err() == nil
+	})
+}
+
+// linkUp reports whether replica r's link to its primary is up.
+func linkUp(ctx context.Context, r *RedisServer) bool {
+	info, err := r.Client.Info(ctx, "replication").Result()
+	return err == nil && strings.Contains(info, "master_link_status:up")
+}
+
+// inSync reports whether replica r's link is up and r has acknowledged
+// every write of primary (WAIT 1 within 100ms).
+func inSync(ctx context.Context, r, primary *RedisServer) bool {
+	if !linkUp(ctx, r) {
+		return false
+	}
+	n, err := primary.Client.Do(ctx, "WAIT", 1, 100).Int()
+	return err == nil && n == 1
 }
 
 // PrimaryOf returns the index in Primaries of the primary that holds the

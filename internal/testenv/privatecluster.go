@@ -85,10 +85,6 @@ func PrivateRedisClusterReplica(t testing.TB, primary *RedisServer) *RedisServer
 	}
 	r := privateClusterNode(t, primary.bin, []string{"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus)})
 	ctx := context.Background()
-	id, err := primary.Client.Do(ctx, "CLUSTER", "MYID").Text()
-	if err != nil {
-		t.Fatalf("testenv: the cluster node's ID: %v", err)
-	}
 	// Its bus port is not its port plus 10000: CLUSTER NODES says which.
 	nodes, err := primary.Client.ClusterNodes(ctx).Result()
 	if err != nil {
@@ -104,16 +100,9 @@ func PrivateRedisClusterReplica(t testing.TB, primary *RedisServer) *RedisServer
 	if err := r.Client.Do(ctx, "CLUSTER", "MEET", host, port, bus2).Err(); err != nil {
 		t.Fatalf("testenv: CLUSTER MEET: %v", err)
 	}
-	WaitFor(t, 20*time.Second, "the new node to replicate the cluster's node", func() bool {
-		return r.Client.Do(ctx, "CLUSTER", "REPLICATE", id).Err() == nil
-	})
+	replicate(t, r, primary)
 	WaitFor(t, 20*time.Second, "the cluster replica in sync", func() bool {
-		info, err := r.Client.Info(ctx, "replication").Result()
-		if err != nil || !strings.Contains(info, "master_link_status:up") {
-			return false
-		}
-		n, err := primary.Client.Do(ctx, "WAIT", 1, 100).Int()
-		return err == nil && n == 1
+		return inSync(ctx, r, primary)
 	})
 	return r
 }

@@ -288,3 +288,16 @@ func freePort() (int, error) {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
+
+// freePorts returns n loopback TCP ports free at the time of the call.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	for i := range ports {
+		var err error
+		if ports[i], err = freePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ports
+}

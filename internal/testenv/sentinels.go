@@ -72,51 +72,18 @@ func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 	}
 	dir := tempDir(t, "batchmr-sentinels-")
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	ports := make([]int, 5)
-	for i := range ports {
-		var err error
-		if ports[i], err = freePort(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	addr := func(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
-	var clientTLS *tls.Config
+	ports := freePorts(t, 5)
+	sv := sentinelServers{t: t, bin: bin, dir: dir, o: o}
 	if o.TLS != nil {
 		pair, err := tls.LoadX509KeyPair(o.TLS.Client.Cert, o.TLS.Client.Key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		clientTLS = &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}
+		sv.clientTLS = &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}
 	}
-	// listen is where a server listens: port, or its TLS port alone.
-	listen := func(port int) []string {
-		if o.TLS == nil {
-			return []string{"--port", strconv.Itoa(port)}
-		}
-		return []string{"--port", "0", "--tls-port", strconv.Itoa(port), "--tls-cert-file", o.TLS.Server.Cert, "--tls-key-file", o.TLS.Server.Key,
-			"--tls-client-cert-file", o.TLS.Client.Cert, "--tls-client-key-file", o.TLS.Client.Key,
-			"--tls-ca-cert-file", o.TLS.CA, "--tls-auth-clients", "yes", "--tls-replication", "yes"}
-	}
-	server := func(name, password string, port int, argv ...string) *RedisServer {
-		s := &RedisServer{t: t, bin: bin, argv: append(argv, listen(port)...), logFile: filepath.Join(dir, name+".log"),
-			Client: redis.NewClient(&redis.Options{Addr: addr(port), Password: password, Protocol: 2, TLSConfig: clientTLS})}
-		t.Cleanup(func() {
-			_ = s.Client.Close()
-			s.Kill()
-		})
-		return s
-	}
-	data := func(name string, port int, args ...string) *RedisServer {
-		argv := []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", dir, "--dbfilename", name + ".rdb", "--logfile", filepath.Join(dir, name+".log")}
-		if o.Password != "" {
-			argv = append(argv, "--requirepass", o.Password, "--masterauth", o.Password)
-		}
-		return server(name, o.Password, port, append(argv, args...)...)
-	}
-	g := &SentinelGroup{Primary: data("primary", ports[0])}
+	g := &SentinelGroup{Primary: sv.data("primary", ports[0])}
 	g.Primary.Start()
-	g.Replica = data("replica", ports[1], "--replicaof", "127.0.0.1", strconv.Itoa(ports[0]))
+	g.Replica = sv.data("replica", ports[1], "--replicaof", "127.0.0.1", strconv.Itoa(ports[0]))
 	g.Replica.Start()
 	var sentinelAddrs []string
 	for i, port := range ports[2:] {
@@ -137,15 +104,14 @@ func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 		if err := os.WriteFile(file, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		s := server(name, o.SentinelPassword, port, file, "--sentinel")
+		s := sv.server(name, o.SentinelPassword, port, file, "--sentinel")
 		s.Start()
 		g.Sentinels = append(g.Sentinels, s)
-		sentinelAddrs = append(sentinelAddrs, addr(port))
+		sentinelAddrs = append(sentinelAddrs, loopback(port))
 	}
 	ctx := context.Background()
 	WaitFor(t, 60*time.Second, "the replica to be in sync and every Sentinel to know the primary, the replica and the other Sentinels", func() bool {
-		info, err := g.Replica.Client.Info(ctx, "replication").Result()
-		if err != nil || !strings.Contains(info, "master_link_status:up") {
+		if !linkUp(ctx, g.Replica) {
 			return false
 		}
 		for _, s := range g.Sentinels {
@@ -156,21 +122,71 @@ func PrivateSentinels(t testing.TB, o SentinelOptions) *SentinelGroup {
 		}
 		return true
 	})
-	u := url.URL{Scheme: "redis", Host: sentinelAddrs[0], Path: "/0"}
+	g.URL = sentinelURL(o, sentinelAddrs)
+	return g
+}
+
+// sentinelServers makes the servers of a SentinelGroup, each with its log
+// in dir, over TLS with o.TLS.
+type sentinelServers struct {
+	t         testing.TB
+	bin, dir  string
+	o         SentinelOptions
+	clientTLS *tls.Config
+}
+
+// server makes, without starting it, a redis-server of argv listening on
+// port (its TLS port alone with o.TLS), whose Client authenticates with
+// password. It stops when the test ends.
+func (sv sentinelServers) server(name, password string, port int, argv ...string) *RedisServer {
+	t, o := sv.t, sv.o
+	if o.TLS == nil {
+		argv = append(argv, "--port", strconv.Itoa(port))
+	} else {
+		argv = append(argv, "--port", "0", "--tls-port", strconv.Itoa(port), "--tls-cert-file", o.TLS.Server.Cert, "--tls-key-file", o.TLS.Server.Key,
+			"--tls-client-cert-file", o.TLS.Client.Cert, "--tls-client-key-file", o.TLS.Client.Key,
+			"--tls-ca-cert-file", o.TLS.CA, "--tls-auth-clients", "yes", "--tls-replication", "yes")
+	}
+	s := &RedisServer{t: t, bin: sv.bin, argv: argv, logFile: filepath.Join(sv.dir, name+".log"),
+		Client: redis.NewClient(&redis.Options{Addr: loopback(port), Password: password, Protocol: 2, TLSConfig: sv.clientTLS})}
+	t.Cleanup(func() {
+		_ = s.Client.Close()
+		s.Kill()
+	})
+	return s
+}
+
+// data makes, without starting it, a data server (the primary or the
+// replica) of args, without persistence, with o.Password.
+func (sv sentinelServers) data(name string, port int, args ...string) *RedisServer {
+	argv := []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", sv.dir, "--dbfilename", name + ".rdb", "--logfile", filepath.Join(sv.dir, name+".log")}
+	if sv.o.Password != "" {
+		argv = append(argv, "--requirepass", sv.o.Password, "--masterauth", sv.o.Password)
+	}
+	return sv.server(name, sv.o.Password, port, append(argv, args...)...)
+}
+
+// sentinelURL is the Sentinel URL of a group whose Sentinels listen on
+// addrs.
+func sentinelURL(o SentinelOptions, addrs []string) string {
+	u := url.URL{Scheme: "redis", Host: addrs[0], Path: "/0"}
 	if o.TLS != nil {
 		u.Scheme = "rediss"
 	}
 	if o.SentinelPassword != "" {
 		u.User = url.UserPassword("", o.SentinelPassword)
 	}
-	q := url.Values{"master_name": {SentinelMaster}, "addr": sentinelAddrs[1:]}
+	q := url.Values{"master_name": {SentinelMaster}, "addr": addrs[1:]}
 	if o.Password != "" {
 		q.Set("password", o.Password)
 	}
 	u.RawQuery = q.Encode()
-	g.URL = u.String()
-	return g
+	return u.String()
 }
+
+// loopback is the address of port on 127.0.0.1.
+func loopback(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
 
 // field is the value of name in a Sentinel's flat reply of names and
 // values (SENTINEL MASTER), or "".

@@ -65,17 +65,7 @@ func (s *Semaphore) dispatch() {
 			return
 		}
 		if err != nil && !errors.Is(err, redis.Nil) {
-			// A grant pushed while we cannot read it is not lost: it stays on
-			// the list (unless Redis restarts without it), and the refresh
-			// that follows Redis's return reports it too.
-			s.noteCall(err, true)
-			wait := bo.Next()
-			level := slog.LevelWarn
-			if transient(err) {
-				level = slog.LevelDebug // noteCall said it once for the outage
-			}
-			s.log.Log(context.Background(), level, "semaphore: waiting for wake-ups failed, retrying", "error", err, "retry_in", wait)
-			if s.pause(context.Background(), wait) != nil {
+			if !s.retryPop(err, &bo) {
 				return
 			}
 			continue
@@ -85,45 +75,79 @@ func (s *Semaphore) dispatch() {
 		if err != nil {
 			continue // redis.Nil: the block timed out
 		}
-		// A grant popped here was made by another connection's script: a
-		// write of ours after the pop, and a WAIT for it, cover it.
-		acked := grantReplicated
-		if s.unconfirmed() != grantReplicated && len(msgs) > 0 {
-			ctx, cancel := bounded(context.Background(), releaseTimeout)
-			var n int
-			if conn != nil {
-				n, err = s.syncReplicaOn(ctx, conn, s.waitBound)
-			} else {
-				n, err = s.syncReplica(ctx, s.waitBound)
-			}
-			cancel()
-			acked = n
-			if err != nil {
-				acked = grantUnconfirmed
-			}
-		}
-		delivered := false
-		for _, msg := range msgs {
-			token, value, ok := strings.Cut(msg, " ")
-			if !ok {
-				continue // Close's wake-up: the loop head sees stop.
-			}
-			if value == "!" {
-				s.reject(token)
-				continue
-			}
-			fence, err := strconv.ParseInt(value, 10, 64)
-			if err != nil {
-				s.log.Warn("semaphore: malformed wake-up ignored", "message", msg)
-				continue
-			}
-			s.deliver(token, fence, time.Time{}, acked)
-			delivered = true
-		}
-		if delivered {
+		acked := s.ackPopped(conn, msgs)
+		if s.route(msgs, acked) {
 			runtime.Gosched() // the new holders run before our next pop is sent
 		}
 	}
+}
+
+// retryPop logs a failed pop of the wake list and waits out the backoff
+// before the next. It returns false when the Semaphore is stopping.
+//
+// A grant pushed while we cannot read it is not lost: it stays on the list
+// (unless Redis restarts without it), and the refresh that follows Redis's
+// return reports it too.
+func (s *Semaphore) retryPop(err error, bo *backoff.Backoff) bool {
+	s.noteCall(err, true)
+	wait := bo.Next()
+	level := slog.LevelWarn
+	if transient(err) {
+		level = slog.LevelDebug // noteCall said it once for the outage
+	}
+	s.log.Log(context.Background(), level, "semaphore: waiting for wake-ups failed, retrying", "error", err, "retry_in", wait)
+	return s.pause(context.Background(), wait) == nil
+}
+
+// ackPopped returns the replica count to deliver the grants in msgs with:
+// grantReplicated when none need wait, else the replicas a WAIT counted,
+// grantUnconfirmed if it failed. A grant popped here was made by another
+// connection's script: a write of ours after the pop, and a WAIT for it,
+// cover it. conn is the dispatcher's own connection, or nil when it blocks
+// on a pooled one.
+func (s *Semaphore) ackPopped(conn *redis.Conn, msgs []string) int {
+	acked := grantReplicated
+	if s.unconfirmed() != grantReplicated && len(msgs) > 0 {
+		ctx, cancel := bounded(context.Background(), releaseTimeout)
+		var n int
+		var err error
+		if conn != nil {
+			n, err = s.syncReplicaOn(ctx, conn, s.waitBound)
+		} else {
+			n, err = s.syncReplica(ctx, s.waitBound)
+		}
+		cancel()
+		acked = n
+		if err != nil {
+			acked = grantUnconfirmed
+		}
+	}
+	return acked
+}
+
+// route hands each popped wake-up to its local waiter: a grant (with the
+// replica count acked) or a rejection. It reports whether it delivered a
+// grant.
+func (s *Semaphore) route(msgs []string, acked int) bool {
+	delivered := false
+	for _, msg := range msgs {
+		token, value, ok := strings.Cut(msg, " ")
+		if !ok {
+			continue // Close's wake-up: the loop head sees stop.
+		}
+		if value == "!" {
+			s.reject(token)
+			continue
+		}
+		fence, err := strconv.ParseInt(value, 10, 64)
+		if err != nil {
+			s.log.Warn("semaphore: malformed wake-up ignored", "message", msg)
+			continue
+		}
+		s.deliver(token, fence, time.Time{}, acked)
+		delivered = true
+	}
+	return delivered
 }
 
 // wakeBatch is how many wake-ups one pop takes at most. Grants to one

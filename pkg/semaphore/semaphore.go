@@ -335,18 +335,29 @@ func (s *Semaphore) Close() error {
 		results = append(results, s.giveBack(ctx, tok, false))
 	}
 	if dispatching {
-		// Wake the dispatcher's blocking pop so it sees stop now, not at its
-		// timeout; with a TTL, in case the dispatcher is gone already.
-		s.spawn(func() {
-			ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-			defer cancel()
-			_, _ = s.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-				pipe.RPush(ctx, s.wakeKey, "close")
-				pipe.PExpire(ctx, s.wakeKey, 2*s.opts.Lease)
-				return nil
-			})
-		})
+		s.wakeDispatcher(ctx)
 	}
+	s.waitGoroutines()
+	return s.closeResult(results)
+}
+
+// wakeDispatcher wakes the dispatcher's blocking pop so it sees stop now,
+// not at its timeout; with a TTL, in case the dispatcher is gone already.
+func (s *Semaphore) wakeDispatcher(ctx context.Context) {
+	s.spawn(func() {
+		ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+		defer cancel()
+		_, _ = s.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			pipe.RPush(ctx, s.wakeKey, "close")
+			pipe.PExpire(ctx, s.wakeKey, 2*s.opts.Lease)
+			return nil
+		})
+	})
+}
+
+// waitGoroutines waits, closeWait at most, for this handle's goroutines
+// and then its detached Redis calls to end.
+func (s *Semaphore) waitGoroutines() {
 	ended := make(chan struct{})
 	go func() {
 		s.wg.Wait()
@@ -361,6 +372,11 @@ func (s *Semaphore) Close() error {
 	case <-time.After(closeWait):
 		s.log.Warn("semaphore: Close stopped waiting for Redis calls that did not end; they end when the redis client gives up on them", "waited", closeWait)
 	}
+}
+
+// closeResult is Close's error: the give-backs in results that failed or
+// have not answered yet.
+func (s *Semaphore) closeResult(results []<-chan giveBackResult) error {
 	var errs []error
 	for _, r := range results {
 		select {

@@ -124,8 +124,42 @@ func command(name string, args []string, stdout, stderr io.Writer, configure fun
 func configFromFlags(name string, args []string, jobs []mapreduce.AnyJob, stdout, stderr io.Writer) (Config, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var cfg Config
-	// A malformed variable is reported before the command line is read,
-	// the first of them: it would be the flag's default.
+	f, err := defineFlags(fs, &cfg)
+	if err != nil {
+		return cfg, err
+	}
+	names := make([]string, len(jobs))
+	for i, j := range jobs {
+		names[i] = j.JobName()
+	}
+	if err := app.Parse(fs, fmt.Sprintf(usage, name, strings.Join(names, ", ")), args, stdout); err != nil {
+		return cfg, err
+	}
+	if *f.version {
+		fmt.Fprintf(stdout, "%s: batchmr %s, %s\n", name, app.BuildVersion(), runtime.Version())
+		return cfg, flag.ErrHelp // printed what was asked: exit 0
+	}
+	if fs.NArg() > 0 {
+		return cfg, app.Usagef("unexpected argument %q", fs.Arg(0))
+	}
+	err = f.complete(&cfg, names, stderr)
+	return cfg, err
+}
+
+// workerFlags holds the flags' values that are not Config's fields as
+// they are given.
+type workerFlags struct {
+	redisTLS            app.RedisTLS
+	dbPermits           *int
+	permits, weights    app.StringList
+	version             *bool
+	logFormat, logLevel *string
+}
+
+// defineFlags defines the worker's flags on fs, setting cfg's fields or
+// the returned workerFlags. It returns the first malformed environment
+// variable's error: it would be the flag's default.
+func defineFlags(fs *flag.FlagSet, cfg *Config) (*workerFlags, error) {
 	var envErr error
 	envInt := func(name string, def int) int {
 		n, err := app.EnvInt(name, def)
@@ -137,17 +171,17 @@ func configFromFlags(name string, args []string, jobs []mapreduce.AnyJob, stdout
 		envErr = cmp.Or(envErr, err)
 		return d
 	}
+	f := &workerFlags{}
 	fs.StringVar(&cfg.RedisURL, "redis-url", app.Env("REDIS_URL", ""), "Redis URL: redis://host:port/db, redis://host:port?addr=host2:port2 (Cluster) or redis://sentinel:26379/db?master_name=NAME (Sentinel); rediss:// for TLS (env REDIS_URL)")
-	var redisTLS app.RedisTLS
-	envErr = redisTLS.AddFlags(fs)
+	envErr = f.redisTLS.AddFlags(fs)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", app.Env("DATABASE_URL", ""), "Postgres URL; none: the jobs get no database (env DATABASE_URL)")
 	fs.IntVar(&cfg.Concurrency, "concurrency", envInt("WORKER_CONCURRENCY", 10), "tasks run at once by this worker (env WORKER_CONCURRENCY)")
 	fs.StringVar(&cfg.ApplicationName, "application-name", app.Env("WORKER_APPLICATION_NAME", "batchmr-worker"), "application_name of the database connections, as pg_stat_activity shows them (env WORKER_APPLICATION_NAME)")
-	dbPermits := fs.Int("db-permits", envInt("DB_PERMITS", 8), `the fleet's concurrent database queries (semaphore "db"), used only if Redis has no limit yet (env DB_PERMITS)`)
-	permits := app.StringList(splitList(app.Env("WORKER_PERMITS", "")))
-	fs.Var(&permits, "permits", "NAME=N: open the fleet-wide semaphore NAME with N permits if Redis has no limit yet; repeatable (env WORKER_PERMITS, comma-separated)")
-	weights := app.StringList(splitList(app.Env("WORKER_WEIGHTS", "")))
-	fs.Var(&weights, "weight", "JOB=N: the priority of JOB's queue against the other jobs' (default 1); repeatable (env WORKER_WEIGHTS, comma-separated)")
+	f.dbPermits = fs.Int("db-permits", envInt("DB_PERMITS", 8), `the fleet's concurrent database queries (semaphore "db"), used only if Redis has no limit yet (env DB_PERMITS)`)
+	f.permits = app.StringList(splitList(app.Env("WORKER_PERMITS", "")))
+	fs.Var(&f.permits, "permits", "NAME=N: open the fleet-wide semaphore NAME with N permits if Redis has no limit yet; repeatable (env WORKER_PERMITS, comma-separated)")
+	f.weights = app.StringList(splitList(app.Env("WORKER_WEIGHTS", "")))
+	fs.Var(&f.weights, "weight", "JOB=N: the priority of JOB's queue against the other jobs' (default 1); repeatable (env WORKER_WEIGHTS, comma-separated)")
 	fs.DurationVar(&cfg.Lease, "lease", envDuration("DB_PERMIT_LEASE", 30*time.Second), "how long a crashed worker's permit stays taken (env DB_PERMIT_LEASE)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", envDuration("WORKER_SHUTDOWN_TIMEOUT", 30*time.Second), "on SIGTERM, how long in-flight tasks may finish before they are handed back (env WORKER_SHUTDOWN_TIMEOUT)")
 	fs.DurationVar(&cfg.ReconcileEvery, "reconcile-every", envDuration("WORKER_RECONCILE_EVERY", 30*time.Second), "how often to repair runs left behind by crashes (env WORKER_RECONCILE_EVERY)")
@@ -155,60 +189,50 @@ func configFromFlags(name string, args []string, jobs []mapreduce.AnyJob, stdout
 	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", envDuration("WORKER_MAX_CLOCK_OFFSET", 3*time.Second), "how far this host's clock may be from Redis's before the worker refuses to start (env WORKER_MAX_CLOCK_OFFSET)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", app.Env("METRICS_ADDR", ""), "host:port to serve Prometheus /metrics, /healthz and /readyz on, e.g. 127.0.0.1:9090; empty: none (env METRICS_ADDR)")
 	fs.StringVar(&cfg.Version, "version-label", app.Env("WORKER_VERSION", ""), "free text shown with this worker in 'scheduler jobs', e.g. a build ID; default: the batchmr version it was built with (env WORKER_VERSION)")
-	version := fs.Bool("version", false, "print the batchmr version this worker was built with, and exit")
-	logFormat := fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json, on stderr (env LOG_FORMAT)")
-	logLevel := fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged, asynq's included (env LOG_LEVEL)")
-	if envErr != nil {
-		return cfg, envErr
-	}
-	names := make([]string, len(jobs))
-	for i, j := range jobs {
-		names[i] = j.JobName()
-	}
-	if err := app.Parse(fs, fmt.Sprintf(usage, name, strings.Join(names, ", ")), args, stdout); err != nil {
-		return cfg, err
-	}
-	if *version {
-		fmt.Fprintf(stdout, "%s: batchmr %s, %s\n", name, app.BuildVersion(), runtime.Version())
-		return cfg, flag.ErrHelp // printed what was asked: exit 0
-	}
-	if fs.NArg() > 0 {
-		return cfg, app.Usagef("unexpected argument %q", fs.Arg(0))
-	}
-	cfg.RedisCAFile, cfg.RedisCertFile, cfg.RedisKeyFile = redisTLS.CAFile, redisTLS.CertFile, redisTLS.KeyFile
-	cfg.RedisInsecureSkipVerify = redisTLS.InsecureSkipVerify
+	f.version = fs.Bool("version", false, "print the batchmr version this worker was built with, and exit")
+	f.logFormat = fs.String("log-format", app.Env("LOG_FORMAT", "text"), "text or json, on stderr (env LOG_FORMAT)")
+	f.logLevel = fs.String("log-level", app.Env("LOG_LEVEL", "info"), "debug, info, warn or error: the least severe records logged, asynq's included (env LOG_LEVEL)")
+	return f, envErr
+}
+
+// complete sets the fields of cfg that the parsed flags f give, and
+// checks them: a *app.UsageError names the fix. names are the worker's
+// jobs.
+func (f *workerFlags) complete(cfg *Config, names []string, stderr io.Writer) error {
+	cfg.RedisCAFile, cfg.RedisCertFile, cfg.RedisKeyFile = f.redisTLS.CAFile, f.redisTLS.CertFile, f.redisTLS.KeyFile
+	cfg.RedisInsecureSkipVerify = f.redisTLS.InsecureSkipVerify
 	// Their defaults are the flags' values: zero was given, and Config
 	// would read it as "the default", silently.
 	for _, d := range cfg.durations() {
 		if d.v == 0 {
-			return cfg, app.Usagef("%s 0 (env %s): use a positive duration, or leave it unset for the default (see --help)", d.flag, d.env)
+			return app.Usagef("%s 0 (env %s): use a positive duration, or leave it unset for the default (see --help)", d.flag, d.env)
 		}
 	}
 	var err error
-	if cfg.Logger, err = app.NewLogger(stderr, *logFormat, *logLevel); err != nil {
-		return cfg, app.Usagef("%v", err)
+	if cfg.Logger, err = app.NewLogger(stderr, *f.logFormat, *f.logLevel); err != nil {
+		return app.Usagef("%v", err)
 	}
 	if cfg.Concurrency < 1 {
-		return cfg, app.Usagef("--concurrency %d: use at least 1", cfg.Concurrency)
+		return app.Usagef("--concurrency %d: use at least 1", cfg.Concurrency)
 	}
 	cfg.Prefix = app.Prefix
-	if cfg.Permits, err = parseCounts("--permits", permits); err != nil {
-		return cfg, app.Usagef("%v", err)
+	if cfg.Permits, err = parseCounts("--permits", f.permits); err != nil {
+		return app.Usagef("%v", err)
 	}
 	if cfg.DatabaseURL != "" {
 		if _, set := cfg.Permits[DBSemaphore]; !set {
-			cfg.Permits[DBSemaphore] = *dbPermits
+			cfg.Permits[DBSemaphore] = *f.dbPermits
 		}
 	}
-	if cfg.Weights, err = parseCounts("--weight", weights); err != nil {
-		return cfg, app.Usagef("%v", err)
+	if cfg.Weights, err = parseCounts("--weight", f.weights); err != nil {
+		return app.Usagef("%v", err)
 	}
 	for job, n := range cfg.Weights {
 		if !slices.Contains(names, job) {
-			return cfg, app.Usagef("--weight %s=%d: this worker runs no job %q (it runs: %s)", job, n, job, strings.Join(names, ", "))
+			return app.Usagef("--weight %s=%d: this worker runs no job %q (it runs: %s)", job, n, job, strings.Join(names, ", "))
 		}
 	}
-	return cfg, nil
+	return nil
 }
 
 func splitList(s string) []string {

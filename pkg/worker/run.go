@@ -72,7 +72,52 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	log := cfg.Logger
+	registry, err := newRegistry(jobs)
+	if err != nil {
+		return nil, err
+	}
+	w := &running{cfg: cfg}
+	defer func() {
+		if err != nil {
+			w.close()
+		}
+	}()
+	if err := w.connectRedis(ctx); err != nil {
+		return nil, err
+	}
+	ln, err := w.listenMetrics()
+	if err != nil {
+		return nil, err
+	}
+	obs := metrics.NewObserver()
+	w.env = &Env{Redis: w.rdb, Logger: cfg.Logger, Semaphores: map[string]*semaphore.Semaphore{}}
+	// Queries on the pool without a permit of the worker's semaphores
+	// ("db", as a rule) are warned of: they take the fleet over its permits.
+	unguarded := &Unguarded{}
+	if err := w.openDatabase(ctx, unguarded); err != nil {
+		return nil, err
+	}
+	if err := w.openSemaphores(obs, unguarded); err != nil {
+		return nil, err
+	}
+	mr, err := mapreduce.New(w.rdb, mapreduce.Config{Jobs: registry, Prefix: cfg.Prefix, Logger: cfg.Logger,
+		Observer: mapreduce.Observers(obs, cfg.Observer)})
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	queues, err := mr.Queues(cfg.Weights)
+	if err != nil {
+		return nil, fmt.Errorf("worker: --weight: %w", err)
+	}
+	if err := w.startServer(mr, queues, ln, obs); err != nil {
+		return nil, err
+	}
+	w.startBackground(ctx, mr, queues, registry)
+	return w, nil
+}
+
+// newRegistry registers jobs, refusing none at all.
+func newRegistry(jobs []mapreduce.AnyJob) (*mapreduce.Jobs, error) {
 	registry := mapreduce.NewJobs()
 	for _, j := range jobs {
 		if err := registry.Add(j); err != nil {
@@ -82,74 +127,86 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	if len(registry.Names()) == 0 {
 		return nil, errors.New("worker: no jobs: pass your jobs to worker.Main or worker.Run")
 	}
-	w := &running{cfg: cfg}
-	defer func() {
-		if err != nil {
-			w.close()
-		}
-	}()
-	if w.rdb, err = app.Redis(ctx, cfg.RedisURL, cfg.redisTLS(), log); err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
+	return registry, nil
+}
+
+// connectRedis connects to Redis and refuses a host whose clock is more
+// than MaxClockOffset away from Redis's.
+func (w *running) connectRedis(ctx context.Context) (err error) {
+	if w.rdb, err = app.Redis(ctx, w.cfg.RedisURL, w.cfg.redisTLS(), w.cfg.Logger); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
 	w.closes = append(w.closes, func() { _ = w.rdb.Close() })
-	off, err := app.ClockOffset(ctx, w.rdb, cfg.now)
+	off, err := app.ClockOffset(ctx, w.rdb, w.cfg.now)
 	if err != nil {
-		return nil, fmt.Errorf("worker: reading Redis's clock: %w", err)
+		return fmt.Errorf("worker: reading Redis's clock: %w", err)
 	}
-	if err := clockError(off, cfg.MaxClockOffset); err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
+	if err := clockError(off, w.cfg.MaxClockOffset); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
-	var ln net.Listener
-	if ln = cfg.metricsListener; ln == nil && cfg.MetricsAddr != "" {
-		// Bound before anything else starts, so that a port in use fails
-		// the start with a message, not a log line later.
-		if ln, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
-			return nil, fmt.Errorf("worker: --metrics-addr %s: %w: choose a free port, or leave it empty to serve no metrics", cfg.MetricsAddr, err)
+	return nil
+}
+
+// listenMetrics returns the metrics listener, nil when the worker serves
+// no metrics. It binds before anything else starts, so that a port in use
+// fails the start with a message, not a log line later.
+func (w *running) listenMetrics() (ln net.Listener, err error) {
+	if ln = w.cfg.metricsListener; ln == nil && w.cfg.MetricsAddr != "" {
+		if ln, err = net.Listen("tcp", w.cfg.MetricsAddr); err != nil {
+			return nil, fmt.Errorf("worker: --metrics-addr %s: %w: choose a free port, or leave it empty to serve no metrics", w.cfg.MetricsAddr, err)
 		}
 	}
 	if ln != nil {
 		w.closes = append(w.closes, func() { _ = ln.Close() })
 	}
-	obs := metrics.NewObserver()
-	w.env = &Env{Redis: w.rdb, Logger: log, Semaphores: map[string]*semaphore.Semaphore{}}
-	// Queries on the pool without a permit of the worker's semaphores
-	// ("db", as a rule) are warned of: they take the fleet over its permits.
-	unguarded := &Unguarded{}
-	if cfg.DatabaseURL != "" {
-		if warning := app.PostgresTLSWarning(cfg.DatabaseURL); warning != "" {
-			log.Warn("worker: " + warning)
-		}
-		// A connection per task at work, and a few for splits and reduces.
-		if w.env.DB, err = app.Postgres(ctx, cfg.DatabaseURL, cfg.ApplicationName, cfg.Concurrency+4, func(pc *pgxpool.Config) {
-			// A cancelled query is cancelled on the server and its
-			// connection kept, so that its permit can go back at once.
-			pgsource.ConfigurePool(pc)
-			pc.ConnConfig.Tracer = unguarded
-		}); err != nil {
-			return nil, fmt.Errorf("worker: %w", err)
-		}
-		w.closes = append(w.closes, w.env.DB.Close)
+	return ln, nil
+}
+
+// openDatabase opens the jobs' Postgres pool, if the worker has a
+// DatabaseURL, with unguarded tracing its queries.
+func (w *running) openDatabase(ctx context.Context, unguarded *Unguarded) (err error) {
+	cfg := w.cfg
+	if cfg.DatabaseURL == "" {
+		return nil
 	}
+	if warning := app.PostgresTLSWarning(cfg.DatabaseURL); warning != "" {
+		cfg.Logger.Warn("worker: " + warning)
+	}
+	// A connection per task at work, and a few for splits and reduces.
+	if w.env.DB, err = app.Postgres(ctx, cfg.DatabaseURL, cfg.ApplicationName, cfg.Concurrency+4, func(pc *pgxpool.Config) {
+		// A cancelled query is cancelled on the server and its
+		// connection kept, so that its permit can go back at once.
+		pgsource.ConfigurePool(pc)
+		pc.ConnConfig.Tracer = unguarded
+	}); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	w.closes = append(w.closes, w.env.DB.Close)
+	return nil
+}
+
+// openSemaphores opens the semaphores of Config.Permits for the jobs, and
+// has unguarded count their permits as guards.
+func (w *running) openSemaphores(obs *metrics.Observer, unguarded *Unguarded) error {
+	cfg := w.cfg
 	for _, name := range slices.Sorted(maps.Keys(cfg.Permits)) {
 		sem, err := semaphore.New(w.rdb, name, semaphore.Options{Limit: cfg.Permits[name], Lease: cfg.Lease,
-			Prefix: app.SemaphorePrefix(cfg.Prefix), Logger: log, Observer: obs})
+			Prefix: app.SemaphorePrefix(cfg.Prefix), Logger: cfg.Logger, Observer: obs})
 		if err != nil {
-			return nil, fmt.Errorf("worker: %w", err)
+			return fmt.Errorf("worker: %w", err)
 		}
 		w.env.Semaphores[name] = sem
 		unguarded.Guard(sem)
 		// Closed (in reverse) before the pool and Redis: releases what is still held.
 		w.closes = append(w.closes, func() { _ = sem.Close() })
 	}
-	mr, err := mapreduce.New(w.rdb, mapreduce.Config{Jobs: registry, Prefix: cfg.Prefix, Logger: log,
-		Observer: mapreduce.Observers(obs, cfg.Observer)})
-	if err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
-	}
-	queues, err := mr.Queues(cfg.Weights)
-	if err != nil {
-		return nil, fmt.Errorf("worker: --weight: %w", err)
-	}
+	return nil
+}
+
+// startServer starts the asynq server on queues, and the metrics server
+// on ln if not nil.
+func (w *running) startServer(mr *mapreduce.Client, queues map[string]int, ln net.Listener, obs *metrics.Observer) error {
+	cfg, log := w.cfg, w.cfg.Logger
 	// asynq's lines of a Redis outage: one when it starts, one when the
 	// worker's client sees Redis answer again.
 	asynqOutages := outage.New(log.With("component", "asynq"), "worker: asynq")
@@ -164,7 +221,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		LogLevel:          asynqLevel(log),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
+		return fmt.Errorf("worker: %w", err)
 	}
 	w.srv = asynq.NewServerFromRedisClient(w.rdb, scfg)
 	if ln != nil {
@@ -177,9 +234,16 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	mux := asynq.NewServeMux()
 	mr.Register(mux)
 	if err := w.srv.Start(mux); err != nil {
-		return nil, fmt.Errorf("worker: starting the asynq server: %w", err)
+		return fmt.Errorf("worker: starting the asynq server: %w", err)
 	}
+	return nil
+}
 
+// startBackground starts the worker's background work, which runs until
+// stop: the reconciler, the watches of the clock and the limits, and the
+// announcement in the catalogue; then logs the start.
+func (w *running) startBackground(ctx context.Context, mr *mapreduce.Client, queues map[string]int, registry *mapreduce.Jobs) {
+	cfg, log := w.cfg, w.cfg.Logger
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w.cancel = cancel
 	w.done = make(chan struct{})
@@ -206,7 +270,6 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 		log.Warn("worker: this worker has no database (--database-url, DATABASE_URL): a job that calls worker.Database hands the pages it takes here back to the queue, to be offered again 2.5–7.5 s later; " +
 			"if its jobs query Postgres, give it one, and set Config.RequireDatabase so that it refuses to start without")
 	}
-	return w, nil
 }
 
 // stop shuts the worker down: the server first (in-flight tasks finish or

@@ -295,9 +295,38 @@ type result struct {
 // runJobs runs one run of n pages of each spec at once on s, each job with
 // its own asynq server, and measures each primary.
 func runJobs(ctx context.Context, s *side, prefix string, specs []jobSpec, n int, withPermits bool) result {
+	c, mjobs, stop := startJobs(s, prefix, specs, withPermits)
+	defer stop()
+	time.Sleep(200 * time.Millisecond) // servers past their start
+	waits0 := waitCalls(ctx, s)
+	idle := readAll(ctx, s.primaries)
+	rep0 := readAll(ctx, s.replicas)
+	peak, stopSampling := samplePeakMemory(ctx, s, idle)
+	start := time.Now()
+	ids := runAll(ctx, c, mjobs, specs, n)
+	wall := time.Since(start)
+	stopSampling()
+	after := readAll(ctx, s.primaries)
+	r := result{pages: n * len(specs), wall: wall, peakMem: peak, own: make([]int64, len(s.primaries))}
+	for i := range after {
+		r.use = append(r.use, counters{cpu: after[i].cpu - idle[i].cpu, cmds: after[i].cmds - idle[i].cmds})
+	}
+	for i, rc := range readAll(ctx, s.replicas) {
+		r.repCPU += rc.cpu - rep0[i].cpu
+	}
+	for i, sp := range specs {
+		r.own[sp.primary] += benchutil.RunBytes(ctx, s.rdb, prefix, sp.name, ids[i])
+	}
+	r.waits = waitCalls(ctx, s) - waits0
+	return r
+}
+
+// startJobs registers a job of each spec, with a semaphore of its own if
+// withPermits, and starts an asynq server on each spec's queue; stop shuts
+// them down and closes the semaphores.
+func startJobs(s *side, prefix string, specs []jobSpec, withPermits bool) (c *mapreduce.Client, mjobs []mapreduce.Job[int, int, struct{}, int], stop func()) {
 	js := mapreduce.NewJobs()
 	var sems []*semaphore.Semaphore
-	var mjobs []mapreduce.Job[int, int, struct{}, int]
 	for _, sp := range specs {
 		var sem *semaphore.Semaphore
 		if withPermits {
@@ -310,11 +339,15 @@ func runJobs(ctx context.Context, s *side, prefix string, specs []jobSpec, n int
 		must(mapreduce.AddJob(js, j))
 		mjobs = append(mjobs, j)
 	}
-	defer func() {
+	var srvs []*asynq.Server
+	stop = func() {
+		for i := len(srvs) - 1; i >= 0; i-- {
+			srvs[i].Shutdown()
+		}
 		for _, sem := range sems {
 			sem.Close()
 		}
-	}()
+	}
 	c, err := mapreduce.New(s.rdb, mapreduce.Config{Jobs: js, Prefix: prefix, Logger: logger})
 	must(err)
 	mux := asynq.NewServeMux()
@@ -322,29 +355,39 @@ func runJobs(ctx context.Context, s *side, prefix string, specs []jobSpec, n int
 	for _, sp := range specs {
 		srv := newServer(s.rdb, sp.queue, *concurrency)
 		must(srv.Start(mux))
-		defer srv.Shutdown()
+		srvs = append(srvs, srv)
 	}
-	time.Sleep(200 * time.Millisecond) // servers past their start
-	waits0 := waitCalls(ctx, s)
-	idle := readAll(ctx, s.primaries)
-	rep0 := readAll(ctx, s.replicas)
-	peak := make([]int64, len(s.primaries))
-	stop := make(chan struct{})
+	return c, mjobs, stop
+}
+
+// samplePeakMemory samples each primary's memory above idle every 50 ms
+// until stop, after which peak holds the highest of each.
+func samplePeakMemory(ctx context.Context, s *side, idle []counters) (peak []int64, stop func()) {
+	peak = make([]int64, len(s.primaries))
+	stopped := make(chan struct{})
 	sampled := make(chan struct{})
-	go func() { // memory above idle, every 50 ms
+	go func() {
 		defer close(sampled)
 		for {
 			for i, nd := range s.primaries {
 				peak[i] = max(peak[i], read(ctx, nd.rdb).mem-idle[i].mem)
 			}
 			select {
-			case <-stop:
+			case <-stopped:
 				return
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
 	}()
-	start := time.Now()
+	return peak, func() {
+		close(stopped)
+		<-sampled
+	}
+}
+
+// runAll starts a run of n pages of each job of mjobs at once and waits
+// for them all to succeed; it returns their IDs.
+func runAll(ctx context.Context, c *mapreduce.Client, mjobs []mapreduce.Job[int, int, struct{}, int], specs []jobSpec, n int) []string {
 	ids := make([]string, len(specs))
 	var wg sync.WaitGroup
 	for i := range specs {
@@ -368,25 +411,7 @@ func runJobs(ctx context.Context, s *side, prefix string, specs []jobSpec, n int
 		}()
 	}
 	wg.Wait()
-	wall := time.Since(start)
-	close(stop)
-	<-sampled
-	after := readAll(ctx, s.primaries)
-	r := result{pages: n * len(specs), wall: wall, peakMem: peak, own: make([]int64, len(s.primaries))}
-	for i := range after {
-		r.use = append(r.use, counters{cpu: after[i].cpu - idle[i].cpu, cmds: after[i].cmds - idle[i].cmds})
-	}
-	for i, rc := range readAll(ctx, s.replicas) {
-		r.repCPU += rc.cpu - rep0[i].cpu
-	}
-	for i, sp := range specs {
-		for _, kind := range []string{"run", "recorded", "results", "failures"} {
-			b, _ := s.rdb.MemoryUsage(ctx, prefix+":{"+sp.name+"}:"+kind+":"+ids[i], 0).Result()
-			r.own[sp.primary] += b
-		}
-	}
-	r.waits = waitCalls(ctx, s) - waits0
-	return r
+	return ids
 }
 
 // waitCalls is how many WAIT commands s's primaries have run.
@@ -439,7 +464,7 @@ func spread(ctx context.Context, cl, std *side, base string) {
 	fmt.Println("| | Cluster (3 primaries, a replica each) | standalone Redis (no replica) | Cluster / standalone |")
 	fmt.Println("|---|---|---|---|")
 	fmt.Printf("| pages/s, all jobs, median | **%.0f** | **%.0f** | **%.2f** |\n", c, s, c/s)
-	fmt.Printf("| pages/s, each round | %s | %s | |\n", floats(cs, 0), floats(ss, 0))
+	fmt.Printf("| pages/s, each round | %s | %s | |\n", benchutil.Floats(cs, 0), benchutil.Floats(ss, 0))
 	cw, sw := float64(0), float64(0)
 	for i := range cr {
 		cw += float64(cr[i].waits) / float64(cr[i].pages)
@@ -464,13 +489,7 @@ func perPrimary(s *side, specs []jobSpec, rs []result) {
 				jobsOn++
 			}
 		}
-		med := func(f func(r result) float64) float64 {
-			var xs []float64
-			for _, r := range rs {
-				xs = append(xs, f(r))
-			}
-			return benchutil.Median(xs)
-		}
+		med := func(f func(r result) float64) float64 { return benchutil.MedianOf(rs, f) }
 		total := func(r result, f func(counters) float64) float64 {
 			var t float64
 			for _, u := range r.use {
@@ -492,11 +511,8 @@ func perPrimary(s *side, specs []jobSpec, rs []result) {
 			med(func(r result) float64 { return float64(r.own[p]) / pagesOn(r) }))
 	}
 	if len(s.replicas) > 0 {
-		var xs []float64
-		for _, r := range rs {
-			xs = append(xs, float64(r.repCPU.Microseconds())/float64(r.pages))
-		}
-		fmt.Printf("\nReplicas, all %d: %.0f CPU µs/page of the whole run.\n", len(s.replicas), benchutil.Median(xs))
+		perPage := benchutil.MedianOf(rs, func(r result) float64 { return float64(r.repCPU.Microseconds()) / float64(r.pages) })
+		fmt.Printf("\nReplicas, all %d: %.0f CPU µs/page of the whole run.\n", len(s.replicas), perPage)
 	}
 	fmt.Println()
 }
@@ -509,61 +525,11 @@ func grants(ctx context.Context, cl, std *side, base string) {
 	for p := range names {
 		names[p] = cl.tagOn(ctx, "grants", p)
 	}
-	type res struct {
-		per  []int64 // grants per semaphore
-		use  []counters
-		wall time.Duration
-	}
-	one := func(s *side, prefix string, replicaWait time.Duration) res {
-		var sems [][]*semaphore.Semaphore // by semaphore, its handles
-		for _, n := range names {
-			var hs []*semaphore.Semaphore
-			for range *grantHandles {
-				sem, err := semaphore.New(s.rdb, n, semaphore.Options{Limit: *grantLimit, Prefix: prefix, Logger: logger, ReplicaWait: replicaWait})
-				must(err)
-				defer sem.Close()
-				p, err := sem.Acquire(ctx) // the limit written, replicas counted
-				must(err)
-				must(p.Release(ctx))
-				hs = append(hs, sem)
-			}
-			sems = append(sems, hs)
-		}
-		counts := make([]atomic.Int64, len(sems))
-		before := readAll(ctx, s.primaries)
-		start := time.Now()
-		deadline := start.Add(*grantDur)
-		var wg sync.WaitGroup
-		for i, hs := range sems {
-			for j := range *grantGo * len(hs) {
-				sem := hs[j%len(hs)]
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for time.Now().Before(deadline) {
-						p, err := sem.Acquire(ctx)
-						must(err)
-						must(p.Release(ctx))
-						counts[i].Add(1)
-					}
-				}()
-			}
-		}
-		wg.Wait()
-		r := res{wall: time.Since(start)}
-		for i, a := range readAll(ctx, s.primaries) {
-			r.use = append(r.use, counters{cpu: a.cpu - before[i].cpu, cmds: a.cmds - before[i].cmds})
-		}
-		for i := range counts {
-			r.per = append(r.per, counts[i].Load())
-		}
-		return r
-	}
-	var crs, nrs, srs []res
+	var crs, nrs, srs []grantResult
 	for r := range *rounds {
-		crs = append(crs, one(cl, fmt.Sprintf("%s:gc%d", base, r), 0))
-		nrs = append(nrs, one(cl, fmt.Sprintf("%s:gn%d", base, r), -1))
-		srs = append(srs, one(std, fmt.Sprintf("%s:gs%d", base, r), 0))
+		crs = append(crs, grantRound(ctx, cl, names, fmt.Sprintf("%s:gc%d", base, r), 0))
+		nrs = append(nrs, grantRound(ctx, cl, names, fmt.Sprintf("%s:gn%d", base, r), -1))
+		srs = append(srs, grantRound(ctx, std, names, fmt.Sprintf("%s:gs%d", base, r), 0))
 	}
 	noWait := *cl
 	noWait.name = "Cluster, ReplicaWait -1 (no WAIT)"
@@ -571,45 +537,99 @@ func grants(ctx context.Context, cl, std *side, base string) {
 		np, *grantLimit, *grantHandles, *grantGo, *grantDur, *rounds)
 	fmt.Println("| side | primary | grants/s, median | CPU busy | Redis CPU µs/grant | commands/grant |")
 	fmt.Println("|---|---|---|---|---|---|")
-	for _, side := range []struct {
-		s  *side
-		rs []res
-	}{{cl, crs}, {&noWait, nrs}, {std, srs}} {
-		var totals []float64
-		for _, r := range side.rs {
-			var t int64
-			for _, g := range r.per {
-				t += g
-			}
-			totals = append(totals, float64(t)/r.wall.Seconds())
-		}
-		for p, nd := range side.s.primaries {
-			med := func(f func(r res) float64) float64 {
-				var xs []float64
-				for _, r := range side.rs {
-					xs = append(xs, f(r))
-				}
-				return benchutil.Median(xs)
-			}
-			g := func(r res) float64 { // the grants this primary gave
-				if len(side.s.primaries) == 1 {
-					var t int64
-					for _, g := range r.per {
-						t += g
-					}
-					return float64(t)
-				}
-				return float64(r.per[p])
-			}
-			fmt.Printf("| %s | %s | %.0f | %.0f%% | %.0f | %.1f |\n", side.s.name, nd.addr,
-				med(func(r res) float64 { return g(r) / r.wall.Seconds() }),
-				med(func(r res) float64 { return 100 * r.use[p].cpu.Seconds() / r.wall.Seconds() }),
-				med(func(r res) float64 { return float64(r.use[p].cpu.Microseconds()) / g(r) }),
-				med(func(r res) float64 { return float64(r.use[p].cmds) / g(r) }))
-		}
-		fmt.Printf("| %s | all | **%.0f** (rounds: %s) | | | |\n", side.s.name, benchutil.Median(totals), floats(totals, 0))
-	}
+	printGrants(cl, crs)
+	printGrants(&noWait, nrs)
+	printGrants(std, srs)
 	fmt.Println()
+}
+
+// grantResult is one side's round of the grants section.
+type grantResult struct {
+	per  []int64 // grants per semaphore
+	use  []counters
+	wall time.Duration
+}
+
+// total is the grants of every semaphore.
+func (r grantResult) total() int64 {
+	var t int64
+	for _, g := range r.per {
+		t += g
+	}
+	return t
+}
+
+// grantRound saturates a semaphore of each name on s, with -grant-handles
+// handles of -grant-goroutines goroutines each, for -grant-duration, and
+// measures each primary.
+func grantRound(ctx context.Context, s *side, names []string, prefix string, replicaWait time.Duration) grantResult {
+	var sems [][]*semaphore.Semaphore // by semaphore, its handles
+	for _, n := range names {
+		var hs []*semaphore.Semaphore
+		for range *grantHandles {
+			sem, err := semaphore.New(s.rdb, n, semaphore.Options{Limit: *grantLimit, Prefix: prefix, Logger: logger, ReplicaWait: replicaWait})
+			must(err)
+			defer sem.Close()
+			p, err := sem.Acquire(ctx) // the limit written, replicas counted
+			must(err)
+			must(p.Release(ctx))
+			hs = append(hs, sem)
+		}
+		sems = append(sems, hs)
+	}
+	counts := make([]atomic.Int64, len(sems))
+	before := readAll(ctx, s.primaries)
+	start := time.Now()
+	deadline := start.Add(*grantDur)
+	var wg sync.WaitGroup
+	for i, hs := range sems {
+		for j := range *grantGo * len(hs) {
+			sem := hs[j%len(hs)]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(deadline) {
+					p, err := sem.Acquire(ctx)
+					must(err)
+					must(p.Release(ctx))
+					counts[i].Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	r := grantResult{wall: time.Since(start)}
+	for i, a := range readAll(ctx, s.primaries) {
+		r.use = append(r.use, counters{cpu: a.cpu - before[i].cpu, cmds: a.cmds - before[i].cmds})
+	}
+	for i := range counts {
+		r.per = append(r.per, counts[i].Load())
+	}
+	return r
+}
+
+// printGrants prints the grants table's rows of side s, from its rounds
+// rs: one per primary, then all.
+func printGrants(s *side, rs []grantResult) {
+	var totals []float64
+	for _, r := range rs {
+		totals = append(totals, float64(r.total())/r.wall.Seconds())
+	}
+	for p, nd := range s.primaries {
+		med := func(f func(r grantResult) float64) float64 { return benchutil.MedianOf(rs, f) }
+		g := func(r grantResult) float64 { // the grants this primary gave
+			if len(s.primaries) == 1 {
+				return float64(r.total())
+			}
+			return float64(r.per[p])
+		}
+		fmt.Printf("| %s | %s | %.0f | %.0f%% | %.0f | %.1f |\n", s.name, nd.addr,
+			med(func(r grantResult) float64 { return g(r) / r.wall.Seconds() }),
+			med(func(r grantResult) float64 { return 100 * r.use[p].cpu.Seconds() / r.wall.Seconds() }),
+			med(func(r grantResult) float64 { return float64(r.use[p].cpu.Microseconds()) / g(r) }),
+			med(func(r grantResult) float64 { return float64(r.use[p].cmds) / g(r) }))
+	}
+	fmt.Printf("| %s | all | **%.0f** (rounds: %s) | | | |\n", s.name, benchutil.Median(totals), benchutil.Floats(totals, 0))
 }
 
 // replicaCost runs one job's run on the primary with a replica and on the
@@ -637,27 +657,15 @@ func replicaCost(ctx context.Context, sen, std *side, base string) {
 			return xs
 		}
 		per := func(rs []result, f func(result) float64) float64 {
-			var xs []float64
-			for _, r := range rs {
-				xs = append(xs, f(r)/float64(r.pages))
-			}
-			return benchutil.Median(xs)
+			return benchutil.MedianOf(rs, func(r result) float64 { return f(r) / float64(r.pages) })
 		}
 		cpu := func(r result) float64 { return float64(r.use[0].cpu.Microseconds()) }
 		w, n := rates(wr), rates(nr)
 		fmt.Printf("| %s | %.0f | %.0f | **%.2f** | %.2f | %.0f / %.0f | %s; %s |\n", v.name,
 			benchutil.Median(w), benchutil.Median(n), benchutil.Median(w)/benchutil.Median(n),
-			per(wr, func(r result) float64 { return float64(r.waits) }), per(wr, cpu), per(nr, cpu), floats(w, 0), floats(n, 0))
+			per(wr, func(r result) float64 { return float64(r.waits) }), per(wr, cpu), per(nr, cpu), benchutil.Floats(w, 0), benchutil.Floats(n, 0))
 	}
 	fmt.Println()
-}
-
-func floats(xs []float64, prec int) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = strconv.FormatFloat(x, 'f', prec, 64)
-	}
-	return strings.Join(parts, " ")
 }
 
 func fail(code int, msg string) {

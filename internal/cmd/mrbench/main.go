@@ -162,8 +162,8 @@ func overhead(ctx context.Context, rdb *redis.Client, base string, queues *[]str
 	}
 	r, r1 := ratios(1), ratios(2)
 	fmt.Printf("| per round | %s | %s | %s (median **%.2f**, spread %.2f–%.2f) | %s | %s (median %.2f, spread %.2f–%.2f) |\n\n",
-		durs(times[0]), durs(times[1]), floats(r), benchutil.Median(r), slices.Min(r), slices.Max(r),
-		durs(times[2]), floats(r1), benchutil.Median(r1), slices.Min(r1), slices.Max(r1))
+		durs(times[0]), durs(times[1]), benchutil.Floats(r, 2), benchutil.Median(r), slices.Min(r), slices.Max(r),
+		durs(times[2]), benchutil.Floats(r1, 2), benchutil.Median(r1), slices.Min(r1), slices.Max(r1))
 }
 
 func newServer(rdb redis.UniversalClient, queue string) *asynq.Server {
@@ -263,19 +263,12 @@ func scale(ctx context.Context, rdb *redis.Client, prefix, queue string, ns []in
 	must(srv.Start(mux))
 	defer srv.Shutdown()
 	largest := slices.Max(ns)
-	var alone, during []time.Duration
+	var alone []time.Duration
 	if fairness {
 		for range *smallRuns {
 			alone = append(alone, runTime(run(ctx, rdb, c, queue, *small, nil)))
 		}
 	}
-	type row struct {
-		pages int
-		st    *mapreduce.Status
-		s     sample
-		own   int64 // the run's own keys once it ended, before they expire
-	}
-	var rows []row
 	order := slices.Clone(ns)
 	if len(ns) > 1 {
 		order = append(order, ns[0]) // the reference again: drift shows
@@ -283,82 +276,123 @@ func scale(ctx context.Context, rdb *redis.Client, prefix, queue string, ns []in
 	if !showScale {
 		order = []int{largest}
 	}
+	var rows []scaleRow
+	var during *smallRunner
 	for _, n := range order {
-		idle := usedMemory(ctx, rdb)
-		var s sample
-		var last time.Time
-		var smallID string
-		var smallErr error
-		st := run(ctx, rdb, c, queue, n, func(st *mapreduce.Status) {
-			if time.Since(last) >= 50*time.Millisecond {
-				last = time.Now()
-				s.take(ctx, rdb, queue, idle)
-			}
-			// From half-way through the largest run, small runs one after
-			// another, each timed from its start to its end.
-			if !fairness || n != largest || len(during) >= *smallRuns || st.Done < n/2 {
-				return
-			}
-			if smallID != "" {
-				sst, err := c.Status(ctx, smallID)
-				must(err)
-				if !sst.State.Ended() {
-					return
-				}
-				if sst.State != mapreduce.StateSucceeded {
-					smallErr = fmt.Errorf("small run %s ended %s: %s", smallID, sst.State, sst.Error)
-				}
-				during = append(during, runTime(sst))
-				smallID = ""
-				if len(during) >= *smallRuns {
-					return
-				}
-			}
-			id, err := noopJob(queue, 0).Start(ctx, c, *small, mapreduce.StartOptions{})
-			must(err)
-			smallID = id
-		})
-		must(smallErr)
+		var sr *smallRunner
 		if fairness && n == largest {
 			fairness = false // once
-			if len(during) < *smallRuns {
-				must(fmt.Errorf("the %d-page run ended before %d small runs could run during it: use more pages", n, *smallRuns))
-			}
+			during = &smallRunner{c: c, queue: queue}
+			sr = during
 		}
-		var own int64
-		for _, kind := range []string{"run", "recorded", "results", "failures"} {
-			b, _ := rdb.MemoryUsage(ctx, prefix+":{noop}:"+kind+":"+st.ID, 0).Result()
-			own += b
-		}
-		rows = append(rows, row{n, st, s, own})
-	}
-	w := *window
-	if w == 0 {
-		w = 10_000
+		rows = append(rows, measureRun(ctx, rdb, c, prefix, queue, n, sr))
 	}
 	if showScale {
-		fmt.Printf("## Runs of growing size, no-op Map, window %d pages, one worker\n\n", w)
-		fmt.Println("| pages | run time | end-to-end pages/s | vs the first size, mean of its runs before and after (target ≥ 0.9) | Redis memory at the live run's peak, above idle | most tasks asynq held (window + split) | the run's own keys, finished |")
-		fmt.Println("|---|---|---|---|---|---|---|")
-		// The first size runs first and last: the machine's drift over the
-		// benchmark shows in the difference, and their mean is the reference.
-		ref := (rate(rows[0].st) + rate(rows[len(rows)-1].st)) / 2
-		for _, r := range rows {
-			fmt.Printf("| %d | %v | %.0f | **%.2f** | %.1f MiB (%.0f B/page; %d samples) | %d | %.1f MiB (%.1f B/page) |\n",
-				r.pages, runTime(r.st).Round(time.Millisecond), rate(r.st), rate(r.st)/ref,
-				float64(r.s.peakMem)/(1<<20), float64(r.s.peakMem)/float64(r.pages), r.s.samples, r.s.peakTasks,
-				float64(r.own)/(1<<20), float64(r.own)/float64(r.pages))
-		}
-		fmt.Println()
+		printScale(rows)
 	}
-	if len(during) > 0 {
-		a, d := benchutil.Median(alone), benchutil.Median(during)
+	if during != nil && len(during.times) > 0 {
+		a, d := benchutil.Median(alone), benchutil.Median(during.times)
 		fmt.Printf("## Fairness: a %d-page run alone, and started while a %d-page run of the same job is half done\n\n", *small, largest)
 		fmt.Println("| alone, median | during the large run, median | ratio (target ≤ 2) | alone, each | during, each |")
 		fmt.Println("|---|---|---|---|---|")
 		fmt.Printf("| %v | %v | **%.2f** | %s | %s |\n\n", a.Round(time.Millisecond), d.Round(time.Millisecond),
-			float64(d)/float64(a), durs(alone), durs(during))
+			float64(d)/float64(a), durs(alone), durs(during.times))
 	}
+}
+
+// scaleRow is one run of the scale section.
+type scaleRow struct {
+	pages int
+	st    *mapreduce.Status
+	s     sample
+	own   int64 // the run's own keys once it ended, before they expire
+}
+
+// measureRun runs a run of n pages, sampling Redis's memory and asynq's
+// tasks every 50 ms, and, with small, small runs from half-way through.
+func measureRun(ctx context.Context, rdb *redis.Client, c *mapreduce.Client, prefix, queue string, n int, small *smallRunner) scaleRow {
+	idle := usedMemory(ctx, rdb)
+	var s sample
+	var last time.Time
+	st := run(ctx, rdb, c, queue, n, func(st *mapreduce.Status) {
+		if time.Since(last) >= 50*time.Millisecond {
+			last = time.Now()
+			s.take(ctx, rdb, queue, idle)
+		}
+		if small != nil {
+			small.step(ctx, st, n)
+		}
+	})
+	if small != nil {
+		small.check(n)
+	}
+	return scaleRow{n, st, s, benchutil.RunBytes(ctx, rdb, prefix, "noop", st.ID)}
+}
+
+// smallRunner runs -small-runs small runs one after another from half-way
+// through a large run, and times each from its start to its end.
+type smallRunner struct {
+	c     *mapreduce.Client
+	queue string
+	id    string // the small run under way, if any
+	err   error  // the first small run that did not succeed
+	times []time.Duration
+}
+
+// step, given each status st of the large run of n pages, starts the next
+// small run once the last has ended.
+func (sr *smallRunner) step(ctx context.Context, st *mapreduce.Status, n int) {
+	if len(sr.times) >= *smallRuns || st.Done < n/2 {
+		return
+	}
+	if sr.id != "" {
+		sst, err := sr.c.Status(ctx, sr.id)
+		must(err)
+		if !sst.State.Ended() {
+			return
+		}
+		if sst.State != mapreduce.StateSucceeded {
+			sr.err = fmt.Errorf("small run %s ended %s: %s", sr.id, sst.State, sst.Error)
+		}
+		sr.times = append(sr.times, runTime(sst))
+		sr.id = ""
+		if len(sr.times) >= *smallRuns {
+			return
+		}
+	}
+	id, err := noopJob(sr.queue, 0).Start(ctx, sr.c, *small, mapreduce.StartOptions{})
+	must(err)
+	sr.id = id
+}
+
+// check exits if a small run failed, or if the large run of n pages ended
+// before every small run had run.
+func (sr *smallRunner) check(n int) {
+	must(sr.err)
+	if len(sr.times) < *smallRuns {
+		must(fmt.Errorf("the %d-page run ended before %d small runs could run during it: use more pages", n, *smallRuns))
+	}
+}
+
+// printScale prints the scale section's table.
+func printScale(rows []scaleRow) {
+	w := *window
+	if w == 0 {
+		w = 10_000
+	}
+	fmt.Printf("## Runs of growing size, no-op Map, window %d pages, one worker\n\n", w)
+	fmt.Println("| pages | run time | end-to-end pages/s | vs the first size, mean of its runs before and after (target ≥ 0.9) | Redis memory at the live run's peak, above idle | most tasks asynq held (window + split) | the run's own keys, finished |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	// The first size runs first and last: the machine's drift over the
+	// benchmark shows in the difference, and their mean is the reference.
+	ref := (rate(rows[0].st) + rate(rows[len(rows)-1].st)) / 2
+	for _, r := range rows {
+		fmt.Printf("| %d | %v | %.0f | **%.2f** | %.1f MiB (%.0f B/page; %d samples) | %d | %.1f MiB (%.1f B/page) |\n",
+			r.pages, runTime(r.st).Round(time.Millisecond), rate(r.st), rate(r.st)/ref,
+			float64(r.s.peakMem)/(1<<20), float64(r.s.peakMem)/float64(r.pages), r.s.samples, r.s.peakTasks,
+			float64(r.own)/(1<<20), float64(r.own)/float64(r.pages))
+	}
+	fmt.Println()
 }
 
 // runTime is a run's time from its creation to its end, by Redis's clock.
@@ -434,14 +468,6 @@ func cleanup(rdb *redis.Client, base string, queues []string) {
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-
-func floats(xs []float64) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = fmt.Sprintf("%.2f", x)
-	}
-	return strings.Join(parts, " ")
-}
 
 func durs(ds []time.Duration) string {
 	parts := make([]string, len(ds))

@@ -312,9 +312,21 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // grant costs, side by side with the token list and the PING bound.
 // Designs run interleaved, -repeat times; the median run is reported.
 func capacity(ctx context.Context, rdb *redis.Client, prefix string) {
-	exe, err := os.Executable()
-	must(err)
 	l := load{limit: *capLimit, goroutines: *capGoroutines, processes: *capProcesses, duration: *capDuration}
+	chosen := capacityDesigns(l)
+	runs := runInterleaved(ctx, rdb, prefix, chosen, l)
+	medians := make([]runResult, len(chosen))
+	for i := range chosen {
+		medians[i] = medianRun(runs[i], func(r runResult) float64 { return r.grantsPerSec })
+	}
+	printCapacity(chosen, runs, medians, l)
+	printPerGrant(chosen, medians, l)
+}
+
+// capacityDesigns are the designs -capacity-designs names, batchmr-before
+// second with -before-exe; it exits on an unknown one, or a bound whose
+// limit does not split over the processes of l.
+func capacityDesigns(l load) []design {
 	names := strings.Split(*capDesigns, ",")
 	if *beforeExe != "" && !slices.Contains(names, "batchmr-before") {
 		names = slices.Insert(names, 1, "batchmr-before")
@@ -332,18 +344,14 @@ func capacity(ctx context.Context, rdb *redis.Client, prefix string) {
 		}
 		chosen = append(chosen, designs[i])
 	}
-	runs := make([][]runResult, len(chosen))
-	for r := 0; r < *repeat; r++ {
-		for i, d := range chosen {
-			runs[i] = append(runs[i], utilisationRun(ctx, rdb, exe, fmt.Sprintf("%s:%s:%d", prefix, d.name, r), d.name, l))
-		}
-	}
-	medians := make([]runResult, len(chosen))
+	return chosen
+}
+
+// printCapacity prints the capacity table: each design's median run
+// (medians[i] of runs[i]), against the token list's and the PING bound's.
+func printCapacity(chosen []design, runs [][]runResult, medians []runResult, l load) {
 	ref := map[string]runResult{}
 	for i, d := range chosen {
-		rs := slices.Clone(runs[i])
-		slices.SortFunc(rs, func(a, b runResult) int { return cmpFloat(a.grantsPerSec, b.grantsPerSec) })
-		medians[i] = rs[len(rs)/2]
 		ref[d.name] = medians[i]
 	}
 	ratio := func(a, b float64) string {
@@ -359,26 +367,26 @@ func capacity(ctx context.Context, rdb *redis.Client, prefix string) {
 	tl, pb := ref["token-list"], ref["bound-1rtt"]
 	for i, d := range chosen {
 		m := medians[i]
-		var all []time.Duration
 		var each []string
 		for _, r := range runs[i] {
-			all = append(all, r.waits...)
 			each = append(each, fmt.Sprintf("%.0f", r.grantsPerSec))
 		}
-		slices.Sort(all)
-		q := func(f float64) time.Duration { return all[int(f*float64(len(all)-1))] }
 		var cmds int64
 		for _, u := range m.redisCmds {
 			cmds += u.Calls
 		}
-		fmt.Printf("| %s | **%.0f** | %s | %s | %s | **%.1f** | %s | %.0f%% | %.1f | %s / %s / %s |\n", d.about, m.grantsPerSec, strings.Join(each, " "),
+		fmt.Printf("| %s | **%.0f** | %s | %s | %s | **%.1f** | %s | %.0f%% | %.1f | %s |\n", d.about, m.grantsPerSec, strings.Join(each, " "),
 			ratio(m.grantsPerSec, tl.grantsPerSec), ratio(m.grantsPerSec, pb.grantsPerSec),
 			m.redisCPU, ratio(m.redisCPU, tl.redisCPU), 100*m.redisBusy,
-			float64(cmds)/(m.grantsPerSec*l.duration.Seconds()), fmtDur(q(0.5)), fmtDur(q(0.99)), fmtDur(all[len(all)-1]))
+			float64(cmds)/(m.grantsPerSec*l.duration.Seconds()), waitQuantiles(runs[i]))
 	}
 	fmt.Println()
-	// Where our Redis time goes: INFO commandstats of the median run, per
-	// grant. A script's µs include those of the commands it ran.
+}
+
+// printPerGrant prints where batchmr's Redis time goes: INFO commandstats
+// of the median run, per grant. A script's µs include those of the
+// commands it ran.
+func printPerGrant(chosen []design, medians []runResult, l load) {
 	for i, d := range chosen {
 		if !strings.HasPrefix(d.name, "batchmr") {
 			continue
@@ -452,9 +460,19 @@ func flagLoad(hold time.Duration) load {
 	return load{limit: *limit, goroutines: *goroutines, processes: *processes, duration: *duration, hold: hold}
 }
 
+// utilisationFor runs the utilisation section for hold of work per grant
+// and prints its table and how batchmr met its targets.
 func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold time.Duration) {
-	exe, err := os.Executable()
-	must(err)
+	chosen := utilisationDesigns()
+	runs := runInterleaved(ctx, rdb, prefix, chosen, flagLoad(hold))
+	med := printUtilisation(chosen, runs, hold)
+	printTargets(chosen, runs, med)
+}
+
+// utilisationDesigns are the designs -designs names (default: all but
+// the diagnostic ones), batchmr-before only with -before-exe; it exits on
+// a bound whose -limit does not split over -processes.
+func utilisationDesigns() []design {
 	var chosen []design
 	for _, d := range designs {
 		if d.name == "batchmr-before" && *beforeExe == "" {
@@ -468,12 +486,13 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 			}
 		}
 	}
-	runs := make([][]runResult, len(chosen))
-	for r := 0; r < *repeat; r++ {
-		for i, d := range chosen {
-			runs[i] = append(runs[i], utilisationRun(ctx, rdb, exe, fmt.Sprintf("%s:%s:%d", prefix, d.name, r), d.name, flagLoad(hold)))
-		}
-	}
+	return chosen
+}
+
+// printUtilisation prints the utilisation table of runs[i], chosen[i]'s
+// runs with hold of work per grant, and returns each design's median
+// utilisation.
+func printUtilisation(chosen []design, runs [][]runResult, hold time.Duration) map[string]float64 {
 	work := hold.String()
 	if *jitter > 0 {
 		work = fmt.Sprintf("%v ± %.0f%%", hold, 100**jitter)
@@ -482,33 +501,32 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 		*limit, *goroutines**processes, *processes, work, *repeat, *duration)
 	fmt.Println("| design | utilisation | vs one-PING bound | runs (in round order) | wait p50 / p99 / max | grants/s | client commands/s | worker CPU µs/grant | Redis CPU µs/grant |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	byUtil := func(r runResult) float64 { return r.util }
 	med := map[string]float64{}
 	for i, d := range chosen {
-		rs := slices.Clone(runs[i])
-		slices.SortFunc(rs, func(a, b runResult) int { return cmpFloat(a.util, b.util) })
-		med[d.name] = rs[len(rs)/2].util
+		med[d.name] = medianRun(runs[i], byUtil).util
 	}
 	for i, d := range chosen {
-		rs := slices.Clone(runs[i])
-		var all []time.Duration
-		utils := make([]string, len(rs))
-		for j, r := range rs {
-			all = append(all, r.waits...)
+		utils := make([]string, len(runs[i]))
+		for j, r := range runs[i] {
 			utils[j] = fmt.Sprintf("%.3f", r.util)
 		}
-		slices.SortFunc(rs, func(a, b runResult) int { return cmpFloat(a.util, b.util) })
-		m := rs[len(rs)/2]
+		m := medianRun(runs[i], byUtil)
 		vsBound := "–"
 		if b := med["bound-1rtt"]; b > 0 {
 			vsBound = fmt.Sprintf("%.3f", m.util/b)
 		}
-		slices.Sort(all)
-		q := func(f float64) time.Duration { return all[int(f*float64(len(all)-1))] }
-		fmt.Printf("| %s | **%.3f** | %s | %s | %s / %s / %s | %.0f | %.0f | %.0f | %.0f |\n", d.about, m.util, vsBound,
-			strings.Join(utils, " "), fmtDur(q(0.5)), fmtDur(q(0.99)), fmtDur(all[len(all)-1]),
+		fmt.Printf("| %s | **%.3f** | %s | %s | %s | %.0f | %.0f | %.0f | %.0f |\n", d.about, m.util, vsBound,
+			strings.Join(utils, " "), waitQuantiles(runs[i]),
 			m.grantsPerSec, m.cmdsPerSec, m.workerCPU, m.redisCPU)
 	}
 	fmt.Println()
+	return med
+}
+
+// printTargets prints whether batchmr met its utilisation targets in runs,
+// against the medians med of every design.
+func printTargets(chosen []design, runs [][]runResult, med map[string]float64) {
 	// The utilisation targets, against what the machine allows in the same
 	// run: batchmr / one-PING bound ≥ 0.95 (per round, so that both saw the
 	// same moment), and batchmr ≥ 0.95 absolute and no less than any polling
@@ -562,6 +580,39 @@ func utilisationFor(ctx context.Context, rdb *redis.Client, prefix string, hold 
 		fmt.Printf("- batchmr vs the polling designs (medians): batchmr %.3f, %s; no less than any: **%s**\n", ours, strings.Join(polls, ", "), verdict(ours >= best))
 	}
 	fmt.Println()
+}
+
+// runInterleaved runs each design of chosen under load l, -repeat times,
+// the designs interleaved within each round, so that all see the same
+// machine; runs[i] are chosen[i]'s, in round order.
+func runInterleaved(ctx context.Context, rdb *redis.Client, prefix string, chosen []design, l load) [][]runResult {
+	exe, err := os.Executable()
+	must(err)
+	runs := make([][]runResult, len(chosen))
+	for r := 0; r < *repeat; r++ {
+		for i, d := range chosen {
+			runs[i] = append(runs[i], utilisationRun(ctx, rdb, exe, fmt.Sprintf("%s:%s:%d", prefix, d.name, r), d.name, l))
+		}
+	}
+	return runs
+}
+
+// medianRun is the median of rs by key (the upper one of an even count).
+func medianRun(rs []runResult, key func(runResult) float64) runResult {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b runResult) int { return cmpFloat(key(a), key(b)) })
+	return rs[len(rs)/2]
+}
+
+// waitQuantiles is "p50 / p99 / max" of the waits of every run of rs.
+func waitQuantiles(rs []runResult) string {
+	var all []time.Duration
+	for _, r := range rs {
+		all = append(all, r.waits...)
+	}
+	slices.Sort(all)
+	q := func(f float64) time.Duration { return all[int(f*float64(len(all)-1))] }
+	return fmt.Sprintf("%s / %s / %s", fmtDur(q(0.5)), fmtDur(q(0.99)), fmtDur(all[len(all)-1]))
 }
 
 // utilisationRun runs one design under load l in fresh worker processes and
@@ -651,7 +702,18 @@ func runWorker(rdb *redis.Client) {
 	}
 	sent := &counter{}
 	rdb.AddHook(sent)
-	var acquire func(context.Context) (func(), error)
+	acquire, done := designAcquire(ctx, rdb, sent)
+	defer done()
+	res := contend(ctx, acquire)
+	res.Commands = sent.n.Load()
+	must(json.NewEncoder(os.Stdout).Encode(res))
+}
+
+// designAcquire returns the acquire of the design -worker names, on rdb
+// (or clients of its own, which count their commands in sent), and what
+// closes what it opened.
+func designAcquire(ctx context.Context, rdb *redis.Client, sent *counter) (acquire func(context.Context) (func(), error), done func()) {
+	done = func() {}
 	switch *worker {
 	case "batchmr", "batchmr-eval":
 		if *worker == "batchmr-eval" {
@@ -661,7 +723,7 @@ func runWorker(rdb *redis.Client) {
 			}
 		}
 		s := newSem(rdb, *prefix, *limit)
-		defer s.Close()
+		done = func() { s.Close() }
 		acquire = func(ctx context.Context) (func(), error) {
 			p, err := s.Acquire(ctx)
 			if err != nil {
@@ -682,7 +744,7 @@ func runWorker(rdb *redis.Client) {
 		opt.PoolSize = *goroutines + 2
 		trdb := redis.NewClient(&opt)
 		trdb.AddHook(sent)
-		defer trdb.Close()
+		done = func() { trdb.Close() }
 		acquire = newTokenList(ctx, trdb, *prefix+":tokens", *limit).acquire
 	case "token-dispatch", "token-dispatch-lua", "token-dispatch-lua24", "token-dispatch-ticket":
 		d := newTokenDispatch(ctx, rdb, *prefix+":tokens", *limit)
@@ -706,6 +768,13 @@ func runWorker(rdb *redis.Client) {
 		fmt.Fprintf(os.Stderr, "semabench: unknown design %q\n", *worker)
 		os.Exit(2)
 	}
+	return acquire, done
+}
+
+// contend runs -goroutines goroutines that acquire, hold for -hold and
+// release from -start for -duration, and returns the permit-time they
+// held inside that window, their grants and how long each waited.
+func contend(ctx context.Context, acquire func(context.Context) (func(), error)) workerResult {
 	begin := time.Unix(0, *start)
 	end := begin.Add(*duration)
 	time.Sleep(time.Until(begin))
@@ -751,7 +820,7 @@ func runWorker(rdb *redis.Client) {
 		}()
 	}
 	wg.Wait()
-	must(json.NewEncoder(os.Stdout).Encode(workerResult{BusyNs: busy.Load(), Grants: grants.Load(), Commands: sent.n.Load(), WaitsMicros: waits}))
+	return workerResult{BusyNs: busy.Load(), Grants: grants.Load(), WaitsMicros: waits}
 }
 
 // holdFor waits out a grant's work as -hold-clock says.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/benchutil"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/redis/go-redis/v9"
 )
@@ -38,62 +39,25 @@ func replicaCost(ctx context.Context, _ *redis.Client, prefix string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	type side struct {
-		name   string
-		rdb    *redis.Client
-		pairs  []time.Duration
-		hands  []time.Duration
-		a, b   *semaphore.Semaphore
-		waited int64
-	}
-	sides := []*side{{name: "no replica", rdb: alone.rdb}, {name: "one replica", rdb: primary.rdb}}
+	sides := []*replicaSide{{name: "no replica", rdb: alone.rdb}, {name: "one replica", rdb: primary.rdb}}
 	for _, sd := range sides {
-		sd.a = newSem(sd.rdb, prefix, 1)
-		defer sd.a.Close()
-		brdb := redis.NewClient(sd.rdb.Options())
-		defer brdb.Close()
-		sd.b = newSem(brdb, prefix, 1)
-		defer sd.b.Close()
-		p, err := sd.a.Acquire(ctx) // the handle's first call looks for replicas
-		must(err)
-		must(p.Release(ctx))
+		closeSide := sd.open(ctx, prefix)
+		defer closeSide()
 	}
 	for r := 0; r < *rounds; r++ {
 		for _, sd := range sides {
 			for i := 0; i < *perRound/4; i++ {
-				t := time.Now()
-				p, err := sd.a.Acquire(ctx)
-				must(err)
-				must(p.Release(ctx))
-				sd.pairs = append(sd.pairs, time.Since(t))
+				sd.pairs = append(sd.pairs, sd.pair(ctx))
 			}
 			for i := 0; i < *handoffs / *rounds; i++ {
-				p, err := sd.a.Acquire(ctx)
-				must(err)
-				got := make(chan time.Time, 1)
-				go func() {
-					q, err := sd.b.Acquire(ctx)
-					must(err)
-					got <- time.Now()
-					must(q.Release(ctx))
-				}()
-				for { // wait, outside the measurement, until b is queued
-					st, err := sd.a.Stats(ctx)
-					must(err)
-					if len(st.Waiters) == 1 {
-						break
-					}
-				}
-				t := time.Now()
-				must(p.Release(ctx))
-				sd.hands = append(sd.hands, (<-got).Sub(t))
+				sd.hands = append(sd.hands, sd.handoff(ctx))
 			}
 		}
 	}
 	for _, sd := range sides {
-		info, err := sd.rdb.Info(ctx, "commandstats").Result()
+		st, err := benchutil.CommandStats(ctx, sd.rdb)
 		must(err)
-		sd.waited = commandCalls(info, "wait")
+		sd.waited = st["wait"].Calls
 	}
 	p50 := func(d []time.Duration) time.Duration {
 		slices.Sort(d)
@@ -109,15 +73,65 @@ func replicaCost(ctx context.Context, _ *redis.Client, prefix string) {
 	fmt.Printf("| WAIT commands Redis ran | %d | %d | |\n\n", no.waited, one.waited)
 }
 
-// commandCalls is the calls count of cmd in INFO commandstats.
-func commandCalls(info, cmd string) int64 {
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-			n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
-			return n
+// replicaSide is one server of the replica section, with two handles, a
+// and b, on one semaphore, and what was measured on it.
+type replicaSide struct {
+	name   string
+	rdb    *redis.Client
+	pairs  []time.Duration // uncontended Acquire+Release
+	hands  []time.Duration // hand-offs from a to b
+	a, b   *semaphore.Semaphore
+	waited int64 // WAIT commands the server ran
+}
+
+// open opens the side's handles, b on a client of its own, and returns
+// what closes them.
+func (sd *replicaSide) open(ctx context.Context, prefix string) (closeAll func()) {
+	sd.a = newSem(sd.rdb, prefix, 1)
+	brdb := redis.NewClient(sd.rdb.Options())
+	sd.b = newSem(brdb, prefix, 1)
+	closeAll = func() {
+		sd.b.Close()
+		brdb.Close()
+		sd.a.Close()
+	}
+	p, err := sd.a.Acquire(ctx) // the handle's first call looks for replicas
+	must(err)
+	must(p.Release(ctx))
+	return closeAll
+}
+
+// pair times an uncontended Acquire+Release.
+func (sd *replicaSide) pair(ctx context.Context) time.Duration {
+	t := time.Now()
+	p, err := sd.a.Acquire(ctx)
+	must(err)
+	must(p.Release(ctx))
+	return time.Since(t)
+}
+
+// handoff times a hand-off: from a's Release being called to b's waiting
+// Acquire returning.
+func (sd *replicaSide) handoff(ctx context.Context) time.Duration {
+	p, err := sd.a.Acquire(ctx)
+	must(err)
+	got := make(chan time.Time, 1)
+	go func() {
+		q, err := sd.b.Acquire(ctx)
+		must(err)
+		got <- time.Now()
+		must(q.Release(ctx))
+	}()
+	for { // wait, outside the measurement, until b is queued
+		st, err := sd.a.Stats(ctx)
+		must(err)
+		if len(st.Waiters) == 1 {
+			break
 		}
 	}
-	return 0
+	t := time.Now()
+	must(p.Release(ctx))
+	return (<-got).Sub(t)
 }
 
 type server struct {
