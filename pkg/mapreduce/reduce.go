@@ -234,16 +234,28 @@ func (c *Client) readGroup(ctx context.Context, k runKeys, group []pageToRead) (
 	if err != nil {
 		return 0, fmt.Errorf("reading pages %d-%d: %w", group[0].index, group[n-1].index, err)
 	}
+	var failed []any
+	if fail != nil {
+		failed = fail.Val()
+	}
+	setOutcomes(at, res.Val(), failed)
+	return n, nil
+}
+
+// setOutcomes sets the outcomes of the pages at from what readGroup read
+// of them: results, one for each page, and failure records, one for each
+// page whose result's size it read as 0.
+func setOutcomes(at []*pageToRead, results, failures []any) {
 	f := 0
 	for r, sp := range at {
-		s, isResult := res.Val()[r].(string)
+		s, isResult := results[r].(string)
 		if isResult {
 			sp.result = []byte(s)
 		}
 		if sp.resultSize > 0 {
 			continue
 		}
-		rec, isFailure := fail.Val()[f].(string)
+		rec, isFailure := failures[f].(string)
 		f++
 		if isResult || !isFailure {
 			continue
@@ -253,7 +265,6 @@ func (c *Client) readGroup(ctx context.Context, k runKeys, group []pageToRead) (
 			sp.err = fmt.Errorf("page %d: malformed failure record: %w", sp.index, uerr)
 		}
 	}
-	return n, nil
 }
 
 // unbundle returns the results of pages lo to hi-1 (lo a multiple of per)

@@ -41,7 +41,7 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	if runEnded(context.Cause(ctx)) {
 		return nil // the run ended while splitting: nothing more to do
 	}
-	if errors.Is(stopped, errHandedOff) || errors.Is(stopped, errRunGone) || errors.Is(stopped, errSplitTaken) {
+	if handedOn(stopped) {
 		return nil // a new split task goes on; or the run has moved on without this one
 	}
 	if splitErr == nil {

@@ -243,6 +243,13 @@ func (f *feeder) split(ctx context.Context, r jobRunner, args []byte) (n int, sp
 	return n, splitErr, context.Cause(ctx)
 }
 
+// handedOn reports whether feeding stopped (split's stopped) because
+// another split task goes on with the run, or the run moved on without
+// this one: the split task then ends, and has nothing to record.
+func handedOn(stopped error) bool {
+	return errors.Is(stopped, errHandedOff) || errors.Is(stopped, errRunGone) || errors.Is(stopped, errSplitTaken)
+}
+
 // emitter is the emit that split gives Split: it numbers the pages Split
 // emits (splitState) and buffers those that no earlier attempt fed or
 // recorded. Split must call it from one goroutine, in a deterministic
