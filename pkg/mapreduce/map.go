@@ -22,131 +22,168 @@ import (
 // not processed again. A failed page is returned to asynq, which retries
 // the task: the pages recorded meanwhile are skipped then. On a page's
 // last attempt it is recorded as failed, so that the run can go on.
-func (c *Client) handleMap(ctx context.Context, t *asynq.Task) (err error) {
+func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	p, err := decodeMapPayload(t)
 	if err != nil {
 		return err
 	}
-	r, err := c.runner(ctx, t, p.Run)
+	pages := p.parts()
+	first := pages[0].i
+	s, err := c.beginStep(ctx, t, pagesName(first, pages[len(pages)-1].i), p.Run, p.Nonce)
 	if err != nil {
 		return err
 	}
-	o := c.options(r)
-	k, _ := c.keys(p.Run)
-	pages := p.parts()
-	first, last := pages[0].i, pages[len(pages)-1].i
 	// Watched from before the state check: a Cancel that lands after the
 	// check reaches this Map within one CancelPoll.
-	wctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, p.Run), p.Run)
+	wctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, s.run), s.run)
 	defer stop()
-	state, nonce, recorded, err := c.pageState(ctx, k, first, last, r.name())
-	if err != nil {
-		return fmt.Errorf("mapreduce: %s of %s: %w", pagesName(first, last), p.Run, err)
+	todo, err := c.pagesToMap(ctx, s, pages)
+	if err != nil || len(todo) == 0 {
+		return err
 	}
-	switch st := state; {
-	case nonce != p.Nonce:
-		return nil // a task of an earlier run under this ID, or the run expired
-	case st == StateReducing:
-		// Recorded, and possibly by a handler that died before enqueuing
-		// the reduce: make sure it is enqueued.
-		return c.enqueueStep(ctx, p.Run, nonce, typeReduce, o)
-	case st != StateSplitting && st != StateMapping:
-		return nil // ended, or expired
+	m, ended := c.mapPages(ctx, wctx, s, todo, t.Type() == typePages)
+	if ended {
+		return nil // the run ended while its pages were processed
 	}
-	todo := recorded.unrecorded(pages)
-	if len(todo) == 0 {
-		return nil // a duplicate delivery
-	}
+	stop()
+	return c.recordPages(ctx, s, first, m)
+}
 
-	packed := t.Type() == typePages
-	var (
-		outcomes []pageOutcome
-		failures []pageFailure
-		ends     = make(map[int]func(error), len(todo)) // each page's Observer step
-		unrun    []fedPage                              // pages the task's context ended before
-		mapUS    int64
-	)
-	for n, pg := range todo {
+// pagesToMap reads the run's state and which of pages are recorded
+// (pageState), and returns those to map: none if the task is of an
+// earlier run under its ID, the run ended or expired, or every page is
+// recorded (a duplicate delivery). A run that is reducing has every page
+// recorded, perhaps by a handler that died before enqueuing the reduce:
+// pagesToMap makes sure the reduce is enqueued.
+func (c *Client) pagesToMap(ctx context.Context, s *step, pages []fedPage) ([]fedPage, error) {
+	state, nonce, recorded, err := c.pageState(ctx, s.k, pages[0].i, pages[len(pages)-1].i, s.r.name())
+	if err != nil {
+		return nil, s.errorf("%w", err)
+	}
+	switch {
+	case nonce != s.nonce:
+		return nil, nil // a task of an earlier run under this ID, or the run expired
+	case state == StateReducing:
+		return nil, c.enqueueStep(ctx, s.run, nonce, typeReduce, s.o)
+	case state != StateSplitting && state != StateMapping:
+		return nil, nil // ended, or expired
+	}
+	return recorded.unrecorded(pages), nil
+}
+
+// mapped is what became of a map task's pages in this attempt.
+type mapped struct {
+	outcomes []pageOutcome       // the pages Map succeeded for
+	failures []pageFailure       // those it failed for
+	unrun    []fedPage           // those the task's context ended before
+	ends     map[int]func(error) // each page's Observer step
+	mapUS    int64               // how long Map took over outcomes
+}
+
+// mapPages runs Map for each of pages in turn (mapOne), with the run's
+// watched context wctx, until the task's context ctx ends. If the run
+// ends meanwhile (ended), it ends the pages' Observer steps: none of them
+// is recorded.
+func (c *Client) mapPages(ctx, wctx context.Context, s *step, pages []fedPage, packed bool) (m *mapped, ended bool) {
+	m = &mapped{ends: make(map[int]func(error), len(pages))}
+	for n, pg := range pages {
 		if ctx.Err() != nil {
 			// asynq's deadline, or a shutdown: the pages not started are
 			// not failures of theirs; the task's retry runs them.
-			unrun = todo[n:]
+			m.unrun = pages[n:]
 			break
 		}
-		result, took, end, mapErr := c.mapOne(wctx, r, p.Run, pg, packed, o)
-		ends[pg.i] = end
-		if cause := context.Cause(wctx); errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded) {
-			for _, end := range ends {
-				end(cause) // none of them is recorded
+		result, took, end, err := c.mapOne(wctx, s.r, s.run, pg, packed, s.o)
+		m.ends[pg.i] = end
+		if cause := context.Cause(wctx); runEnded(cause) {
+			for _, end := range m.ends {
+				end(cause)
 			}
-			return nil // the run ended while its pages were processed
+			return nil, true
 		}
-		if mapErr != nil {
-			failures = append(failures, pageFailure{pg, fmt.Errorf("mapreduce: page %d of %s: %w", pg.i, p.Run, mapErr)})
+		if err != nil {
+			m.failures = append(m.failures, pageFailure{pg, fmt.Errorf("mapreduce: page %d of %s: %w", pg.i, s.run, err)})
 			continue
 		}
-		mapUS += took.Microseconds()
-		outcomes = append(outcomes, pageOutcome{i: pg.i, outcome: result})
+		m.mapUS += took.Microseconds()
+		m.outcomes = append(m.outcomes, pageOutcome{i: pg.i, outcome: result})
 	}
-	stop()
-	measured := len(outcomes)
+	return m, false
+}
+
+// recordPages records what became of a map task's pages (m) in one call,
+// after deciding which failures are final (settleFailures), ends each
+// page's Observer step, and returns the task's error: nil, a failure to
+// retry, or the final failure, for which asynq archives the task. A task
+// whose outcomes could not be recorded runs again, whatever failed: the
+// pages that succeeded are recorded then, not lost with it. first is the
+// task's first page.
+func (c *Client) recordPages(ctx context.Context, s *step, first int, m *mapped) error {
+	measured := len(m.outcomes)
 	rctx, cancel := afterWork(ctx)
 	defer cancel()
-	finals, retry, mapErr := c.settleFailures(ctx, rctx, k, first, failures, o)
-	if len(unrun) > 0 {
+	finals, retry, mapErr := c.settleFailures(ctx, rctx, s.k, first, m.failures, s.o)
+	if len(m.unrun) > 0 {
 		// Not final, whatever else failed (so the others' errors are
 		// text only): the task must run again.
-		notRun := fmt.Errorf("mapreduce: %s of %s not run: %w", pagesName(unrun[0].i, unrun[len(unrun)-1].i), p.Run, context.Cause(ctx))
+		notRun := fmt.Errorf("mapreduce: %s of %s not run: %w", pagesName(m.unrun[0].i, m.unrun[len(m.unrun)-1].i), s.run, context.Cause(ctx))
 		if mapErr != nil {
 			notRun = fmt.Errorf("%w (and: %v)", notRun, mapErr)
 		}
 		mapErr = notRun
 	}
+	outcomes := m.outcomes
 	for _, f := range finals {
 		b, _ := json.Marshal(failure{Page: f.page.page, Error: shorten.To(f.err.Error(), errorMax)})
 		outcomes = append(outcomes, pageOutcome{i: f.page.i, outcome: b, failed: true, err: f.err})
 	}
 	var st State
+	var err error
 	if len(outcomes) > 0 {
 		err = c.withRedis(rctx, "recording pages", func(ctx context.Context) (err error) {
-			st, err = c.record(ctx, k, p.Nonce, outcomes, mapUS, measured, c.claimOf(ctx, r.name()))
+			st, err = c.record(ctx, s.k, s.nonce, outcomes, m.mapUS, measured, c.claimOf(ctx, s.r.name()))
 			return err
 		})
 	}
-	// Each page's step ends with what became of it.
-	for _, o := range outcomes {
-		switch {
-		case err != nil:
-			ends[o.i](err)
-		default:
-			ends[o.i](o.err) // nil, or the page's final failure
-		}
-	}
-	for _, f := range retry {
-		switch tr, ok := errors.AsType[*errTransientRetry](mapErr); {
-		case ok:
-			ends[f.page.i](&errTransientRetry{err: f.err, attempt: tr.attempt, delay: tr.delay})
-		case errors.Is(mapErr, errStopping):
-			ends[f.page.i](fmt.Errorf("%w: %w", errStopping, f.err))
-		default:
-			ends[f.page.i](f.err)
-		}
-	}
+	m.endSteps(outcomes, retry, err, mapErr)
 	if err != nil {
-		// Not final even if the pages' failures were: the task runs again,
-		// so that the pages that succeeded are recorded, not lost with it.
-		err = fmt.Errorf("mapreduce: %s of %s: recording the outcome: %w", pagesName(first, last), p.Run, err)
+		err = s.errorf("recording the outcome: %w", err)
 		if mapErr != nil {
 			err = fmt.Errorf("%w (and: %v)", err, mapErr)
 		}
 		return err
 	}
 	if st == StateReducing {
-		if err := c.enqueueStep(rctx, p.Run, nonce, typeReduce, o); err != nil {
-			return fmt.Errorf("mapreduce: %s of %s: %w", pagesName(first, last), p.Run, err)
+		if err := c.enqueueStep(rctx, s.run, s.nonce, typeReduce, s.o); err != nil {
+			return s.errorf("%w", err)
 		}
 	}
-	return mapErr // nil, a failure to retry, or the final failure: asynq archives the task
+	return mapErr
+}
+
+// endSteps ends each page's Observer step with what became of it: the
+// pages recorded (outcomes) with recordErr if recording failed, else nil
+// or the page's final failure; the pages that run again with the task
+// (retry) with their error, as the task's error (mapErr) retries them.
+func (m *mapped) endSteps(outcomes []pageOutcome, retry []pageFailure, recordErr, mapErr error) {
+	for _, o := range outcomes {
+		switch {
+		case recordErr != nil:
+			m.ends[o.i](recordErr)
+		default:
+			m.ends[o.i](o.err) // nil, or the page's final failure
+		}
+	}
+	for _, f := range retry {
+		switch tr, ok := errors.AsType[*errTransientRetry](mapErr); {
+		case ok:
+			m.ends[f.page.i](&errTransientRetry{err: f.err, attempt: tr.attempt, delay: tr.delay})
+		case errors.Is(mapErr, errStopping):
+			m.ends[f.page.i](fmt.Errorf("%w: %w", errStopping, f.err))
+		default:
+			m.ends[f.page.i](f.err)
+		}
+	}
 }
 
 // pageOutcome is what record stores of page i: its encoded result, or its

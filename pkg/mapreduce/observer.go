@@ -2,7 +2,6 @@ package mapreduce
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -77,7 +76,7 @@ func (c *Client) startStep(ctx context.Context, kind StepKind, run string, page 
 	ctx, done := o.Step(ctx, s)
 	return ctx, func(wctx context.Context, err error) {
 		if err == nil {
-			if cause := context.Cause(wctx); errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded) {
+			if cause := context.Cause(wctx); runEnded(cause) {
 				err = cause
 			}
 		}

@@ -3,6 +3,7 @@ package mapreduce
 import (
 	"context"
 	"math/bits"
+	"strconv"
 	"time"
 )
 
@@ -216,4 +217,22 @@ func (f *feeder) probe(ctx context.Context, start int) error {
 		}
 	}
 	return nil
+}
+
+// decidePack decides, before an undecided run's feed from page start,
+// whether the run packs its pages from there on, once they are measured
+// (probe). It returns the packing the feed records ("" for none yet).
+func (f *feeder) decidePack(ctx context.Context, start int) (string, error) {
+	if f.pack.k != 0 {
+		return "", nil
+	}
+	if err := f.probe(ctx, start); err != nil {
+		return "", err
+	}
+	// Pack from this feed on, once the pages are measured.
+	if k := packFor(f.mapUS, f.mapN, min(f.packLimit, floorPow2(f.allow))); k > 1 {
+		f.setPack(packing{k: k, from: start})
+		return strconv.Itoa(k), nil
+	}
+	return "", nil
 }

@@ -3,7 +3,6 @@ package mapreduce
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"iter"
 	"slices"
@@ -19,87 +18,60 @@ import (
 // recorded: a duplicate reduce task, or one that overlapped a slow first
 // one, cannot change the result.
 func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
-	pl, err := decodeRunPayload(t)
+	s, err := c.beginRunStep(ctx, t)
 	if err != nil {
 		return err
 	}
-	run := pl.Run
-	r, err := c.runner(ctx, t, run)
-	if err != nil {
-		return err
+	rec, current, err := c.readRun(ctx, s, StateReducing, nil, "args", "total", "failed", "packed")
+	if err != nil || !current {
+		return err // nil: ended already, expired, or a task of an earlier run under this ID
 	}
-	k, _ := c.keys(run)
-	var fields *redis.SliceCmd
-	err = c.withRedis(ctx, "reading the run", func(ctx context.Context) error {
-		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			fields = p.HMGet(ctx, k.run, "state", "args", "total", "failed", "nonce", "packed")
-			c.claim(ctx, p, r.name())
-			return nil
-		})
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
-	}
-	vals := fields.Val()
-	if s, _ := vals[0].(string); State(s) != StateReducing || vals[4] != pl.Nonce {
-		return nil // ended already, expired, or a task of an earlier run under this ID
-	}
-	args, _ := vals[1].(string)
-	total, failedPages := atoi(str(vals[2])), atoi(str(vals[3]))
-	s, _ := vals[5].(string)
-	per, perr := strconv.Atoi(s)
+	total, failedPages := atoi(rec["total"]), atoi(rec["failed"])
+	per, perr := strconv.Atoi(rec["packed"])
 	if perr != nil || per < 1 || per > 256 {
-		msg := fmt.Sprintf("the run's record says its small results are bundled %q pages to a field; batchmr bundles 1 to 256 and writes it when the run starts: the record was changed by something other than batchmr", s)
-		return c.end(ctx, run, pl.Nonce, StateFailed, nil, msg)
+		msg := fmt.Sprintf("the run's record says its small results are bundled %q pages to a field; batchmr bundles 1 to 256 and writes it when the run starts: the record was changed by something other than batchmr", rec["packed"])
+		return c.end(ctx, s, StateFailed, nil, msg)
 	}
-	ctx, endStep := c.startStep(ctx, StepReduce, run, -1)
+	ctx, endStep := c.startStep(ctx, StepReduce, s.run, -1)
 	stepCtx := ctx // the reduce's watched context, once it has one
 	defer func() { endStep(stepCtx, err) }()
-	pages := c.storedPages(ctx, k, total, per, failedPages)
+	pages := c.storedPages(ctx, s.k, total, per, failedPages)
 	rctx, cancel := afterWork(ctx)
 	defer cancel()
 
-	if failedPages > 0 && r.options().Semantics == SuccessSemantics {
-		msg, err := c.describeFailures(ctx, k, total, failedPages)
+	if failedPages > 0 && s.r.options().Semantics == SuccessSemantics {
+		msg, err := c.describeFailures(ctx, s.k, total, failedPages)
 		if err != nil {
-			return fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
+			return s.errorf("%w", err)
 		}
-		return c.end(rctx, run, pl.Nonce, StateFailed, nil, msg)
+		return c.end(rctx, s, StateFailed, nil, msg)
 	}
-	var result []byte
-	if r.hasReduce() {
-		wctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, run), run)
-		stepCtx = wctx
-		result, err = r.reduce(wctx, []byte(args), pages)
-		stop()
-		if err == nil {
-			err = c.checkRunResultSize(ctx, len(result))
-		}
-		if cause := context.Cause(wctx); err != nil && (errors.Is(cause, ErrRunCancelled) || errors.Is(cause, ErrRunEnded)) {
-			return nil
-		}
-		if err != nil {
-			err = fmt.Errorf("mapreduce: reduce of %s: %w", run, err)
-			if tr := c.transientRetry(rctx, k, "reduce", err, c.options(r)); tr != nil {
-				return tr
-			}
-			if !lastAttempt(ctx, err, c.options(r).StepRetries) {
-				return err
-			}
-			if ferr := c.end(rctx, run, pl.Nonce, StateFailed, nil, err.Error()); ferr != nil {
-				return errors.Join(err, ferr)
-			}
-			return final(err)
-		}
+	if !s.r.hasReduce() {
+		return c.end(rctx, s, StateSucceeded, nil, "")
 	}
-	return c.end(rctx, run, pl.Nonce, StateSucceeded, result, "")
+	wctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, s.run), s.run)
+	stepCtx = wctx
+	result, err := s.r.reduce(wctx, []byte(rec["args"]), pages)
+	stop()
+	if err == nil {
+		err = c.checkRunResultSize(ctx, len(result))
+	}
+	switch {
+	case err != nil && runEnded(context.Cause(wctx)):
+		return nil
+	case err != nil:
+		return c.stepFailed(ctx, rctx, s, s.errorf("%w", err), func(err error) error {
+			return c.end(rctx, s, StateFailed, nil, err.Error())
+		})
+	}
+	return c.end(rctx, s, StateSucceeded, result, "")
 }
 
-// end finishes a reducing run, unless Retry has resumed it since (nonce).
-func (c *Client) end(ctx context.Context, run, nonce string, to State, result []byte, msg string) error {
-	if _, _, err := c.finish(ctx, run, nonce, to, result, msg, StateReducing); err != nil {
-		return fmt.Errorf("mapreduce: reduce of %s: recording the outcome: %w", run, err)
+// end finishes a reducing run, unless Retry has resumed it since (the
+// step's nonce).
+func (c *Client) end(ctx context.Context, s *step, to State, result []byte, msg string) error {
+	if _, _, err := c.finish(ctx, s.run, s.nonce, to, result, msg, StateReducing); err != nil {
+		return s.errorf("recording the outcome: %w", err)
 	}
 	return nil
 }
@@ -262,16 +234,28 @@ func (c *Client) readGroup(ctx context.Context, k runKeys, group []pageToRead) (
 	if err != nil {
 		return 0, fmt.Errorf("reading pages %d-%d: %w", group[0].index, group[n-1].index, err)
 	}
+	var failed []any
+	if fail != nil {
+		failed = fail.Val()
+	}
+	setOutcomes(at, res.Val(), failed)
+	return n, nil
+}
+
+// setOutcomes sets the outcomes of the pages at from what readGroup read
+// of them: results, one for each page, and failure records, one for each
+// page whose result's size it read as 0.
+func setOutcomes(at []*pageToRead, results, failures []any) {
 	f := 0
 	for r, sp := range at {
-		s, isResult := res.Val()[r].(string)
+		s, isResult := results[r].(string)
 		if isResult {
 			sp.result = []byte(s)
 		}
 		if sp.resultSize > 0 {
 			continue
 		}
-		rec, isFailure := fail.Val()[f].(string)
+		rec, isFailure := failures[f].(string)
 		f++
 		if isResult || !isFailure {
 			continue
@@ -281,7 +265,6 @@ func (c *Client) readGroup(ctx context.Context, k runKeys, group []pageToRead) (
 			sp.err = fmt.Errorf("page %d: malformed failure record: %w", sp.index, uerr)
 		}
 	}
-	return n, nil
 }
 
 // unbundle returns the results of pages lo to hi-1 (lo a multiple of per)

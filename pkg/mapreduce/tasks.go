@@ -83,17 +83,8 @@ func (c *Client) ServerConfig(cfg asynq.Config) (asynq.Config, error) {
 	}
 	if cfg.Queues == nil {
 		cfg.Queues = mine
-	} else {
-		var missing []string
-		for _, q := range slices.Sorted(maps.Keys(mine)) {
-			// asynq drops a queue of weight below 1.
-			if w, ok := cfg.Queues[q]; !ok || w < 1 {
-				missing = append(missing, q)
-			}
-		}
-		if len(missing) > 0 {
-			return cfg, fmt.Errorf("mapreduce: asynq.Config.Queues lacks %s, the queue(s) of this client's jobs, or gives them a weight below 1: their tasks would never run here; add them with a weight of at least 1, or leave Queues nil to serve Queues(nil)", strings.Join(missing, ", "))
-		}
+	} else if err := servesQueues(cfg.Queues, mine); err != nil {
+		return cfg, err
 	}
 	if own := cfg.RetryDelayFunc; own != nil {
 		cfg.RetryDelayFunc = func(n int, err error, t *asynq.Task) time.Duration {
@@ -123,6 +114,22 @@ func (c *Client) ServerConfig(cfg asynq.Config) (asynq.Config, error) {
 		cfg.TaskCheckInterval = DefaultPollInterval
 	}
 	return cfg, nil
+}
+
+// servesQueues returns an error naming the queues of mine that queues, a
+// server's asynq.Config.Queues, lacks or gives a weight below 1, which
+// asynq drops.
+func servesQueues(queues, mine map[string]int) error {
+	var missing []string
+	for _, q := range slices.Sorted(maps.Keys(mine)) {
+		if w, ok := queues[q]; !ok || w < 1 {
+			missing = append(missing, q)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("mapreduce: asynq.Config.Queues lacks %s, the queue(s) of this client's jobs, or gives them a weight below 1: their tasks would never run here; add them with a weight of at least 1, or leave Queues nil to serve Queues(nil)", strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // Queues returns the asynq queues of the jobs c runs, each with weight 1

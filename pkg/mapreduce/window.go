@@ -5,10 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -100,6 +101,9 @@ type fedPage struct {
 // Split resumes from one (ResumeSplit), or by position.
 // A lone page goes at once; pages emitted while a feed is under way go
 // together in the next one.
+//
+// A split handler makes the feeder of its attempt (newFeeder) and runs
+// Split through it (split); the rest is the feeder's own.
 type feeder struct {
 	c       *Client
 	k       runKeys
@@ -111,6 +115,7 @@ type feeder struct {
 	step    string // this task's ID past "<run>:<nonce>:", or "" if unknown
 	token   string // this attempt's, stored with each of its feeds
 	started time.Time
+	sc      *splitState // numbers the pages Split emits (restore)
 
 	bits     []byte    // the recorded pages when the attempt began
 	waited   bool      // this task has waited for room
@@ -138,6 +143,154 @@ type feeder struct {
 	rate      float64   // the most pages recorded per second, over 100 ms or more
 	busy      int       // the most of a packing run's tasks seen running at once (waitRoom)
 	sawAsleep bool      // its workers were seen asleep with its tasks pending (waitRoom)
+}
+
+// windowFields are the fields of the run's hash a split's feeder starts
+// from (newFeeder): where the last attempt's feeds ended, and the run's
+// packing.
+var windowFields = []string{"resume", "fed", "cursor", "feeding", "pack", "pack_from"}
+
+// newFeeder returns the feeder of the split task that ctx runs for s,
+// from the run's record rec (windowFields) and its bitmap of recorded
+// pages as the handler read them: it goes on where the last attempt's
+// feeds ended (restore).
+func (c *Client) newFeeder(ctx context.Context, s *step, rec runRecord, recorded []byte) *feeder {
+	f := &feeder{c: c, k: s.k, run: s.run, nonce: s.nonce, o: s.o, pending: pendingKey(s.o.Queue), active: activeKey(s.o.Queue),
+		started: time.Now(), probeFrom: -1, bits: recorded, token: newNonce()}
+	f.ready = sync.NewCond(&f.mu)
+	var pk packing
+	if pack := atoi(rec["pack"]); pack > 1 {
+		pk = packing{k: pack, from: atoi(rec["pack_from"])}
+	}
+	f.setPack(pk)
+	batch, _ := windowSizes(s.o.Window)
+	f.packLimit = min(s.o.PagesPerTask, floorPow2(batch))
+	if id, ok := asynq.GetTaskID(ctx); ok {
+		if step, ok := strings.CutPrefix(id, taskID(s.run, s.nonce, "")); ok {
+			f.step = step
+		}
+	}
+	f.restore(ctx, rec)
+	return f
+}
+
+// restore sets where the attempt goes on from. Pages below the run's
+// resume mark are enqueued or recorded. Those in [resume, fed) were fed,
+// and the last feed stored them, with the cursor of page fed-1: they are
+// enqueued again (redo), since a crash may have come before their
+// enqueues, and the split goes on after them. Without a stored feed that
+// ends at fed-1 (it is unreadable, or something other than batchmr
+// changed the record), Split runs from the start, and its pages in
+// [resume, fed) are enqueued again as it emits them. Split may resume
+// from the cursor only after the last feed (sc).
+func (f *feeder) restore(ctx context.Context, rec runRecord) {
+	resume, fed := atoi(rec["resume"]), atoi(rec["fed"])
+	f.fed, f.counted, f.redoFrom = resume, fed, resume
+	last := false // the stored feed is the last one
+	if feeding, ok := rec["feeding"]; ok && fed > 0 {
+		pages, err := decodeFeeding([]byte(feeding))
+		switch {
+		case err != nil:
+			Logger(ctx).Warn("mapreduce: the pages the split fed last are unreadable; Split runs again from the start to enqueue them", "error", err)
+		case len(pages) > 0 && pages[len(pages)-1].i == fed-1:
+			last = true
+			for _, p := range pages {
+				if p.i >= resume && !bitSet(f.bits, p.i) {
+					f.redo = append(f.redo, p)
+				}
+			}
+			f.fed = max(fed, resume)
+		}
+	}
+	cursor, hasCursor := rec["cursor"]
+	f.sc = &splitState{cursor: cursor, has: hasCursor && last, base: fed, expect: f.expect}
+}
+
+// expect records the pages the run expects in all (ExpectPages).
+func (f *feeder) expect(ctx context.Context, n int) error {
+	return f.c.withRedis(ctx, "recording the pages expected", func(ctx context.Context) error {
+		return scriptFeed.Run(ctx, f.c.rdb, []string{f.k.run, f.k.recorded}, f.nonce, 0, 0, "", n).Err()
+	})
+}
+
+// split runs the job's Split (r) with args, feeding the pages it emits
+// while it runs, and returns once Split has returned and every page it
+// emitted is fed, or feeding stopped: how many pages the run has (n),
+// Split's error, and why feeding stopped (stopped): nil if it did not, a
+// hand-on (errHandedOff), a run that moved on (errRunGone,
+// errSplitTaken), ctx's cause, an enqueue's error, or Split's. The pages
+// still buffered when Split fails wait for a retry: it emits them again.
+func (f *feeder) split(ctx context.Context, r jobRunner, args []byte) (n int, splitErr, stopped error) {
+	ctx = context.WithValue(ctx, splitKey, f.sc)
+	ctx, abort := context.WithCancelCause(ctx)
+	defer abort(nil)
+	defer context.AfterFunc(ctx, f.wake)()
+	e := &emitter{ctx: ctx, f: f, skip: f.fed} // before loop moves f.fed
+	fedAll := make(chan struct{})
+	go func() {
+		defer close(fedAll)
+		if err := f.loop(ctx); err != nil {
+			abort(err)
+		}
+	}()
+	splitErr = r.split(ctx, args, e.emit)
+	n = e.close()
+	if splitErr != nil {
+		abort(splitErr)
+	}
+	f.close()
+	<-fedAll
+	return n, splitErr, context.Cause(ctx)
+}
+
+// handedOn reports whether feeding stopped (split's stopped) because
+// another split task goes on with the run, or the run moved on without
+// this one: the split task then ends, and has nothing to record.
+func handedOn(stopped error) bool {
+	return errors.Is(stopped, errHandedOff) || errors.Is(stopped, errRunGone) || errors.Is(stopped, errSplitTaken)
+}
+
+// emitter is the emit that split gives Split: it numbers the pages Split
+// emits (splitState) and buffers those that no earlier attempt fed or
+// recorded. Split must call it from one goroutine, in a deterministic
+// order (page numbers must be the same on retry); the mutex only keeps a
+// misuse from corrupting the count. It fails after Split returned, and
+// once feeding stopped (ctx).
+type emitter struct {
+	ctx  context.Context
+	f    *feeder
+	skip int // pages below it were fed by an earlier attempt
+
+	mu     sync.Mutex
+	closed bool
+}
+
+func (e *emitter) emit(page []byte) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case e.ctx.Err() != nil:
+		return context.Cause(e.ctx)
+	case e.closed:
+		return errors.New("mapreduce: emit called after Split returned")
+	}
+	i, cursor := e.f.sc.emitting()
+	if i >= maxPages {
+		return fmt.Errorf("mapreduce: a run has at most %d pages", maxPages)
+	}
+	if i < e.skip || bitSet(e.f.bits, i) {
+		return nil // fed by an earlier attempt, or recorded
+	}
+	return e.f.add(e.ctx, fedPage{i: i, page: page, cursor: cursor})
+}
+
+// close ends emit, once Split returned, and returns how many pages the
+// run has.
+func (e *emitter) close() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	return e.f.sc.pages()
 }
 
 // maxFeed is the most tasks one feed enqueues: their pages are what the
@@ -234,87 +387,119 @@ func (f *feeder) loop(ctx context.Context) error {
 // and there are none). Pages an earlier attempt fed (below counted) need
 // no room.
 func (f *feeder) feed(ctx context.Context, pages []fedPage, final bool) (int, error) {
-	var from any = "" // the fed mark this feed moves from: no check for counted pages
-	pack := ""        // the run's packing, if this feed decides it
-	next := -1        // the index of the page after the feed's, if buffered
-	pk := f.pack      // how this feed's pages go to tasks
 	if pages[0].i < f.counted {
-		n := 0
-		for n < len(pages) && pages[n].i < f.counted {
-			n++
-		}
-		if n < len(pages) {
-			next = pages[n].i
-		}
-		// An earlier attempt fed up to counted, at the end of a block.
-		final = final || n < len(pages) || pages[n-1].i == f.counted-1
-		pages = pages[:n]
-	} else {
-		fresh := f.allow == 0 // room just made: at least a batch
-		if fresh {
-			if err := f.waitRoom(ctx); err != nil {
-				return 0, err
-			}
-		} else if f.pastHalf() {
-			return 0, f.handOff(ctx)
-		}
-		start := max(f.fed, f.counted) // the fed mark this feed moves from
-		whole := pages
-		if n := min(len(pages), f.allow); n < len(pages) {
-			next, pages = pages[n].i, pages[:n]
-			if pk := f.pack.feedFrom(start); pk.cut(pages, next, false) == 0 {
-				if !fresh {
-					// The room left is less than the next group: wait for
-					// more (waitRoom makes room for a batch, which holds a
-					// group whole).
-					f.allow = 0
-					return f.feed(ctx, whole, final)
-				}
-				// A batch that cannot hold a group: the run packs by more
-				// than its window allows now (a deploy that shrank Window
-				// mid-run). Feed the group whole, past the window by less
-				// than a group, rather than wait for room that never comes.
-				g, n := pk.group(whole[0].i), 0
-				for n < len(whole) && pk.group(whole[n].i) == g {
-					n++
-				}
-				pages, next = whole[:n], -1
-				if n < len(whole) {
-					next = whole[n].i
-				}
-			}
-		}
-		from = start
-		if f.pack.k == 0 {
-			if err := f.probe(ctx, start); err != nil {
-				return 0, err
-			}
-			// Undecided: pack from this feed on, once the pages are measured.
-			if k := packFor(f.mapUS, f.mapN, min(f.packLimit, floorPow2(f.allow))); k > 1 {
-				f.setPack(packing{k: k, from: start})
-				pack = strconv.Itoa(k)
-			}
-		}
-		pk = f.pack.feedFrom(start)
+		return f.send(ctx, f.refeed(pages, final))
 	}
-	n := pk.cut(pages, next, final)
+	b, err := f.withRoom(ctx, pages, final)
+	if err != nil {
+		return 0, err
+	}
+	return f.send(ctx, b)
+}
+
+// feedBatch is what one feed may take: the first pages of what is
+// buffered, to cut (send) so that no group is split between two feeds.
+type feedBatch struct {
+	pages []fedPage
+	next  int     // the index of the page after them, if buffered, or -1
+	final bool    // none follows them: Split has returned
+	pk    packing // how they go to tasks
+	from  any     // the fed mark the feed moves from, "" for pages an earlier attempt fed: feed.lua checks it
+	pack  string  // the run's packing, if this feed decides it (decidePack)
+}
+
+// refeed returns the batch of the first of pages that an earlier attempt
+// fed (below counted): they need no room.
+func (f *feeder) refeed(pages []fedPage, final bool) feedBatch {
+	n := 0
+	for n < len(pages) && pages[n].i < f.counted {
+		n++
+	}
+	b := feedBatch{pages: pages[:n], next: -1, pk: f.pack, from: ""}
+	if n < len(pages) {
+		b.next = pages[n].i
+	}
+	// An earlier attempt fed up to counted, at the end of a block.
+	b.final = final || n < len(pages) || pages[n-1].i == f.counted-1
+	return b
+}
+
+// withRoom returns the batch of the first of pages that the window has
+// room for, after waiting for room if the last wait's is used up, or hands
+// the run on (errHandedOff) if the split has run past half its timeout.
+// An undecided run decides its packing first (decidePack).
+func (f *feeder) withRoom(ctx context.Context, pages []fedPage, final bool) (feedBatch, error) {
+	fresh := f.allow == 0 // room just made: at least a batch
+	if fresh {
+		if err := f.waitRoom(ctx); err != nil {
+			return feedBatch{}, err
+		}
+	} else if f.pastHalf() {
+		return feedBatch{}, f.handOff(ctx)
+	}
+	start := max(f.fed, f.counted) // the fed mark this feed moves from
+	b := feedBatch{pages: pages, next: -1, final: final, from: start}
+	if n := min(len(pages), f.allow); n < len(pages) {
+		b.next, b.pages = pages[n].i, pages[:n]
+		if f.pack.feedFrom(start).cut(b.pages, b.next, false) == 0 {
+			if !fresh {
+				// The room left is less than the next group: wait for
+				// more (waitRoom makes room for a batch, which holds a
+				// group whole).
+				f.allow = 0
+				return f.withRoom(ctx, pages, final)
+			}
+			// A batch that cannot hold a group: the run packs by more
+			// than its window allows now (a deploy that shrank Window
+			// mid-run). Feed the group whole, past the window by less
+			// than a group, rather than wait for room that never comes.
+			b.pages, b.next = firstGroup(pages, f.pack.feedFrom(start))
+		}
+	}
+	pack, err := f.decidePack(ctx, start)
+	if err != nil {
+		return feedBatch{}, err
+	}
+	b.pack, b.pk = pack, f.pack.feedFrom(start)
+	return b, nil
+}
+
+// firstGroup returns the pages of the first of pages' group as pk packs
+// them, and the index of the page after them, or -1.
+func firstGroup(pages []fedPage, pk packing) (group []fedPage, next int) {
+	g, n := pk.group(pages[0].i), 0
+	for n < len(pages) && pk.group(pages[n].i) == g {
+		n++
+	}
+	if n < len(pages) {
+		return pages[:n], pages[n].i
+	}
+	return pages, -1
+}
+
+// send feeds the pages of b that end a group, or all of them if no page
+// follows them (cut): one feed.lua call moves the run's fed mark past
+// them and stores them as its feeding pages, then their tasks are
+// enqueued. It returns how many it fed.
+func (f *feeder) send(ctx context.Context, b feedBatch) (int, error) {
+	n := b.pk.cut(b.pages, b.next, b.final)
 	if n == 0 {
-		if pack != "" {
+		if b.pack != "" {
 			f.setPack(packing{}) // not recorded: decide again with the next feed
 		}
 		return 0, nil
 	}
-	pages = pages[:n]
-	if from != "" {
-		f.allow = max(f.allow-n, 0) // a group fed whole may pass it (above)
+	pages := b.pages[:n]
+	if b.from != "" {
+		f.allow = max(f.allow-n, 0) // a group fed whole may pass it (withRoom)
 	}
 	last := pages[len(pages)-1]
-	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), from, f.step, f.token, pack}
+	args := []any{f.nonce, f.fed, last.i + 1, "", "", last.cursor, encodeFeeding(pages), b.from, f.step, f.token, b.pack}
 	if _, _, _, _, err := f.read(ctx, args...); err != nil {
 		return 0, err
 	}
 	f.fed = last.i + 1
-	return len(pages), f.c.enqueuePages(ctx, f.run, f.nonce, pages, f.o, pk)
+	return len(pages), f.c.enqueuePages(ctx, f.run, f.nonce, pages, f.o, b.pk)
 }
 
 // waitRoom waits until the window has room for a batch of pages past fed
@@ -327,29 +512,11 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 	batch, least := windowSizes(f.o.Window)
 	sleep, lastDone, stalledSince := time.Millisecond, -1, time.Now()
 	for {
-		nap := maxNap // how long to sleep at most before the next look
 		fed, done, pending, active, err := f.look(ctx)
 		if err != nil {
 			return err
 		}
-		free := f.o.Window - (fed - done)
-		if fed > 0 { // the first fill of a run is exempt: a small run enqueues at once
-			k := max(f.pack.k, 1) // a pending task holds up to k pages
-			floor := least
-			if k > 1 {
-				// Tasks running: the window's pages neither pending nor
-				// recorded, but for those waiting for a retry, which
-				// the queue's running tasks bound.
-				f.busy = max(f.busy, min((fed-done-pending*k+k-1)/k, active))
-				n := f.busy
-				if f.sawAsleep {
-					n *= 2
-				}
-				floor = max(least, max(packedPending, n)*k)
-				nap = packedNap
-			}
-			free = min(free, f.backlog(done, floor)-pending*k)
-		}
+		free, nap := f.room(fed, done, pending, active, least)
 		if free >= batch || (free > 0 && fed == 0) {
 			f.allow = free
 			return nil
@@ -375,6 +542,33 @@ func (f *feeder) waitRoom(ctx context.Context) error {
 		}
 		sleep = min(2*sleep, nap)
 	}
+}
+
+// room returns how many pages past fed the window has room for, given
+// the run's fed and fed_done marks and how many of its queue's tasks are
+// pending and running, with a backlog of at least least (windowSizes);
+// and how long waitRoom sleeps at most before it looks again. The first
+// fill of a run is exempt from the backlog: a small run enqueues at once.
+func (f *feeder) room(fed, done, pending, active, least int) (free int, nap time.Duration) {
+	free, nap = f.o.Window-(fed-done), maxNap
+	if fed == 0 {
+		return free, nap
+	}
+	k := max(f.pack.k, 1) // a pending task holds up to k pages
+	floor := least
+	if k > 1 {
+		// Tasks running: the window's pages neither pending nor
+		// recorded, but for those waiting for a retry, which the
+		// queue's running tasks bound.
+		f.busy = max(f.busy, min((fed-done-pending*k+k-1)/k, active))
+		n := f.busy
+		if f.sawAsleep {
+			n *= 2
+		}
+		floor = max(least, max(packedPending, n)*k)
+		nap = packedNap
+	}
+	return min(free, f.backlog(done, floor)-pending*k), nap
 }
 
 // look reads the run's window and measurements (read) without feeding,
