@@ -138,14 +138,28 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// jobKeys are the Redis keys of one job.
+type jobKeys struct {
+	runs, active string
+	unfinished   string // runs not ended (reconcile.go)
+	records      string // what its runs' records are named after (run = records + run ID)
+	job          string // the job's name: its keys' hash tag
+}
+
+// jobKeysUnder returns the keys of job under prefix.
+func jobKeysUnder(prefix, job string) jobKeys {
+	base := prefix + ":{" + job + "}"
+	return jobKeys{
+		runs: base + ":runs", active: base + ":active", unfinished: base + ":unfinished",
+		records: base + ":run:", job: job,
+	}
+}
+
 // runKeys are the Redis keys of one run and of its job.
 type runKeys struct {
-	run, recorded, results, failures string // the run's own
-	transient                        string // the run's own: transient failures per step (transient.go)
-	runs, active                     string // the job's
-	unfinished                       string // the job's: runs not ended (reconcile.go)
-	records                          string // the job's: what its runs' records are named after (run = records + run ID)
-	job                              string // the job's name: its keys' hash tag
+	run, recorded, results, failures string
+	transient                        string // transient failures per step (transient.go)
+	jobKeys
 }
 
 func (k runKeys) all() []string {
@@ -175,13 +189,12 @@ func keysUnder(prefix, runID string) (runKeys, error) {
 	// The kind comes before the run ID: IDs may contain ':', and a kind
 	// after it could make one run's key another run's ("k:results").
 	base := prefix + ":{" + job + "}"
-	records := base + ":run:"
+	jk := jobKeysUnder(prefix, job)
 	return runKeys{
-		run: records + runID, records: records, recorded: base + ":recorded:" + runID,
+		run: jk.records + runID, recorded: base + ":recorded:" + runID,
 		results: base + ":results:" + runID, failures: base + ":failures:" + runID,
 		transient: base + ":transient:" + runID,
-		runs:      base + ":runs", active: base + ":active", unfinished: base + ":unfinished",
-		job: job,
+		jobKeys:   jk,
 	}, nil
 }
 
@@ -399,7 +412,7 @@ func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
 	if !jobNameRE.MatchString(job) {
 		return nil, fmt.Errorf("mapreduce: runs: job name %q is invalid", job)
 	}
-	k, _ := c.keys(job + ":x")
+	k := jobKeysUnder(c.prefix, job)
 	runIDs, err := c.rdb.ZRevRange(ctx, k.runs, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)

@@ -169,7 +169,7 @@ func (c *Client) StoredResults(ctx context.Context, id string) (int, error) {
 // the runs it read as ended or gone; it returns how many it took out of
 // the index of unfinished runs.
 func (c *Client) Unlist(ctx context.Context, job string, ids ...string) (int, error) {
-	k, _ := c.keys(job + ":x")
+	k := jobKeysUnder(c.prefix, job)
 	return c.repairs.unlist(ctx, k, ids)
 }
 

@@ -149,9 +149,9 @@ func stepName(t *asynq.Task) string {
 // logOutcome logs that this process ended run in state, with msg (the
 // run's error) if any: one line per run, from whichever process records
 // its outcome.
-func (c *Client) logOutcome(ctx context.Context, run string, state State, msg string) {
-	job, _ := jobOf(run)
-	level, attrs := slog.LevelInfo, []slog.Attr{slog.String(attrRun, run), slog.String(attrJob, job), slog.String("state", string(state))}
+func (c *Client) logOutcome(ctx context.Context, runID string, state State, msg string) {
+	job, _ := jobOf(runID)
+	level, attrs := slog.LevelInfo, []slog.Attr{slog.String(attrRun, runID), slog.String(attrJob, job), slog.String("state", string(state))}
 	if state == StateFailed {
 		level = slog.LevelWarn
 	}

@@ -35,7 +35,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 	}
 	// Watched from before the state check: a Cancel that lands after the
 	// check reaches this Map within one CancelPoll.
-	wctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, s.run), s.run)
+	wctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, s.runID), s.runID)
 	defer stop()
 	todo, err := c.pagesToMap(ctx, s, pages)
 	if err != nil || len(todo) == 0 {
@@ -64,7 +64,7 @@ func (c *Client) pagesToMap(ctx context.Context, s *step, pages []fedPage) ([]fe
 	case nonce != s.nonce:
 		return nil, nil // a task of an earlier run under this ID, or the run expired
 	case state == StateReducing:
-		return nil, c.enqueueStep(ctx, s.run, nonce, typeReduce, s.o)
+		return nil, c.enqueueStep(ctx, s.runID, nonce, typeReduce, s.o)
 	case state != StateSplitting && state != StateMapping:
 		return nil, nil // ended, or expired
 	}
@@ -93,7 +93,7 @@ func (c *Client) mapPages(ctx, wctx context.Context, s *step, pages []fedPage, p
 			m.unrun = pages[n:]
 			break
 		}
-		result, took, end, err := c.mapOne(wctx, s.r, s.run, pg, packed, s.o)
+		result, took, end, err := c.mapOne(wctx, s.r, s.runID, pg, packed, s.o)
 		m.ends[pg.i] = end
 		if cause := context.Cause(wctx); runEnded(cause) {
 			for _, end := range m.ends {
@@ -102,7 +102,7 @@ func (c *Client) mapPages(ctx, wctx context.Context, s *step, pages []fedPage, p
 			return nil, true
 		}
 		if err != nil {
-			m.failures = append(m.failures, pageFailure{pg, fmt.Errorf("mapreduce: page %d of %s: %w", pg.i, s.run, err)})
+			m.failures = append(m.failures, pageFailure{pg, fmt.Errorf("mapreduce: page %d of %s: %w", pg.i, s.runID, err)})
 			continue
 		}
 		m.mapUS += took.Microseconds()
@@ -126,7 +126,7 @@ func (c *Client) recordPages(ctx context.Context, s *step, first int, m *mapped)
 	if len(m.unrun) > 0 {
 		// Not final, whatever else failed (so the others' errors are
 		// text only): the task must run again.
-		notRun := fmt.Errorf("mapreduce: %s of %s not run: %w", pagesName(m.unrun[0].i, m.unrun[len(m.unrun)-1].i), s.run, context.Cause(ctx))
+		notRun := fmt.Errorf("mapreduce: %s of %s not run: %w", pagesName(m.unrun[0].i, m.unrun[len(m.unrun)-1].i), s.runID, context.Cause(ctx))
 		if mapErr != nil {
 			notRun = fmt.Errorf("%w (and: %v)", notRun, mapErr)
 		}
@@ -154,7 +154,7 @@ func (c *Client) recordPages(ctx context.Context, s *step, first int, m *mapped)
 		return err
 	}
 	if st == StateReducing {
-		if err := c.enqueueStep(rctx, s.run, s.nonce, typeReduce, s.o); err != nil {
+		if err := c.enqueueStep(rctx, s.runID, s.nonce, typeReduce, s.o); err != nil {
 			return s.errorf("%w", err)
 		}
 	}
@@ -208,14 +208,14 @@ type pageFailure struct {
 // returns Map's result, checked for size, how long Map took, the function
 // that ends the page's Observer step with what became of the page, and
 // Map's error.
-func (c *Client) mapOne(wctx context.Context, r jobRunner, run string, pg fedPage, packed bool, o JobOptions) (result []byte, took time.Duration, end func(error), err error) {
+func (c *Client) mapOne(wctx context.Context, r jobRunner, runID string, pg fedPage, packed bool, o JobOptions) (result []byte, took time.Duration, end func(error), err error) {
 	ctx := context.WithValue(wctx, pageIndexKey, pg.i)
 	cancel := context.CancelFunc(func() {})
 	if packed {
 		ctx = ContextWithLogger(ctx, withPage(Logger(ctx), pg.i))
 		ctx, cancel = context.WithTimeout(ctx, o.MapTimeout)
 	}
-	ctx, endStep := c.startStep(ctx, StepMap, run, pg.i)
+	ctx, endStep := c.startStep(ctx, StepMap, runID, pg.i)
 	start := time.Now()
 	result, err = r.mapPage(ctx, pg.page)
 	took = time.Since(start)

@@ -54,7 +54,7 @@ type Observer interface {
 	// the run took from its creation, or from its last Retry, to its end.
 	// Cancel ends runs too: a process that cancels runs calls RunEnded for
 	// them if its Client has an Observer.
-	RunEnded(job, run string, state State, took time.Duration)
+	RunEnded(job, runID string, state State, took time.Duration)
 }
 
 // startStep tells the Observer that a step starts work, and returns the
@@ -62,13 +62,13 @@ type Observer interface {
 // error. The run's end while the step worked (the cause of ctx after the
 // step, as watchRun sets it) is reported as the outcome of a step that
 // returned nil.
-func (c *Client) startStep(ctx context.Context, kind StepKind, run string, page int) (context.Context, func(ctx context.Context, err error)) {
+func (c *Client) startStep(ctx context.Context, kind StepKind, runID string, page int) (context.Context, func(ctx context.Context, err error)) {
 	o := c.cfg.Observer
 	if o == nil {
 		return ctx, func(context.Context, error) {}
 	}
-	job, _ := jobOf(run)
-	s := Step{Kind: kind, Job: job, Run: run, Page: page}
+	job, _ := jobOf(runID)
+	s := Step{Kind: kind, Job: job, Run: runID, Page: page}
 	if n, ok := asynq.GetRetryCount(ctx); ok {
 		s.Attempt = n + 1
 	}
@@ -87,14 +87,14 @@ func (c *Client) startStep(ctx context.Context, kind StepKind, run string, page 
 }
 
 // observeEnd tells the Observer that this process ended run in state.
-func (c *Client) observeEnd(ctx context.Context, run string, state State) {
+func (c *Client) observeEnd(ctx context.Context, runID string, state State) {
 	o := c.cfg.Observer
 	if o == nil {
 		return
 	}
-	job, _ := jobOf(run)
+	job, _ := jobOf(runID)
 	var took time.Duration
-	if k, err := c.keys(run); err == nil {
+	if k, err := c.keys(runID); err == nil {
 		// One more round trip, only with an Observer: finish.lua does not
 		// return when the run began.
 		if vals, err := c.rdb.HMGet(ctx, k.run, "created", "retried").Result(); err == nil {
@@ -111,7 +111,7 @@ func (c *Client) observeEnd(ctx context.Context, run string, state State) {
 			}
 		}
 	}
-	o.RunEnded(job, run, state, took)
+	o.RunEnded(job, runID, state, took)
 }
 
 // Observers returns an Observer that tells each of obs in turn (nil ones
@@ -149,8 +149,8 @@ func (m multiObserver) Step(ctx context.Context, s Step) (context.Context, func(
 	}
 }
 
-func (m multiObserver) RunEnded(job, run string, state State, took time.Duration) {
+func (m multiObserver) RunEnded(job, runID string, state State, took time.Duration) {
 	for _, o := range m {
-		o.RunEnded(job, run, state, took)
+		o.RunEnded(job, runID, state, took)
 	}
 }

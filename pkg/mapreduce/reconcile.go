@@ -389,7 +389,7 @@ func isTaskGone(err error) bool {
 // the runs in progress, not every run kept for its retention. Entries
 // whose record is gone (deleted by hand, or evicted) are taken out.
 func (r *repairer) unfinishedRuns(ctx context.Context, job string) ([]*Status, error) {
-	k, _ := keysUnder(r.prefix, job+":x")
+	k := jobKeysUnder(r.prefix, job)
 	runIDs, err := r.rdb.ZRange(ctx, k.unfinished, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
@@ -417,7 +417,7 @@ func (r *repairer) unfinishedRuns(ctx context.Context, job string) ([]*Status, e
 // unlist runs unlist.lua: it takes those of the runs runIDs of k's job
 // that have ended or are gone out of the job's index of unfinished runs,
 // and returns how many it took out.
-func (r *repairer) unlist(ctx context.Context, k runKeys, runIDs []string) (int, error) {
+func (r *repairer) unlist(ctx context.Context, k jobKeys, runIDs []string) (int, error) {
 	args := []any{k.records}
 	for _, runID := range runIDs {
 		args = append(args, runID)

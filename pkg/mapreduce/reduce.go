@@ -32,7 +32,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 		msg := fmt.Sprintf("the run's record says its small results are bundled %q pages to a field; batchmr bundles 1 to 256 and writes it when the run starts: the record was changed by something other than batchmr", rec["packed"])
 		return c.end(ctx, s, StateFailed, nil, msg)
 	}
-	ctx, endStep := c.startStep(ctx, StepReduce, s.run, -1)
+	ctx, endStep := c.startStep(ctx, StepReduce, s.runID, -1)
 	stepCtx := ctx // the reduce's watched context, once it has one
 	defer func() { endStep(stepCtx, err) }()
 	pages := c.storedPages(ctx, s.k, total, per, failedPages)
@@ -49,7 +49,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 	if !s.r.hasReduce() {
 		return c.end(rctx, s, StateSucceeded, nil, "")
 	}
-	wctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, s.run), s.run)
+	wctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, s.runID), s.runID)
 	stepCtx = wctx
 	result, err := s.r.reduce(wctx, []byte(rec["args"]), pages)
 	stop()
@@ -70,7 +70,7 @@ func (c *Client) handleReduce(ctx context.Context, t *asynq.Task) (err error) {
 // end finishes a reducing run, unless Retry has resumed it since (the
 // step's nonce).
 func (c *Client) end(ctx context.Context, s *step, to State, result []byte, msg string) error {
-	if _, _, err := c.finish(ctx, s.run, s.nonce, to, result, msg, StateReducing); err != nil {
+	if _, _, err := c.finish(ctx, s.runID, s.nonce, to, result, msg, StateReducing); err != nil {
 		return s.errorf("recording the outcome: %w", err)
 	}
 	return nil

@@ -31,9 +31,9 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 	if err != nil || !current {
 		return err // nil: already split, ended, expired, or a task of an earlier run under this ID
 	}
-	ctx, endStep := c.startStep(ctx, StepSplit, s.run, -1)
+	ctx, endStep := c.startStep(ctx, StepSplit, s.runID, -1)
 	defer func() { endStep(ctx, err) }()
-	ctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, s.run), s.run)
+	ctx, stop := c.watchRun(context.WithValue(ctx, runIDKey, s.runID), s.runID)
 	defer stop()
 
 	f := c.newFeeder(ctx, s, rec, []byte(recorded.Val()))
@@ -59,13 +59,13 @@ func (c *Client) handleSplit(ctx context.Context, t *asynq.Task) (err error) {
 // splitErr after n pages gives asynq (stepFailed), and fails the run on
 // the split's last attempt.
 func (c *Client) splitFailed(ctx, rctx context.Context, s *step, n int, splitErr error) error {
-	err := fmt.Errorf("mapreduce: split of %s after %d pages: %w", s.run, n, splitErr)
+	err := fmt.Errorf("mapreduce: split of %s after %d pages: %w", s.runID, n, splitErr)
 	var m *malformedError
 	if errors.As(splitErr, &m) { // arguments no retry can fix (Status.ArgsRefused)
 		err = s.errorf("%w", splitErr)
 	}
 	return c.stepFailed(ctx, rctx, s, err, func(err error) error {
-		c.failRun(rctx, s.run, s.nonce, err)
+		c.failRun(rctx, s.runID, s.nonce, err)
 		return nil
 	})
 }
@@ -87,11 +87,11 @@ func (c *Client) splitDone(ctx context.Context, s *step, n int) error {
 	switch {
 	case st == "nondeterministic":
 		err := fmt.Errorf("mapreduce: split of %s: Split emitted %d pages, but an earlier attempt emitted more and they were recorded: "+
-			"Split must emit the same pages in the same order every time it runs: %w", s.run, n, asynq.SkipRetry)
-		c.failRun(ctx, s.run, s.nonce, err)
+			"Split must emit the same pages in the same order every time it runs: %w", s.runID, n, asynq.SkipRetry)
+		c.failRun(ctx, s.runID, s.nonce, err)
 		return err
 	case State(st) == StateReducing:
-		return c.enqueueStep(ctx, s.run, s.nonce, typeReduce, s.o)
+		return c.enqueueStep(ctx, s.runID, s.nonce, typeReduce, s.o)
 	}
 	return nil
 }
@@ -103,8 +103,8 @@ func bitSet(bits []byte, i int) bool {
 
 // failRun ends a run as failed with err's message, unless it has ended or
 // Retry has resumed it since (nonce).
-func (c *Client) failRun(ctx context.Context, run, nonce string, err error) {
-	if _, _, ferr := c.finish(ctx, run, nonce, StateFailed, nil, err.Error(), ""); ferr != nil {
+func (c *Client) failRun(ctx context.Context, runID, nonce string, err error) {
+	if _, _, ferr := c.finish(ctx, runID, nonce, StateFailed, nil, err.Error(), ""); ferr != nil {
 		Logger(ctx).Error("mapreduce: could not mark the run failed; the reconciler will retry", "reason", err, "error", ferr)
 	}
 }

@@ -19,7 +19,7 @@ import (
 // step is a task of a run as its handler begins it.
 type step struct {
 	name  string // the step in errors: "split", "reduce", or a map task's pages (pagesName)
-	run   string
+	runID string
 	nonce string // the task's: the incarnation of the run ID it was enqueued for
 	r     jobRunner
 	o     JobOptions
@@ -29,13 +29,13 @@ type step struct {
 // beginStep begins task t, named name, of run under nonce: it finds the
 // run's job, and returns runner's error for a job this worker does not
 // run (handed back, or archived if no worker could ever run it).
-func (c *Client) beginStep(ctx context.Context, t *asynq.Task, name, run, nonce string) (*step, error) {
-	r, err := c.runner(ctx, t, run)
+func (c *Client) beginStep(ctx context.Context, t *asynq.Task, name, runID, nonce string) (*step, error) {
+	r, err := c.runner(ctx, t, runID)
 	if err != nil {
 		return nil, err
 	}
-	k, _ := c.keys(run) // decodeRunPayload and decodeMapPayload checked the run ID
-	return &step{name: name, run: run, nonce: nonce, r: r, o: c.options(r), k: k}, nil
+	k, _ := c.keys(runID) // decodeRunPayload and decodeMapPayload checked the run ID
+	return &step{name: name, runID: runID, nonce: nonce, r: r, o: c.options(r), k: k}, nil
 }
 
 // beginRunStep is beginStep for a split or reduce task: it decodes the
@@ -52,7 +52,7 @@ func (c *Client) beginRunStep(ctx context.Context, t *asynq.Task) (*step, error)
 // errorf returns an error of the step: "mapreduce: <name> of <run>: "
 // followed by format, formatted as fmt.Errorf does.
 func (s *step) errorf(format string, a ...any) error {
-	return fmt.Errorf("mapreduce: %s of %s: "+format, append([]any{s.name, s.run}, a...)...)
+	return fmt.Errorf("mapreduce: %s of %s: "+format, append([]any{s.name, s.runID}, a...)...)
 }
 
 // runRecord holds fields of a run's hash that a handler read: a field the

@@ -120,7 +120,7 @@ func (c *Client) ActiveRuns(ctx context.Context, job string) ([]*Status, error) 
 	if !jobNameRE.MatchString(job) {
 		return nil, fmt.Errorf("mapreduce: active runs: job name %q is invalid", job)
 	}
-	k, _ := c.keys(job + ":x")
+	k := jobKeysUnder(c.prefix, job)
 	runIDs, err := c.rdb.ZRevRange(ctx, k.unfinished, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: active runs of %q: %w", job, err)
@@ -144,7 +144,7 @@ func (c *Client) CountRuns(ctx context.Context, job string) (map[State]int, erro
 	if !jobNameRE.MatchString(job) {
 		return nil, fmt.Errorf("mapreduce: count runs: job name %q is invalid", job)
 	}
-	k, _ := c.keys(job + ":x")
+	k := jobKeysUnder(c.prefix, job)
 	runIDs, err := c.rdb.ZRange(ctx, k.runs, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: count runs of %q: %w", job, err)

@@ -367,16 +367,16 @@ func newPagePart(i int, page []byte, codec Codec) pagePart {
 	return pagePart{Index: i, PageBytes: page}
 }
 
-func taskID(run, nonce, step string) string { return run + ":" + nonce + ":" + step }
+func taskID(runID, nonce, step string) string { return runID + ":" + nonce + ":" + step }
 
-func mapTaskID(run, nonce string, i int) string {
-	return run + ":" + nonce + ":map:" + strconv.Itoa(i)
+func mapTaskID(runID, nonce string, i int) string {
+	return runID + ":" + nonce + ":map:" + strconv.Itoa(i)
 }
 
 // pagesTaskID is the ID of the task of a pack's group that starts at page
 // first (pack.go).
-func pagesTaskID(run, nonce string, first int) string {
-	return run + ":" + nonce + ":pages:" + strconv.Itoa(first)
+func pagesTaskID(runID, nonce string, first int) string {
+	return runID + ":" + nonce + ":pages:" + strconv.Itoa(first)
 }
 
 // maxPages bounds a run: the recorded-pages bitmap of the largest run is
@@ -431,18 +431,18 @@ func decodeMapPayload(t *asynq.Task) (*mapPayload, error) {
 // that host different jobs. A task that no worker could ever run — no
 // live worker announces its job and its run does not exist (a typo, a
 // retired job) — is archived instead, with an error that says so.
-func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunner, error) {
-	job, _ := jobOf(run)
+func (c *Client) runner(ctx context.Context, t *asynq.Task, runID string) (jobRunner, error) {
+	job, _ := jobOf(runID)
 	r, ok := c.jobs.lookup(job)
 	if !ok {
-		if c.orphaned(ctx, job, run) {
+		if c.orphaned(ctx, job, runID) {
 			return nil, fmt.Errorf("mapreduce: %s task of run %s: no live worker runs job %q and the run does not exist (never started, or expired after its retention): "+
 				"no worker could ever run the task, so it is archived; if job %q is meant to run, start a worker that runs it and run the task again from asynq's archive, "+
-				"else delete it there: %w", t.Type(), run, job, job, asynq.SkipRetry)
+				"else delete it there: %w", t.Type(), runID, job, job, asynq.SkipRetry)
 		}
 		Logger(ctx).Warn("mapreduce: handed back a task of a job this worker does not run; a worker that runs it will take it",
 			"runs", c.jobs.Names())
-		return nil, fmt.Errorf("mapreduce: %s task of run %s: job %q: %w (it runs: %s)", t.Type(), run, job, errNotHosted, strings.Join(c.jobs.Names(), ", "))
+		return nil, fmt.Errorf("mapreduce: %s task of run %s: job %q: %w (it runs: %s)", t.Type(), runID, job, errNotHosted, strings.Join(c.jobs.Names(), ", "))
 	}
 	return r, nil
 }
@@ -451,8 +451,8 @@ func (c *Client) runner(ctx context.Context, t *asynq.Task, run string) (jobRunn
 // run, can never run anywhere: no live worker announces the job and the
 // run does not exist. When Redis does not answer it reports false: the
 // task is handed back, and asked about again when it returns.
-func (c *Client) orphaned(ctx context.Context, job, run string) bool {
-	k, err := c.keys(run)
+func (c *Client) orphaned(ctx context.Context, job, runID string) bool {
+	k, err := c.keys(runID)
 	if err != nil {
 		return false
 	}
@@ -473,30 +473,30 @@ func (c *Client) orphaned(ctx context.Context, job, run string) bool {
 
 // enqueueStep enqueues the split or reduce task of a run; an existing task
 // with that ID means it is already enqueued.
-func (c *Client) enqueueStep(ctx context.Context, run, nonce, typ string, o JobOptions) error {
+func (c *Client) enqueueStep(ctx context.Context, runID, nonce, typ string, o JobOptions) error {
 	step := "split"
 	if typ == typeReduce {
 		step = "reduce"
 	}
-	return c.enqueueStepAs(ctx, run, nonce, typ, step, o)
+	return c.enqueueStepAs(ctx, runID, nonce, typ, step, o)
 }
 
 // enqueueStepAs is enqueueStep with the task ID's last part: a split that
 // hands its run on enqueues "split:<page>" (feeder.handOff).
-func (c *Client) enqueueStepAs(ctx context.Context, run, nonce, typ, step string, o JobOptions) error {
-	payload, _ := json.Marshal(runPayload{Run: run, Nonce: nonce})
+func (c *Client) enqueueStepAs(ctx context.Context, runID, nonce, typ, step string, o JobOptions) error {
+	payload, _ := json.Marshal(runPayload{Run: runID, Nonce: nonce})
 	timeout := o.SplitTimeout
 	if typ == typeReduce {
 		timeout = o.ReduceTimeout
 	}
 	err := c.withRedis(ctx, "enqueuing the "+step, func(ctx context.Context) error {
 		_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typ, payload),
-			asynq.TaskID(taskID(run, nonce, step)), asynq.Queue(o.Queue), asynq.MaxRetry(o.StepRetries+spareRetry),
+			asynq.TaskID(taskID(runID, nonce, step)), asynq.Queue(o.Queue), asynq.MaxRetry(o.StepRetries+spareRetry),
 			asynq.Timeout(timeout), asynq.Retention(o.Retention))
 		return err
 	})
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("enqueue %s of run %s: %w", step, run, err)
+		return fmt.Errorf("enqueue %s of run %s: %w", step, runID, err)
 	}
 	return nil
 }
@@ -504,8 +504,8 @@ func (c *Client) enqueueStepAs(ctx context.Context, run, nonce, typ, step string
 // enqueueMap enqueues the map task of pages (mapTask): a task of one page
 // of its own (typeMap), or of a pack's group (typePages). An existing task
 // with its ID means it is already enqueued.
-func (c *Client) enqueueMap(ctx context.Context, run, nonce string, t mapTask, o JobOptions) error {
-	p := mapPayload{Run: run, Nonce: nonce, pagePart: newPagePart(t.pages[0].i, t.pages[0].page, o.Codec)}
+func (c *Client) enqueueMap(ctx context.Context, runID, nonce string, t mapTask, o JobOptions) error {
+	p := mapPayload{Run: runID, Nonce: nonce, pagePart: newPagePart(t.pages[0].i, t.pages[0].page, o.Codec)}
 	for _, m := range t.pages[1:] {
 		p.More = append(p.More, newPagePart(m.i, m.page, o.Codec))
 	}
@@ -513,10 +513,10 @@ func (c *Client) enqueueMap(ctx context.Context, run, nonce string, t mapTask, o
 	if err != nil {
 		return err
 	}
-	typ, id, timeout := typeMap, mapTaskID(run, nonce, t.first), o.MapTimeout
+	typ, id, timeout := typeMap, mapTaskID(runID, nonce, t.first), o.MapTimeout
 	if t.packed {
 		// Each page has MapTimeout (handleMap); the task, all of them.
-		typ, id, timeout = typePages, pagesTaskID(run, nonce, t.first), time.Duration(len(t.pages))*o.MapTimeout
+		typ, id, timeout = typePages, pagesTaskID(runID, nonce, t.first), time.Duration(len(t.pages))*o.MapTimeout
 	}
 	err = c.withRedis(ctx, "enqueuing pages", func(ctx context.Context) error {
 		if c.enqueueFault != nil {
@@ -530,7 +530,7 @@ func (c *Client) enqueueMap(ctx context.Context, run, nonce string, t mapTask, o
 		return err
 	})
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("enqueue %s of run %s: %w", pagesName(t.pages[0].i, t.pages[len(t.pages)-1].i), run, err)
+		return fmt.Errorf("enqueue %s of run %s: %w", pagesName(t.pages[0].i, t.pages[len(t.pages)-1].i), runID, err)
 	}
 	return nil
 }

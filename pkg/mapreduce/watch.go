@@ -20,14 +20,14 @@ type watch struct {
 // Client polls the states of all the runs its handlers work on, in one
 // pipelined round trip every CancelPoll; it exits when nothing is watched.
 // The stop function may be called more than once.
-func (c *Client) watchRun(ctx context.Context, run string) (context.Context, func()) {
+func (c *Client) watchRun(ctx context.Context, runID string) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	w := &watch{cancel: cancel}
 	c.watchMu.Lock()
-	set := c.watches[run]
+	set := c.watches[runID]
 	if set == nil {
 		set = map[*watch]struct{}{}
-		c.watches[run] = set
+		c.watches[runID] = set
 	}
 	set[w] = struct{}{}
 	if !c.watching {
@@ -42,7 +42,7 @@ func (c *Client) watchRun(ctx context.Context, run string) (context.Context, fun
 			// A run's set leaves the map only once empty, so w is still in it.
 			delete(set, w)
 			if len(set) == 0 {
-				delete(c.watches, run)
+				delete(c.watches, runID)
 			}
 			c.watchMu.Unlock()
 			cancel(context.Canceled)

@@ -155,7 +155,7 @@ var windowFields = []string{"resume", "fed", "cursor", "feeding", "pack", "pack_
 // pages as the handler read them: it goes on where the last attempt's
 // feeds ended (restore).
 func (c *Client) newFeeder(ctx context.Context, s *step, rec runRecord, recorded []byte) *feeder {
-	f := &feeder{c: c, k: s.k, run: s.run, nonce: s.nonce, o: s.o, pending: pendingKey(s.o.Queue), active: activeKey(s.o.Queue),
+	f := &feeder{c: c, k: s.k, run: s.runID, nonce: s.nonce, o: s.o, pending: pendingKey(s.o.Queue), active: activeKey(s.o.Queue),
 		started: time.Now(), probeFrom: -1, bits: recorded, token: newNonce()}
 	f.ready = sync.NewCond(&f.mu)
 	var pk packing
@@ -166,7 +166,7 @@ func (c *Client) newFeeder(ctx context.Context, s *step, rec runRecord, recorded
 	batch, _ := windowSizes(s.o.Window)
 	f.packLimit = min(s.o.PagesPerTask, floorPow2(batch))
 	if id, ok := asynq.GetTaskID(ctx); ok {
-		if step, ok := strings.CutPrefix(id, taskID(s.run, s.nonce, "")); ok {
+		if step, ok := strings.CutPrefix(id, taskID(s.runID, s.nonce, "")); ok {
 			f.step = step
 		}
 	}
@@ -764,7 +764,7 @@ func (f *feeder) handOnFrom(ctx context.Context, resume int) error {
 // split task of the run had (feed.lua), that starts at page resume (or
 // where the run's resume mark is, if further). The reconciler calls it for
 // a run whose split task ended without ending the split.
-func (c *Client) handOn(ctx context.Context, k runKeys, run, nonce string, resume int, o JobOptions) error {
+func (c *Client) handOn(ctx context.Context, k runKeys, runID, nonce string, resume int, o JobOptions) error {
 	var v []any
 	err := c.withRedis(ctx, "handing the split on", func(ctx context.Context) (err error) {
 		v, err = scriptFeed.Run(ctx, c.rdb, []string{k.run, k.recorded}, nonce, resume, 0, "1").Slice()
@@ -777,12 +777,12 @@ func (c *Client) handOn(ctx context.Context, k runKeys, run, nonce string, resum
 		return errRunGone
 	}
 	step, _ := v[2].(string)
-	return c.enqueueStepAs(ctx, run, nonce, typeSplit, step, o)
+	return c.enqueueStepAs(ctx, runID, nonce, typeSplit, step, o)
 }
 
 // enqueuePages enqueues the map tasks of pages (ascending), packed as pack
 // says, EnqueueConcurrency at a time, and returns the first error.
-func (c *Client) enqueuePages(ctx context.Context, run, nonce string, pages []fedPage, o JobOptions, pack packing) error {
+func (c *Client) enqueuePages(ctx context.Context, runID, nonce string, pages []fedPage, o JobOptions, pack packing) error {
 	ctx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
 	slots := make(chan struct{}, c.cfg.EnqueueConcurrency)
@@ -798,7 +798,7 @@ func (c *Client) enqueuePages(ctx context.Context, run, nonce string, pages []fe
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := c.enqueueMap(ctx, run, nonce, t, o); err != nil {
+			if err := c.enqueueMap(ctx, runID, nonce, t, o); err != nil {
 				abort(err)
 			}
 			<-slots

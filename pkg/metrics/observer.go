@@ -169,7 +169,7 @@ func (o *Observer) Step(ctx context.Context, s mapreduce.Step) (context.Context,
 }
 
 // RunEnded implements mapreduce.Observer.
-func (o *Observer) RunEnded(job, run string, state mapreduce.State, took time.Duration) {
+func (o *Observer) RunEnded(job, runID string, state mapreduce.State, took time.Duration) {
 	o.runsEnded.WithLabelValues(job, string(state)).Inc()
 	o.runDuration.WithLabelValues(job, string(state)).Observe(took.Seconds())
 }

@@ -100,11 +100,11 @@ func (o *Observer) Step(ctx context.Context, s mapreduce.Step) (context.Context,
 // RunEnded implements mapreduce.Observer: it records a span named
 // "batchmr.run" covering the run, from its creation (or last retry) to its
 // end, with its job, ID and final state; status Error for a failed run.
-func (o *Observer) RunEnded(job, run string, state mapreduce.State, took time.Duration) {
+func (o *Observer) RunEnded(job, runID string, state mapreduce.State, took time.Duration) {
 	end := time.Now()
 	_, span := o.tracer.Start(context.Background(), "batchmr.run",
 		trace.WithTimestamp(end.Add(-took)),
-		trace.WithAttributes(AttrJob.String(job), AttrRun.String(run), AttrState.String(string(state))))
+		trace.WithAttributes(AttrJob.String(job), AttrRun.String(runID), AttrState.String(string(state))))
 	if state == mapreduce.StateFailed {
 		span.SetStatus(codes.Error, "the run failed")
 	}
