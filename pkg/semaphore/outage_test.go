@@ -34,6 +34,18 @@ func clientVia(t *testing.T, addr string) *redis.Client {
 	return rdb
 }
 
+// leaseEnd is the lease deadline that Redis holds for the permit id,
+// measured from its grant (by Stats of s); 0 if Redis holds no such permit.
+func leaseEnd(t *testing.T, s *semaphore.Semaphore, id string) time.Duration {
+	t.Helper()
+	for _, h := range stats(t, s).Holders {
+		if h.ID == id {
+			return h.HeldFor + h.LeaseLeft
+		}
+	}
+	return 0
+}
+
 func redisAddr(t *testing.T) string {
 	opt, err := redis.ParseURL(testenv.RedisURL(t))
 	if err != nil {
@@ -120,12 +132,18 @@ func TestHolderKeepsItsPermitAcrossAShortOutage(t *testing.T) {
 	ctx := context.Background()
 	p := mustAcquire(t, s)
 	px.cut()
-	time.Sleep(300 * time.Millisecond)
+	// The deadline Redis holds for the permit, whose refreshes now fail.
+	cutAt := leaseEnd(t, other, p.ID())
+	testenv.WaitFor(t, 5*time.Second, "s to find Redis cut off", func() bool { return px.refused.Load() > 0 })
 	if _, err := other.TryAcquire(ctx); !errors.Is(err, semaphore.ErrNoPermit) {
 		t.Errorf("during the outage another process got the permit: %v", err)
 	}
 	px.restore()
-	time.Sleep(lease) // long enough that the permit would expire unless refreshed after the outage
+	// Until a refresh sent after that deadline passed lands: the permit
+	// would have expired unless refreshed after the outage.
+	testenv.WaitFor(t, 5*lease, "a refresh past the deadline the outage left", func() bool {
+		return leaseEnd(t, other, p.ID()) > cutAt+lease
+	})
 	if err := p.Context().Err(); err != nil {
 		t.Fatalf("permit cancelled across a short outage: %v", context.Cause(p.Context()))
 	}
@@ -512,17 +530,27 @@ func TestCloseDuringAnOutageEndsTheRetriesAndReturnsPromptly(t *testing.T) {
 	c := clientVia(t, px.addr())
 	calls := &cmdCounter{n: map[string]int{}}
 	c.AddHook(calls)
+	// The attempts to give the queued waiter's place back.
+	var place atomic.Value
+	place.Store("")
+	var placeGivenBack atomic.Int64
+	c.AddHook(&faultHook{before: func(cmd redis.Cmder) {
+		if isScript(cmd, semaphore.ReleaseScript) && arg(cmd, argToken) == place.Load() {
+			placeGivenBack.Add(1)
+		}
+	}})
 	s := newSem(t, c, prefix, semaphore.Options{Limit: 2})
 	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 2})
 	ctx := context.Background()
 	released, kept := mustAcquire(t, s), mustAcquire(t, s)
 	queued := acquireQueued(t, s, other, 1)
+	place.Store(stats(t, other).Waiters[0].ID)
 
 	px.cut()
 	if err := released.Release(ctx); err != nil {
 		t.Errorf("Release with Redis cut off = %v, want nil (retried in the background)", err)
 	}
-	time.Sleep(300 * time.Millisecond) // a few retries
+	testenv.WaitFor(t, 5*time.Second, "a few retries", func() bool { return px.refused.Load() >= 3 })
 	start := time.Now()
 	err := s.Close()
 	took := time.Since(start)
@@ -539,11 +567,12 @@ func TestCloseDuringAnOutageEndsTheRetriesAndReturnsPromptly(t *testing.T) {
 	if q := <-queued; q != nil {
 		t.Errorf("a waiter was granted %s across Close", q.ID())
 	}
-	// The Acquire that Close ended gives its place back once more, on its
-	// own goroutine; after that, nothing may call Redis.
-	time.Sleep(300 * time.Millisecond)
+	// Close gives the waiter's place back, and the Acquire that Close ended
+	// once more, on its own goroutine; after that, nothing may call Redis.
+	testenv.WaitFor(t, 5*time.Second, "the place given back by Close and by its Acquire", func() bool { return placeGivenBack.Load() >= 2 })
 	before := calls.snapshot()
-	time.Sleep(2 * time.Second) // longer than the longest backoff
+	// The claim is that nothing happens: wait longer than the longest backoff.
+	time.Sleep(2 * time.Second)
 	if after := calls.snapshot(); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Errorf("calls went on after Close returned: %v, then %v", before, after)
 	}

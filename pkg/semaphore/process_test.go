@@ -28,8 +28,14 @@ func TestKilledHolderGivesItsPermitBackWithinItsLease(t *testing.T) {
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
 	h := startHelper(t, "hold", prefix, "SEMTEST_LEASE="+lease.String())
 	fence, _ := strconv.ParseInt(h.expect(t, "fence", 10*time.Second), 10, 64)
-	// The helper is alive and refreshing: its permit must outlive the lease.
-	time.Sleep(2 * lease)
+	// The helper is alive and refreshing: its permit must outlive the lease
+	// it was granted with. Redis's deadline a whole lease past the first one
+	// means a refresh landed after the first had passed.
+	tok := stats(t, s).Holders[0].ID
+	first := deadlineMs(rdb, prefix, "holders", tok)
+	testenv.WaitFor(t, 10*lease, "the helper's lease refreshed past its first deadline", func() bool {
+		return deadlineMs(rdb, prefix, "holders", tok) > first+float64(lease.Milliseconds())
+	})
 	if _, err := s.TryAcquire(context.Background()); !errors.Is(err, semaphore.ErrNoPermit) {
 		t.Fatalf("a live holder's permit was taken: %v", err)
 	}
