@@ -101,7 +101,7 @@ func TestKilledWaiterStopsBlockingTheQueueWithinItsHeartbeat(t *testing.T) {
 	ctx := context.Background()
 	p := mustAcquire(t, s)
 	h := startHelper(t, "wait", prefix, "SEMTEST_LEASE="+lease.String())
-	h.expect(t, "queued", 10*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "the helper queued", func() bool { return len(stats(t, s).Waiters) == 1 })
 	got := make(chan error, 1)
 	go func() {
 		q, err := s.Acquire(ctx) // queued behind the helper
