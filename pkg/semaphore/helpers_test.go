@@ -132,6 +132,18 @@ func deadlineMs(rdb redis.UniversalClient, prefix, key, member string) float64 {
 	return d
 }
 
+// leaseLeftMs is how long the lease of the permit tok has left in Redis,
+// by Redis's clock, in milliseconds; 0 if Redis holds no such permit or
+// does not answer. Any goroutine may call it.
+func leaseLeftMs(rdb redis.UniversalClient, prefix, tok string) float64 {
+	deadline := deadlineMs(rdb, prefix, "holders", tok)
+	now, err := rdb.Time(context.Background()).Result()
+	if deadline == 0 || err != nil {
+		return 0
+	}
+	return deadline - float64(now.UnixMilli())
+}
+
 // redisNowMs is the time by the clock of rdb's server, in milliseconds.
 func redisNowMs(t *testing.T, rdb redis.UniversalClient) float64 {
 	t.Helper()
