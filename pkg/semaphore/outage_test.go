@@ -707,7 +707,7 @@ func TestARedisOutageIsOneWarningAndOneEndLineNotALinePerCall(t *testing.T) {
 					}
 					return
 				}
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond)        // held a while
 				_ = p.Release(context.Background()) // during the outage: retried in the background
 				rounds.Add(1)
 			}

@@ -533,7 +533,7 @@ func TestHoldersOfAHealthySemaphoreNeverLoseTheirLease(t *testing.T) {
 						t.Errorf("permit %s not refreshed within %v", p.ID(), 10*lease)
 					}
 				} else {
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // held a while
 				}
 				err = p.Release(ctx)
 				switch {
