@@ -36,6 +36,10 @@ func TestKilledHolderGivesItsPermitBackWithinItsLease(t *testing.T) {
 	testenv.WaitFor(t, 10*lease, "the helper's lease refreshed past its first deadline", func() bool {
 		return deadlineMs(rdb, prefix, "holders", tok) > first+float64(lease.Milliseconds())
 	})
+	// Refreshed, not kept lost for the helper to release.
+	if info := rdb.HGet(context.Background(), prefix+":{db}:info", tok).Val(); strings.HasSuffix(info, ":lost") {
+		t.Fatalf("the live helper's permit was lost: %q", info)
+	}
 	if _, err := s.TryAcquire(context.Background()); !errors.Is(err, semaphore.ErrNoPermit) {
 		t.Fatalf("a live holder's permit was taken: %v", err)
 	}
