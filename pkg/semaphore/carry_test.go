@@ -567,9 +567,15 @@ func TestACarriedWaiterKeepsItsPlaceForManyLeases(t *testing.T) {
 	q1 := receiveGrant(t, got1, 5*time.Second, "the queued waiter")
 	testenv.WaitFor(t, 5*time.Second, "the carried waiter queued", func() bool { return len(stats(t, c.obs).Waiters) == 1 })
 	queued := waiterIDs(t, c.obs)
-	time.Sleep(5 * lease)
+	// Until its heartbeat has been refreshed several leases past the
+	// deadline it had when queued: without refreshes it would have lapsed.
+	const leases = 3
+	alive := deadlineMs(rdb, prefix, "alive", queued[0])
+	testenv.WaitFor(t, 10*leases*lease, "the carried waiter's heartbeat refreshed for several leases", func() bool {
+		return deadlineMs(rdb, prefix, "alive", queued[0]) > alive+float64((leases*lease).Milliseconds())
+	})
 	if ids := waiterIDs(t, c.obs); !slices.Equal(ids, queued) {
-		t.Fatalf("after %v: waiters %v, want %v still queued (its heartbeat refreshed)", 5*lease, ids, queued)
+		t.Fatalf("after %d leases: waiters %v, want %v still queued (its heartbeat refreshed)", leases, ids, queued)
 	}
 	if err := q1.Release(ctx); err != nil {
 		t.Fatal(err)

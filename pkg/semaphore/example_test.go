@@ -95,8 +95,8 @@ func ExampleSemaphore_SetLimit() {
 		q, _ := sem.Acquire(ctx) // waits: the only permit is held
 		granted <- q
 	}()
+	// Until Redis shows it queued: each Stats is a round trip.
 	for st, _ := sem.Stats(ctx); len(st.Waiters) == 0; st, _ = sem.Stats(ctx) {
-		time.Sleep(time.Millisecond)
 	}
 	if err := sem.SetLimit(ctx, 2); err != nil {
 		panic(err)

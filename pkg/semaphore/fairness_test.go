@@ -196,7 +196,7 @@ func TestReleaseHandsThePermitOverWithoutPolling(t *testing.T) {
 	p := mustAcquire(t, holderSem)
 	granted := acquireQueued(t, waiterSem, holderSem, 1)
 	before, processedBefore := counter.snapshot(), processed()
-	time.Sleep(time.Second) // a polling waiter would retry many times here
+	time.Sleep(time.Second) // the claim is a quiet window: a polling waiter would retry many times in it
 	during, processedDuring := counter.snapshot(), processed()
 	scripts := func(m map[string]int) int { return m["evalsha"] + m["eval"] + m["fcall"] }
 	if scripts(during) != scripts(before) {
@@ -238,7 +238,7 @@ func TestFiveHundredWaitersShareOneBlockingConnection(t *testing.T) {
 	const waiters = 500
 	var granted atomic.Int64
 	var wg sync.WaitGroup
-	for i := 0; i < waiters; i++ {
+	wait := func() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -250,6 +250,9 @@ func TestFiveHundredWaitersShareOneBlockingConnection(t *testing.T) {
 			granted.Add(1)
 			_ = q.Release(ctx)
 		}()
+	}
+	for i := 0; i < waiters; i++ {
+		wait()
 	}
 	testenv.WaitFor(t, 30*time.Second, "500 waiters queued", func() bool { return len(stats(t, s).Waiters) == waiters })
 	count := func() (conns, blocked int) {
@@ -269,20 +272,27 @@ func TestFiveHundredWaitersShareOneBlockingConnection(t *testing.T) {
 		return conns, blocked
 	}
 	testenv.WaitFor(t, 10*time.Second, "the dispatcher's blocking pop", func() bool { _, b := count(); return b >= 1 })
-	for i := 0; i < 3; i++ { // the same at three moments, not one lucky snapshot
+	// The same at three moments, not one lucky snapshot: each after one
+	// more waiter queued.
+	const more = 2
+	for i := 0; ; i++ {
 		conns, blocked := count()
 		if blocked != 1 {
-			t.Errorf("%d blocked connections for %d waiters, want 1", blocked, waiters)
+			t.Errorf("%d blocked connections for %d waiters, want 1", blocked, waiters+i)
 		}
-		t.Logf("%d waiters: %d connections, %d blocked", waiters, conns, blocked)
-		time.Sleep(100 * time.Millisecond)
+		t.Logf("%d waiters: %d connections, %d blocked", waiters+i, conns, blocked)
+		if i == more {
+			break
+		}
+		wait()
+		testenv.WaitFor(t, 10*time.Second, "one more waiter queued", func() bool { return len(stats(t, s).Waiters) == waiters+i+1 })
 	}
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	if granted.Load() != waiters {
-		t.Errorf("%d of %d waiters granted", granted.Load(), waiters)
+	if granted.Load() != waiters+more {
+		t.Errorf("%d of %d waiters granted", granted.Load(), waiters+more)
 	}
 }
 
@@ -340,7 +350,7 @@ func TestHeldWeightNeverExceedsTheLimit(t *testing.T) {
 				if n > limit {
 					t.Errorf("%d held, limit %d", n, limit)
 				}
-				time.Sleep(200 * time.Microsecond)
+				time.Sleep(200 * time.Microsecond) // held a while
 				held.Add(-int64(w))
 				if err := p.Release(ctx); err != nil {
 					t.Error(err)

@@ -107,6 +107,53 @@ func cutOffPair(t *testing.T, lease, otherLease time.Duration) (s, other *semaph
 	return s, other, px
 }
 
+// eventually polls cond until it holds, or until timeout has passed, and
+// reports which. Unlike testenv.WaitFor it does not fail the test, so a
+// fault hook or a worker goroutine may wait with it.
+func eventually(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+// deadlineMs is member's score in the sorted set key under prefix's
+// semaphore "db" ("holders": its lease deadline; "alive": a waiter's
+// heartbeat deadline), in Redis's milliseconds; 0 if it has none.
+func deadlineMs(rdb redis.UniversalClient, prefix, key, member string) float64 {
+	d, err := rdb.ZScore(context.Background(), prefix+":{db}:"+key, member).Result()
+	if err != nil {
+		return 0
+	}
+	return d
+}
+
+// leaseLeftMs is how long the lease of the permit tok has left in Redis,
+// by Redis's clock, in milliseconds; 0 if Redis holds no such permit or
+// does not answer. Any goroutine may call it.
+func leaseLeftMs(rdb redis.UniversalClient, prefix, tok string) float64 {
+	deadline := deadlineMs(rdb, prefix, "holders", tok)
+	now, err := rdb.Time(context.Background()).Result()
+	if deadline == 0 || err != nil {
+		return 0
+	}
+	return deadline - float64(now.UnixMilli())
+}
+
+// redisNowMs is the time by the clock of rdb's server, in milliseconds.
+func redisNowMs(t *testing.T, rdb redis.UniversalClient) float64 {
+	t.Helper()
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return float64(now.UnixMilli())
+}
+
 func stats(t *testing.T, s *semaphore.Semaphore) semaphore.Stats {
 	t.Helper()
 	st, err := s.Stats(context.Background())
@@ -235,8 +282,11 @@ type proxy struct {
 	ln     net.Listener
 	target string
 	down   atomic.Bool
-	mu     sync.Mutex
-	conns  []net.Conn
+	// refused counts the connections refused while cut: a client's
+	// attempts to reach Redis during the outage.
+	refused atomic.Int64
+	mu      sync.Mutex
+	conns   []net.Conn
 }
 
 func startProxy(t *testing.T, target string) *proxy {
@@ -260,6 +310,7 @@ func (p *proxy) serve() {
 			return
 		}
 		if p.down.Load() {
+			p.refused.Add(1)
 			_ = c.Close()
 			continue
 		}

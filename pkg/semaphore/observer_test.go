@@ -55,8 +55,12 @@ func TestObserverSeesEachGrantWithItsWaitAndEachReleaseWithItsHoldTime(t *testin
 		t.Fatal(err)
 	}
 	got := acquireQueued(t, s, s, 1)
+	// The queued Acquire waits at least this long, by Redis's clock.
 	const hold = 50 * time.Millisecond
-	time.Sleep(hold) // the queued Acquire waits at least this long
+	testenv.WaitFor(t, 5*time.Second, "the waiter queued a while", func() bool {
+		st := stats(t, s)
+		return len(st.Waiters) == 1 && st.Waiters[0].Age > hold // in whole milliseconds
+	})
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -121,9 +121,17 @@ func TestOutOfMemoryHoldersAndWaitersKeepTheirPlaces(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	a, _, p, got := heldAndQueued(t, rdb, "oom", semaphore.Options{Limit: 1, Lease: lease})
 
+	waiter := stats(t, a).Waiters[0].ID
 	free := outOfMemory(t, rdb)
 	defer free()
-	time.Sleep(5 * lease)
+	// Refreshed under maxmemory until the lease and the heartbeat reach
+	// several leases past where they stood when memory ran out.
+	const leases = 3
+	held, alive := deadlineMs(rdb, "oom", "holders", p.ID()), deadlineMs(rdb, "oom", "alive", waiter)
+	testenv.WaitFor(t, 10*time.Second, "the lease and the heartbeat refreshed over maxmemory", func() bool {
+		return deadlineMs(rdb, "oom", "holders", p.ID()) > held+float64((leases*lease).Milliseconds()) &&
+			deadlineMs(rdb, "oom", "alive", waiter) > alive+float64((leases*lease).Milliseconds())
+	})
 	if err := context.Cause(p.Context()); err != nil {
 		t.Fatalf("the holder's permit was lost while Redis was over maxmemory: %v", err)
 	}
@@ -131,11 +139,11 @@ func TestOutOfMemoryHoldersAndWaitersKeepTheirPlaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Holders) != 1 || st.Holders[0].ID != p.ID() || len(st.Waiters) != 1 {
-		t.Fatalf("after %v over maxmemory: holders %v, waiters %v; want the holder and the waiter kept", 5*lease, st.Holders, st.Waiters)
+	if len(st.Holders) != 1 || st.Holders[0].ID != p.ID() || len(st.Waiters) != 1 || st.Waiters[0].ID != waiter {
+		t.Fatalf("after %d leases over maxmemory: holders %v, waiters %v; want the holder and the waiter kept", leases, st.Holders, st.Waiters)
 	}
 	if err := p.Release(ctx); err != nil {
-		t.Fatalf("Release after %v over maxmemory = %v", 5*lease, err)
+		t.Fatalf("Release after %d leases over maxmemory = %v", leases, err)
 	}
 	q := receiveGrant(t, got, 10*time.Second, "the waiter, after the release")
 	_ = q.Release(ctx)

@@ -34,6 +34,18 @@ func clientVia(t *testing.T, addr string) *redis.Client {
 	return rdb
 }
 
+// leaseEnd is the lease deadline that Redis holds for the permit id,
+// measured from its grant (by Stats of s); 0 if Redis holds no such permit.
+func leaseEnd(t *testing.T, s *semaphore.Semaphore, id string) time.Duration {
+	t.Helper()
+	for _, h := range stats(t, s).Holders {
+		if h.ID == id {
+			return h.HeldFor + h.LeaseLeft
+		}
+	}
+	return 0
+}
+
 func redisAddr(t *testing.T) string {
 	opt, err := redis.ParseURL(testenv.RedisURL(t))
 	if err != nil {
@@ -120,12 +132,18 @@ func TestHolderKeepsItsPermitAcrossAShortOutage(t *testing.T) {
 	ctx := context.Background()
 	p := mustAcquire(t, s)
 	px.cut()
-	time.Sleep(300 * time.Millisecond)
+	// The deadline Redis holds for the permit, whose refreshes now fail.
+	cutAt := leaseEnd(t, other, p.ID())
+	testenv.WaitFor(t, 5*time.Second, "s to find Redis cut off", func() bool { return px.refused.Load() > 0 })
 	if _, err := other.TryAcquire(ctx); !errors.Is(err, semaphore.ErrNoPermit) {
 		t.Errorf("during the outage another process got the permit: %v", err)
 	}
 	px.restore()
-	time.Sleep(lease) // long enough that the permit would expire unless refreshed after the outage
+	// Until a refresh sent after that deadline passed lands: the permit
+	// would have expired unless refreshed after the outage.
+	testenv.WaitFor(t, 5*lease, "a refresh past the deadline the outage left", func() bool {
+		return leaseEnd(t, other, p.ID()) > cutAt+lease
+	})
 	if err := p.Context().Err(); err != nil {
 		t.Fatalf("permit cancelled across a short outage: %v", context.Cause(p.Context()))
 	}
@@ -512,17 +530,27 @@ func TestCloseDuringAnOutageEndsTheRetriesAndReturnsPromptly(t *testing.T) {
 	c := clientVia(t, px.addr())
 	calls := &cmdCounter{n: map[string]int{}}
 	c.AddHook(calls)
+	// The attempts to give the queued waiter's place back.
+	var place atomic.Value
+	place.Store("")
+	var placeGivenBack atomic.Int64
+	c.AddHook(&faultHook{before: func(cmd redis.Cmder) {
+		if isScript(cmd, semaphore.ReleaseScript) && arg(cmd, argToken) == place.Load() {
+			placeGivenBack.Add(1)
+		}
+	}})
 	s := newSem(t, c, prefix, semaphore.Options{Limit: 2})
 	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 2})
 	ctx := context.Background()
 	released, kept := mustAcquire(t, s), mustAcquire(t, s)
 	queued := acquireQueued(t, s, other, 1)
+	place.Store(stats(t, other).Waiters[0].ID)
 
 	px.cut()
 	if err := released.Release(ctx); err != nil {
 		t.Errorf("Release with Redis cut off = %v, want nil (retried in the background)", err)
 	}
-	time.Sleep(300 * time.Millisecond) // a few retries
+	testenv.WaitFor(t, 5*time.Second, "a few retries", func() bool { return px.refused.Load() >= 3 })
 	start := time.Now()
 	err := s.Close()
 	took := time.Since(start)
@@ -539,11 +567,12 @@ func TestCloseDuringAnOutageEndsTheRetriesAndReturnsPromptly(t *testing.T) {
 	if q := <-queued; q != nil {
 		t.Errorf("a waiter was granted %s across Close", q.ID())
 	}
-	// The Acquire that Close ended gives its place back once more, on its
-	// own goroutine; after that, nothing may call Redis.
-	time.Sleep(300 * time.Millisecond)
+	// Close gives the waiter's place back, and the Acquire that Close ended
+	// once more, on its own goroutine; after that, nothing may call Redis.
+	testenv.WaitFor(t, 5*time.Second, "the place given back by Close and by its Acquire", func() bool { return placeGivenBack.Load() >= 2 })
 	before := calls.snapshot()
-	time.Sleep(2 * time.Second) // longer than the longest backoff
+	// The claim is that nothing happens: wait longer than the longest backoff.
+	time.Sleep(2 * time.Second)
 	if after := calls.snapshot(); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Errorf("calls went on after Close returned: %v, then %v", before, after)
 	}
@@ -559,16 +588,27 @@ func TestAcquireWaitsOutABlackholeLongerThanItsCallsDeadline(t *testing.T) {
 	t.Parallel()
 	_, prefix := testenv.Redis(t)
 	proxy := testenv.NewProxy(t, "tcp", redisAddr(t))
-	s := newSem(t, clientVia(t, proxy.Addr()), prefix, semaphore.Options{Limit: 1})
+	c := clientVia(t, proxy.Addr())
+	var acquireCalls atomic.Int64
+	c.AddHook(&faultHook{before: func(cmd redis.Cmder) {
+		if isScript(cmd, semaphore.AcquireScript) {
+			acquireCalls.Add(1)
+		}
+	}})
+	s := newSem(t, c, prefix, semaphore.Options{Limit: 1})
 	watcher := newSem(t, clientVia(t, redisAddr(t)), prefix, semaphore.Options{Limit: 1})
 	p := mustAcquire(t, s) // a warm connection, then the blackhole
 	if err := p.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	before := acquireCalls.Load()
 	proxy.Blackhole()
 	restored := make(chan time.Time, 1)
 	go func() {
-		time.Sleep(semaphore.ReleaseTimeout + time.Second) // past the call's own deadline
+		// Past the first call's own deadline: the Acquire has sent another.
+		if !eventually(30*time.Second, func() bool { return acquireCalls.Load() >= before+2 }) {
+			t.Error("the Acquire sent no second call into the blackhole")
+		}
 		proxy.Restore()
 		restored <- time.Now()
 	}()
@@ -576,7 +616,7 @@ func TestAcquireWaitsOutABlackholeLongerThanItsCallsDeadline(t *testing.T) {
 	defer cancel()
 	q, err := s.Acquire(ctx)
 	if err != nil {
-		t.Fatalf("Acquire across a blackhole of %v: %v; want a permit once Redis answers", semaphore.ReleaseTimeout+time.Second, err)
+		t.Fatalf("Acquire across a blackhole: %v; want a permit once Redis answers", err)
 	}
 	select {
 	case <-restored:
@@ -613,15 +653,20 @@ func TestAPermitReleasedDuringAnOutagePastItsLeaseIsGivenBackWhenRedisReturns(t 
 	acquireQueued(t, s, watch, 2) // s's own waiter, behind it
 
 	// Redis goes away for both processes, past s's lease.
+	lapses := deadlineMs(rdb, prefix, "holders", released.ID())
 	px.cut()
 	pxOther.cut()
 	if err := released.Release(ctx); err != nil {
 		t.Errorf("Release with Redis away = %v, want nil (retried in the background)", err)
 	}
-	time.Sleep(lease + time.Second)
-	// s calls first when Redis is back, as a busy worker does.
+	testenv.WaitFor(t, 3*lease, "the released permit's lease to run out in Redis", func() bool { return redisNowMs(t, rdb) > lapses })
+	// s calls first when Redis is back, as a busy worker does: Redis keeps
+	// the lapsed permit for it, marked lost, unless the release landed first.
 	px.restore()
-	time.Sleep(lease/3 + slack)
+	testenv.WaitFor(t, 2*lease, "s's first call after the outage", func() bool {
+		info, err := rdb.HGet(ctx, prefix+":{db}:info", released.ID()).Result()
+		return strings.HasSuffix(info, ":lost") || deadlineMs(rdb, prefix, "holders", released.ID()) == 0 && err == redis.Nil
+	})
 	pxOther.restore()
 	back := time.Now()
 	q := receiveGrant(t, got, resumeWithin, "the other process's waiter, after Redis came back")
@@ -635,7 +680,7 @@ func TestAPermitReleasedDuringAnOutagePastItsLeaseIsGivenBackWhenRedisReturns(t 
 }
 
 // TestARedisOutageIsOneWarningAndOneEndLineNotALinePerCall: Redis killed
-// for three seconds (and restarted from its AOF) under 40 goroutines that
+// for a second or more (and restarted from its AOF) under 40 goroutines that
 // acquire and release in a loop: each failed call is counted at debug,
 // the handle warns once per cause (unreachable; failing over, if the
 // restart is caught loading), and says at info that the outage is over,
@@ -662,7 +707,7 @@ func TestARedisOutageIsOneWarningAndOneEndLineNotALinePerCall(t *testing.T) {
 					}
 					return
 				}
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond)        // held a while
 				_ = p.Release(context.Background()) // during the outage: retried in the background
 				rounds.Add(1)
 			}
@@ -670,28 +715,39 @@ func TestARedisOutageIsOneWarningAndOneEndLineNotALinePerCall(t *testing.T) {
 	}
 	t.Cleanup(func() { stop(); wg.Wait() }) // before Close, should the test fail
 	testenv.WaitFor(t, 10*time.Second, "permits going round", func() bool { return rounds.Load() > 100 })
-	const down = 3 * time.Second
-	srv.Kill()
-	time.Sleep(down)
-	srv.Start()
-	before := rounds.Load()
-	testenv.WaitFor(t, 20*time.Second, "permits going round again", func() bool { return rounds.Load() > before+100 })
 	var warns []string
 	var over map[string]any
-	debugs := 0
-	for end := time.Now().Add(10 * time.Second); over == nil && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		warns, debugs = nil, 0
+	debugs, failures := 0, 0 // failures: as the outage's log counts them
+	scan := func() {
+		warns, over, debugs, failures = nil, nil, 0, 0
 		for _, r := range logs.Records(t) {
+			msg := fmt.Sprint(r["msg"])
+			if strings.HasPrefix(msg, "semaphore: Redis unreachable: retrying") || strings.HasPrefix(msg, "semaphore: failed during an outage") {
+				failures++
+			}
 			switch {
 			case r["level"] == "WARN" || r["level"] == "ERROR":
-				warns = append(warns, fmt.Sprint(r["msg"]))
+				warns = append(warns, msg)
 			case r["level"] == "DEBUG":
 				debugs++
-			case r["msg"] == "semaphore: Redis unreachable: over":
+			case msg == "semaphore: Redis unreachable: over":
 				over = r
 			}
 		}
 	}
+	srv.Kill()
+	killed := time.Now()
+	// Down until the outage has counted a failed call per goroutine, and
+	// for a second at least: an outage, not a blip.
+	testenv.WaitFor(t, 20*time.Second, "the outage warned of, and a failed call per goroutine", func() bool {
+		scan()
+		return len(warns) > 0 && failures >= goroutines && debugs >= goroutines && time.Since(killed) > time.Second
+	})
+	srv.Start()
+	down := time.Since(killed)
+	before := rounds.Load()
+	testenv.WaitFor(t, 20*time.Second, "permits going round again", func() bool { return rounds.Load() > before+100 })
+	eventually(10*time.Second, func() bool { scan(); return over != nil })
 	stop()
 	wg.Wait()
 	t.Logf("%d warnings, %d debug lines; end: %v", len(warns), debugs, over)

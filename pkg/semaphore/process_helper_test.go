@@ -21,7 +21,8 @@ import (
 //	hold:  acquire one permit, say "fence N", then report a lost lease
 //	       ("lost CAUSE") when it happens; on a "release" line from stdin,
 //	       release and say "released ERR".
-//	wait:  say "queued" once queued, "fence N" when granted, then hold until killed.
+//	wait:  acquire one permit (the caller sees it queued in Stats), say
+//	       "fence N" when granted, then hold until killed.
 //	churn: SEMTEST_GOROUTINES goroutines acquire a random weight up to
 //	       SEMTEST_MAXW, add it to the shared counter key, check the counter
 //	       never exceeds the limit, hold ~1ms, subtract and release, for
@@ -75,16 +76,6 @@ func runHelper(role string) int {
 		}
 		return 0
 	case "wait":
-		go func() {
-			for {
-				st, err := sem.Stats(ctx)
-				if err == nil && len(st.Waiters) > 0 {
-					say("queued")
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}()
 		p, err := sem.Acquire(ctx)
 		if err != nil {
 			say("error %v", err)

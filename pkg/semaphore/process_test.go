@@ -28,8 +28,18 @@ func TestKilledHolderGivesItsPermitBackWithinItsLease(t *testing.T) {
 	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
 	h := startHelper(t, "hold", prefix, "SEMTEST_LEASE="+lease.String())
 	fence, _ := strconv.ParseInt(h.expect(t, "fence", 10*time.Second), 10, 64)
-	// The helper is alive and refreshing: its permit must outlive the lease.
-	time.Sleep(2 * lease)
+	// The helper is alive and refreshing: its permit must outlive the lease
+	// it was granted with. Redis's deadline a whole lease past the first one
+	// means a refresh landed after the first had passed.
+	tok := stats(t, s).Holders[0].ID
+	first := deadlineMs(rdb, prefix, "holders", tok)
+	testenv.WaitFor(t, 10*lease, "the helper's lease refreshed past its first deadline", func() bool {
+		return deadlineMs(rdb, prefix, "holders", tok) > first+float64(lease.Milliseconds())
+	})
+	// Refreshed, not kept lost for the helper to release.
+	if info := rdb.HGet(context.Background(), prefix+":{db}:info", tok).Val(); strings.HasSuffix(info, ":lost") {
+		t.Fatalf("the live helper's permit was lost: %q", info)
+	}
 	if _, err := s.TryAcquire(context.Background()); !errors.Is(err, semaphore.ErrNoPermit) {
 		t.Fatalf("a live holder's permit was taken: %v", err)
 	}
@@ -95,7 +105,7 @@ func TestKilledWaiterStopsBlockingTheQueueWithinItsHeartbeat(t *testing.T) {
 	ctx := context.Background()
 	p := mustAcquire(t, s)
 	h := startHelper(t, "wait", prefix, "SEMTEST_LEASE="+lease.String())
-	h.expect(t, "queued", 10*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "the helper queued", func() bool { return len(stats(t, s).Waiters) == 1 })
 	got := make(chan error, 1)
 	go func() {
 		q, err := s.Acquire(ctx) // queued behind the helper

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -198,9 +199,13 @@ func TestARetriedAcquireIsNeverHandedTheGrantOfItsLapsedPlace(t *testing.T) {
 func TestALocalGrantBeforeTheQueuedReplyKeepsItsLease(t *testing.T) {
 	t.Parallel()
 	var slow atomic.Bool
+	released := make(chan struct{})
 	h := &faultHook{after: func(cmd redis.Cmder) {
 		if slow.Load() && isScript(cmd, semaphore.AcquireScript) && arg(cmd, argWaitFlag) == "1" {
-			time.Sleep(50 * time.Millisecond)
+			select { // the reply comes once the release has handed over
+			case <-released:
+			case <-time.After(10 * time.Second):
+			}
 		}
 	}}
 	_, prefix := testenv.Redis(t)
@@ -221,6 +226,7 @@ func TestALocalGrantBeforeTheQueuedReplyKeepsItsLease(t *testing.T) {
 	if err := a.Release(ctx); err != nil { // hands b its permit before b's reply is read
 		t.Fatal(err)
 	}
+	close(released)
 	b := <-got
 	select {
 	case <-b.Context().Done():
@@ -232,23 +238,27 @@ func TestALocalGrantBeforeTheQueuedReplyKeepsItsLease(t *testing.T) {
 	}
 }
 
-// The first acquire call is granted but its reply is lost; the retry 450ms
-// later finds the grant. The lease must be re-armed from the retry, so that
-// the local view never outlives Redis's.
+// The first acquire call is granted but its reply is lost; the retry, once
+// most of the grant's lease has run out in Redis, finds the grant. The
+// lease must be re-armed from the retry, so that the local view never
+// outlives Redis's.
 func TestARetriedAcquireDatesItsLeaseFromTheRetry(t *testing.T) {
 	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	const lease = 600 * time.Millisecond
 	var lostOnce, cutOff atomic.Bool
 	h := &faultHook{
 		after: func(cmd redis.Cmder) {
 			if isScript(cmd, semaphore.AcquireScript) && lostOnce.CompareAndSwap(false, true) {
-				time.Sleep(450 * time.Millisecond)
+				tok := arg(cmd, argToken)
+				if !eventually(5*time.Second, func() bool { return leaseLeftMs(rdb, prefix, tok) < float64(lease.Milliseconds())/4 }) {
+					t.Error("the first grant's lease did not run down in Redis")
+				}
 				cmd.SetErr(errors.New("read tcp: i/o timeout (injected)"))
 			}
 		},
 		refuse: func(cmd redis.Cmder) bool { return cutOff.Load() && isScript(cmd, semaphore.RefreshScript) },
 	}
-	rdb, prefix := testenv.Redis(t)
-	const lease = 600 * time.Millisecond
 	s := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
 	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: lease})
 	ctx := context.Background()
@@ -269,9 +279,13 @@ func TestAnAcquireThatFailsAfterItsGrantLeavesNothingHeld(t *testing.T) {
 	unblock := make(chan struct{})
 	var target atomic.Value
 	target.Store("")
-	var refuseRelease atomic.Bool
-	refuseRelease.Store(true)
+	var targetRefreshed atomic.Int64 // refreshes of the target's permit
 	h := &faultHook{
+		before: func(cmd redis.Cmder) {
+			if isScript(cmd, semaphore.RefreshScript) && slices.ContainsFunc(cmd.Args(), func(a any) bool { return a == target.Load() }) {
+				targetRefreshed.Add(1)
+			}
+		},
 		after: func(cmd redis.Cmder) {
 			if isScript(cmd, semaphore.AcquireScript) && arg(cmd, argToken) == target.Load() {
 				<-unblock
@@ -281,7 +295,7 @@ func TestAnAcquireThatFailsAfterItsGrantLeavesNothingHeld(t *testing.T) {
 		// The give-back fails too, so only not refreshing the permit can
 		// return it: the watchdog must have forgotten it.
 		refuse: func(cmd redis.Cmder) bool {
-			return refuseRelease.Load() && isScript(cmd, semaphore.ReleaseScript) && arg(cmd, argToken) == target.Load()
+			return isScript(cmd, semaphore.ReleaseScript) && arg(cmd, argToken) == target.Load()
 		},
 	}
 	rdb, prefix := testenv.Redis(t)
@@ -300,16 +314,14 @@ func TestAnAcquireThatFailsAfterItsGrantLeavesNothingHeld(t *testing.T) {
 	failed := make(chan error, 1)
 	go func() { _, err := s.Acquire(ctx); failed <- err }()
 	testenv.WaitFor(t, 5*time.Second, "s queued", func() bool { return len(stats(t, other).Waiters) == 1 })
-	_ = p.Release(ctx)    // grants s's waiter
-	time.Sleep(lease / 2) // s's watchdog finds the grant and delivers it
+	_ = p.Release(ctx) // grants s's waiter
+	// s has the grant (its waiter's acquire call has not answered, so
+	// only a permit's token is refreshed).
+	testenv.WaitFor(t, 5*time.Second, "s to refresh the granted permit", func() bool { return targetRefreshed.Load() > 0 })
 	close(unblock)
 	if err := <-failed; err == nil {
 		t.Fatal("Acquire succeeded despite the injected error")
 	}
-	// Past the give-back and its retries, which end with the lease: from
-	// here only the lease running out can return the permit.
-	time.Sleep(lease + 200*time.Millisecond)
-	refuseRelease.Store(false)
 	testenv.WaitFor(t, 5*lease, "the orphaned grant to be given back", func() bool { return stats(t, other).Held == 0 })
 }
 
@@ -344,7 +356,7 @@ func TestCloseEndsAnAcquireRetryingAgainstUnreachableRedis(t *testing.T) {
 	s := newSem(t, clientVia(t, px.addr()), prefix, semaphore.Options{Limit: 1})
 	done := make(chan error, 1)
 	go func() { _, err := s.Acquire(context.Background()); done <- err }()
-	time.Sleep(200 * time.Millisecond) // retrying by now
+	testenv.WaitFor(t, 5*time.Second, "the Acquire retrying", func() bool { return px.refused.Load() >= 2 })
 	go func() { _ = s.Close() }()
 	select {
 	case err := <-done:
@@ -473,7 +485,14 @@ func TestStatsListsHoldersInGrantOrder(t *testing.T) {
 		p := mustAcquire(t, s)
 		defer p.Release(ctx)
 	}
-	time.Sleep(250 * time.Millisecond) // a refresh: all lease deadlines now equal
+	// A refresh: all lease deadlines now equal.
+	testenv.WaitFor(t, 5*time.Second, "one refresh of all the leases", func() bool {
+		deadlines, err := rdb.ZRangeWithScores(ctx, prefix+":{db}:holders", 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(deadlines) == 12 && deadlines[0].Score == deadlines[11].Score
+	})
 	st := stats(t, s)
 	if len(st.Holders) != 12 {
 		t.Fatalf("%d holders, want 12", len(st.Holders))
@@ -508,10 +527,13 @@ func TestHoldersOfAHealthySemaphoreNeverLoseTheirLease(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if i%30 == 0 {
-					time.Sleep(lease / 2) // spans a refresh tick
+				if i%30 == 0 { // held until a refresh of it
+					from := deadlineMs(rdb, prefix, "holders", p.ID())
+					if !eventually(10*lease, func() bool { return deadlineMs(rdb, prefix, "holders", p.ID()) > from }) {
+						t.Errorf("permit %s not refreshed within %v", p.ID(), 10*lease)
+					}
 				} else {
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // held a while
 				}
 				err = p.Release(ctx)
 				switch {
@@ -539,11 +561,23 @@ func TestARefreshBeforeTheFirstAcquireCallDoesNotRequeue(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	var target atomic.Value
 	target.Store("")
-	h := &faultHook{before: func(cmd redis.Cmder) {
-		if isScript(cmd, semaphore.AcquireScript) && arg(cmd, argToken) == target.Load() {
-			time.Sleep(lease / 2) // a watchdog refresh happens meanwhile
-		}
-	}}
+	var refreshes atomic.Int64
+	h := &faultHook{
+		before: func(cmd redis.Cmder) {
+			if isScript(cmd, semaphore.AcquireScript) && arg(cmd, argToken) == target.Load() {
+				// A watchdog refresh is sent, and answered, meanwhile.
+				n := refreshes.Load()
+				if !eventually(10*lease, func() bool { return refreshes.Load() >= n+2 }) {
+					t.Error("no watchdog refresh while the first acquire call waited")
+				}
+			}
+		},
+		after: func(cmd redis.Cmder) {
+			if isScript(cmd, semaphore.RefreshScript) {
+				refreshes.Add(1)
+			}
+		},
+	}
 	rdb, prefix := testenv.Redis(t)
 	s := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 2, Lease: lease})
 	observer := newSem(t, rdb, prefix, semaphore.Options{Limit: 2, Lease: time.Minute})
@@ -557,7 +591,12 @@ func TestARefreshBeforeTheFirstAcquireCallDoesNotRequeue(t *testing.T) {
 	if err := p.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * lease) // an orphan would be kept alive by the watchdog
+	// An orphan would be kept alive by the watchdog's refreshes, while
+	// Redis lets lapse what nobody refreshes.
+	kept := deadlineMs(rdb, prefix, "holders", keep.ID())
+	testenv.WaitFor(t, 10*lease, "a lease past the release, refreshed", func() bool {
+		return deadlineMs(rdb, prefix, "holders", keep.ID()) > kept+float64(lease.Milliseconds())
+	})
 	if st := stats(t, observer); st.Held != 1 || len(st.Waiters) != 0 {
 		t.Errorf("after releasing p, Redis shows %+v: a grant was orphaned", st)
 	}
@@ -570,14 +609,18 @@ func TestARefreshBeforeTheFirstAcquireCallDoesNotRequeue(t *testing.T) {
 func TestAGrantWhoseReplyCameTooLateIsSettledNotStuck(t *testing.T) {
 	t.Parallel()
 	const lease = 300 * time.Millisecond
+	rdb, prefix := testenv.Redis(t)
 	var stall atomic.Bool
 	stall.Store(true)
 	h := &faultHook{after: func(cmd redis.Cmder) {
 		if isScript(cmd, semaphore.AcquireScript) && stall.CompareAndSwap(true, false) {
-			time.Sleep(lease + lease/2)
+			// The reply comes once the grant's lease has run out in Redis.
+			tok := arg(cmd, argToken)
+			if !eventually(10*lease, func() bool { return leaseLeftMs(rdb, prefix, tok) <= 0 }) {
+				t.Error("the grant's lease did not run out in Redis")
+			}
 		}
 	}}
-	rdb, prefix := testenv.Redis(t)
 	s := newSem(t, hookedClient(t, h), prefix, semaphore.Options{Limit: 1, Lease: lease})
 	observer := newSem(t, rdb, prefix, semaphore.Options{Limit: 1, Lease: time.Minute})
 	got := make(chan *semaphore.Permit, 1)

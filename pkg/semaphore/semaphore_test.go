@@ -255,7 +255,7 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 				}
 				last, holding = p.Fence(), true
 				mu.Unlock()
-				time.Sleep(100 * time.Microsecond)
+				time.Sleep(100 * time.Microsecond) // held a while: another holder now would be seen
 				mu.Lock()
 				holding = false
 				mu.Unlock()

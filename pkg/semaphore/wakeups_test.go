@@ -43,10 +43,15 @@ func TestOnePopTakesEveryWakeUpWaiting(t *testing.T) {
 		}
 		defer q.Release(context.Background())
 	}
-	// Had the dispatcher taken one grant per pop, the last two pops would
-	// be served at once; give them the time to show.
-	time.Sleep(200 * time.Millisecond)
-	n := commandCalls(t, rdb, "blmpop") - before
+	// Had the dispatcher taken one grant per pop, it would have needed
+	// three pops, each served before its grant arrived here. The server
+	// counts a served pop a moment after its reply: wait for the count of
+	// the first, which is by then that of any pop before the last.
+	var n int64
+	testenv.WaitFor(t, 5*time.Second, "the pop that served the grants counted", func() bool {
+		n = commandCalls(t, rdb, "blmpop") - before
+		return n > 0
+	})
 	if elapsed := time.Since(started); elapsed >= 5*time.Second && n > 1 {
 		// A dispatcher's pop blocks 5s: one may have timed out in the
 		// window, and a timeout counts as a call.
