@@ -344,19 +344,27 @@ func TestACopyThatFeedsAheadOfItsOriginalIsTheSplitTheReconcilerWatches(t *testi
 	e := newEnv(t)
 	const pages = 600
 	var (
-		maps   mapCalls
-		splits atomic.Int32
+		maps      mapCalls
+		splits    atomic.Int32
+		mapped    = make(chan struct{})
+		firstPage sync.Once
 	)
 	job := mapreduce.Job[int, int, int, int]{
 		Name: "copied",
 		Split: func(ctx context.Context, n int, emit func(int) error) error {
 			splits.Add(1)
 			if id, _ := asynq.GetTaskID(ctx); !strings.HasSuffix(id, "~copy") {
-				time.Sleep(300 * time.Millisecond) // the original, cut off for a while
+				// The original, cut off until the copy has fed pages.
+				select {
+				case <-mapped:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 			}
 			return emitPages(ctx, n, emit)
 		},
 		Map: func(ctx context.Context, i int) (int, error) {
+			firstPage.Do(func() { close(mapped) })
 			time.Sleep(2 * time.Millisecond)
 			maps.add(i)
 			return i, nil
