@@ -116,7 +116,7 @@ func TestAStoppedWorkersPermitsReachTheFleetOnlyOnceItsQueriesEnded(t *testing.T
 		t.Fatal("the worker did not stop")
 	}
 	waitActive(t, app, permits, "the fleet's queries, once the worker stopped")
-	sampleMore(3) // a late end of a stopped worker's query would show now
+	sampleMore(5) // a late end of a stopped worker's query would show now
 	stopFleet()
 	wg.Wait()
 	if n := most(); n > permits {

@@ -147,18 +147,20 @@ func (a *activity) close() int {
 // waitActive waits until Postgres runs exactly n of a's queries.
 func (a *activity) waitActive(t *testing.T, n int, what string) {
 	t.Helper()
-	got := -1
+	got, done := -1, false
+	defer func() {
+		if !done {
+			t.Logf("%s: Postgres ran %d queries when last counted", what, got)
+		}
+	}()
 	testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("%s: Postgres to run %d queries", what, n), func() bool {
-		now, err := a.countOnNewConn(t)
-		if err != nil {
+		var err error
+		if got, err = a.countOnNewConn(t); err != nil {
 			t.Fatal(err)
 		}
-		if now != got && now != n {
-			t.Logf("%s: Postgres runs %d queries, want %d", what, now, n)
-		}
-		got = now
 		return got == n
 	})
+	done = true
 }
 
 // sampleMore waits until a's sampler has looked at Postgres n more times:
@@ -261,7 +263,7 @@ func TestCancelledHoldersQueriesEndBeforeTheirPermitsGoToWaiters(t *testing.T) {
 					}
 				}
 				a.waitActive(t, permits, "the waiters' queries, once the holders were cancelled")
-				a.sampleMore(t, 3) // a late end of a cancelled query would show now
+				a.sampleMore(t, 5) // a late end of a cancelled query would show now
 				stopOthers()
 				waiters()
 				if most := a.close(); most > permits {
@@ -302,7 +304,7 @@ func TestAHandlerCancelledWhileWaitingForItsPermitRunsNoQuery(t *testing.T) {
 	if err := blocker.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	a.sampleMore(t, 3) // a query started now would show
+	a.sampleMore(t, 5) // a query started now would show
 	if most := a.close(); most != 0 {
 		t.Errorf("a cancelled waiter ran its query (%d at once)", most)
 	}
@@ -351,7 +353,7 @@ func TestAPermitGrantedAsTheRunIsCancelledGoesBackWithoutAQuery(t *testing.T) {
 			t.Errorf("Exec whose context ended as the permit came: %v, want context.Canceled", err)
 		}
 	}
-	a.sampleMore(t, 3) // a query started now would show
+	a.sampleMore(t, 5) // a query started now would show
 	if most := a.close(); most != 0 {
 		t.Errorf("a handler cancelled as its permit came ran its query (%d at once)", most)
 	}

@@ -157,7 +157,7 @@ func TestAResumedHoldersLostPermitsReachWaitersOnlyOnceItsQueriesEnded(t *testin
 		}
 	}
 	a.waitActive(t, permits, "the waiters' queries, once the holder lost its permits")
-	a.sampleMore(t, 3) // a late end of a cancelled query would show now
+	a.sampleMore(t, 5) // a late end of a cancelled query would show now
 	stopOthers()
 	waiters()
 	if most := a.close(); most > permits {
