@@ -83,10 +83,17 @@ func TestFleetShowsHoldersAndWaitersOfEveryProcessWithTheOldestWait(t *testing.T
 	}()
 	fleet := metrics.NewFleet(nil, []*semaphore.Semaphore{scraper}, metrics.FleetOptions{})
 	var m map[string]float64
+	shown := false
+	defer func() {
+		if !shown {
+			t.Logf("the fleet's series: %v", m)
+		}
+	}()
 	testenv.WaitFor(t, 5*time.Second, "the waiter to show in the fleet's series", func() bool {
 		m = gather(t, fleet)
 		return m["batchmr_semaphore_waiters{db}"] == 1 && m["batchmr_semaphore_oldest_wait_seconds{db}"] > 0
 	})
+	shown = true
 	want := map[string]float64{
 		"batchmr_fleet_up":              1,
 		"batchmr_semaphore_limit{db}":   1,
