@@ -117,7 +117,7 @@ func (s *keysetSplit) job(name string, resume bool, o mapreduce.JobOptions) mapr
 			return nil
 		},
 		Map: func(ctx context.Context, r keyRange) (int, error) {
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // a page's work: the run outlasts half a 1 s SplitTimeout
 			keys := s.tb.in(r.Lo, r.Hi)
 			s.mu.Lock()
 			for _, k := range keys {
@@ -279,7 +279,7 @@ func TestARunWhoseStoredFeedIsLostFinishesWithinItsWindow(t *testing.T) {
 		Name:  "upgraded",
 		Split: emitPages,
 		Map: func(ctx context.Context, i int) (int, error) {
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // a page's work: the split outruns the Maps and fills the window
 			maps.add(i)
 			return i, nil
 		},
@@ -365,7 +365,7 @@ func TestACopyThatFeedsAheadOfItsOriginalIsTheSplitTheReconcilerWatches(t *testi
 		},
 		Map: func(ctx context.Context, i int) (int, error) {
 			firstPage.Do(func() { close(mapped) })
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // a page's work: the copy feeds across many reconciler passes
 			maps.add(i)
 			return i, nil
 		},
