@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -163,7 +164,23 @@ func TestWorkersKilledMidSplitMapAndReduceLoseNothing(t *testing.T) {
 		}
 	}
 
-	time.Sleep(time.Until(lastKill.Add(61 * time.Second)))
+	// asynq's recoverer, which runs as a server starts, takes back a task
+	// whose lease ran out 30 s ago or more: wait until every dead
+	// worker's lease has (a lease runs 30 s past the last heartbeat).
+	testenv.WaitFor(t, 70*time.Second, "the dead workers' leases to run out 30 s ago", func() bool {
+		now, err := crashes[0].e.rdb.Time(ctx).Result()
+		if err != nil {
+			return false
+		}
+		cutoff := strconv.FormatInt(now.Add(-30*time.Second).Unix(), 10)
+		for _, cr := range crashes {
+			if n, err := cr.e.rdb.ZCount(ctx, "asynq:{"+cr.e.queue+"}:lease", "("+cutoff, "+inf").Result(); err != nil || n > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("%s: leases out %v after the last kill", time.Now().Format("15:04:05.000"), time.Since(lastKill).Round(time.Millisecond))
 	for _, cr := range crashes {
 		cr.e.worker(cr.c, 4)
 	}

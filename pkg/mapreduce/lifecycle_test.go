@@ -28,14 +28,19 @@ func TestCancelStopsTheRun(t *testing.T) {
 	var started, afterCancel atomic.Int32
 	var cancelled atomic.Bool
 	causes := make(chan error, 100)
-	var reduces atomic.Int32
-	j := sumJob("long", newCounts(), e.opts(mapreduce.JobOptions{}))
+	var reduces, splits atomic.Int32
+	splitReturned := make(chan struct{})
+	// A window of 20 pages holds the endless split back while the Maps
+	// work.
+	j := sumJob("long", newCounts(), e.opts(mapreduce.JobOptions{Window: 20}))
 	j.Split = func(ctx context.Context, a sumArgs, emit func(span) error) error {
+		if splits.Add(1) == 1 {
+			defer close(splitReturned)
+		}
 		for lo := 0; ; lo++ { // endless: only the cancellation stops it
 			if err := emit(span{lo, lo + 1}); err != nil {
 				return err
 			}
-			time.Sleep(time.Millisecond)
 		}
 	}
 	j.Map = func(ctx context.Context, p span) (int, error) {
@@ -77,20 +82,21 @@ func TestCancelStopsTheRun(t *testing.T) {
 	if st.State != mapreduce.StateCancelled {
 		t.Fatalf("state %s, want cancelled", st.State)
 	}
-	// Let the worker drain what the split had enqueued: none of it may run.
+	// The split stops: once it has returned, and the worker has drained
+	// what it had enqueued (none of which may run), no task is left to
+	// come.
+	select {
+	case <-splitReturned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the split kept on after the cancel")
+	}
 	insp := asynq.NewInspectorFromRedisClient(e.rdb)
 	testenv.WaitFor(t, 10*time.Second, "the queue to drain", func() bool {
 		q, err := insp.GetQueueInfo(e.queue)
-		return err == nil && q.Pending == 0 && q.Active == 0
+		return err == nil && q.Pending == 0 && q.Active == 0 && q.Scheduled == 0 && q.Retry == 0
 	})
-	enqueued := func() int {
-		q, _ := insp.GetQueueInfo(e.queue)
-		return q.ProcessedTotal + q.Pending
-	}
-	before := enqueued()
-	time.Sleep(300 * time.Millisecond)
-	if after := enqueued(); after != before {
-		t.Errorf("tasks kept coming after the cancel: %d, then %d", before, after)
+	if n := splits.Load(); n != 1 {
+		t.Errorf("Split ran %d times, want once: the cancelled run's split was run again", n)
 	}
 	if n := afterCancel.Load(); n != 0 {
 		t.Errorf("%d Maps started after Cancel returned", n)
@@ -424,11 +430,11 @@ func TestFinishedRunsExpireAndLeaveNothingBehind(t *testing.T) {
 			t.Errorf("key %s has TTL %v, want (0, %v]", k, ttl, retention)
 		}
 	}
-	time.Sleep(retention + 100*time.Millisecond)
 	for _, id := range ids {
-		if _, err := c.Status(ctx, id); !errors.Is(err, mapreduce.ErrRunNotFound) {
-			t.Errorf("run %s after its retention: %v, want ErrRunNotFound", id, err)
-		}
+		testenv.WaitFor(t, retention+5*time.Second, "run "+id+" to expire after its retention", func() bool {
+			_, err := c.Status(ctx, id)
+			return errors.Is(err, mapreduce.ErrRunNotFound)
+		})
 	}
 	// The next Start trims the index down to itself.
 	last := mustStart(t, c, "brief", sumArgs{N: 20, PageSize: 5}, mapreduce.StartOptions{})

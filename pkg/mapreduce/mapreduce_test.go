@@ -155,18 +155,22 @@ func TestPagesRecordedDuringTheSplitNeverTriggerAnEarlyReduce(t *testing.T) {
 				if !ok {
 					return errors.New("no run ID in Split's context")
 				}
-				for {
+				var stErr error
+				recorded := until(10*time.Second, func() bool {
 					st, err := c.Status(ctx, id)
-					if err != nil {
-						return err
+					switch {
+					case err != nil:
+						stErr = err
+					case st.State != mapreduce.StateSplitting:
+						stErr = fmt.Errorf("state %s while the split is still emitting", st.State)
 					}
-					if st.State != mapreduce.StateSplitting {
-						return fmt.Errorf("state %s while the split is still emitting", st.State)
-					}
-					if st.Done == i+1 {
-						break
-					}
-					time.Sleep(5 * time.Millisecond)
+					return stErr != nil || st.Done == i+1
+				})
+				if stErr != nil {
+					return stErr
+				}
+				if !recorded {
+					return fmt.Errorf("page %d was not recorded within 10s", i)
 				}
 			}
 			return nil

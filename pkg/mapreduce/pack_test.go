@@ -265,7 +265,7 @@ func TestAnOrphanedTaskOfSeveralPagesIsCopied(t *testing.T) {
 	id := packedRun(t, e, c, "sum", 20, 4)
 	lost := e.pendingTasks(mapreduce.TypePages)[0]
 	e.takeWithoutHandler(lost.ID)
-	if n := scanOrphans(t, c, 2); n != 1 {
+	if n := scanOrphans(t, e, c, 2); n != 1 {
 		t.Fatalf("%d copies of an orphaned task of 4 pages, want 1", n)
 	}
 	copies := 0
@@ -494,6 +494,7 @@ func TestPagesATaskNeverStartedBeforeItsDeadlineAreNotFailed(t *testing.T) {
 	e := newEnv(t)
 	cnt := newCounts()
 	job := sumJob("late", cnt, e.opts(mapreduce.JobOptions{MapRetries: -1, MapTimeout: time.Second, Semantics: mapreduce.CompleteSemantics}))
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
 	inner := job.Map
 	job.Map = func(ctx context.Context, p span) (int, error) {
 		cnt.mu.Lock()
@@ -501,7 +502,14 @@ func TestPagesATaskNeverStartedBeforeItsDeadlineAreNotFailed(t *testing.T) {
 		cnt.mu.Unlock()
 		n, _ := inner(ctx, p)
 		if p.Lo == 0 && first {
-			time.Sleep(4500 * time.Millisecond) // ignores its context, past the task's 4 s
+			// Ignores its context: returns past the task's 4 s deadline,
+			// once asynq has taken the task back for its retry.
+			<-ctx.Done()
+			id, _ := asynq.GetTaskID(ctx)
+			until(5*time.Second, func() bool {
+				ti, err := insp.GetTaskInfo(e.queue, id)
+				return err == nil && (ti.Retried > 0 || ti.State != asynq.TaskStateActive)
+			})
 			return n, nil
 		}
 		return n, ctx.Err()
@@ -574,8 +582,12 @@ func TestAPageFedAloneAfterItsBlocksGroupIsNotFailedWhileItsOwnTaskWaits(t *test
 			}
 		}
 	}
-	time.Sleep(150 * time.Millisecond)
-	rep, err := c.Reconcile(ctx)
+	// Once the run has recorded nothing for StuckAfter, a pass repairs it.
+	var rep mapreduce.Repairs
+	testenv.WaitFor(t, 10*time.Second, "a pass to find the run stuck", func() bool {
+		rep, err = c.Reconcile(ctx)
+		return err != nil || rep.PagesFailed != 0
+	})
 	if err != nil || rep.PagesFailed != 1 {
 		t.Errorf("the reconciler failed %d pages (%v); want 1, page 8, whose group task was archived: page 10's own task is pending", rep.PagesFailed, err)
 	}

@@ -63,12 +63,19 @@ func TestAMapPastItsTimeoutIsRecordedAsFailed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	j := sumJob("slow", newCounts(), e.opts(mapreduce.JobOptions{MapTimeout: time.Second, MapRetries: -1}))
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
 	j.Map = func(ctx context.Context, p span) (int, error) {
 		if p.Lo == 5 {
 			select {
 			case <-time.After(10 * time.Second):
 			case <-ctx.Done():
-				time.Sleep(50 * time.Millisecond) // past asynq's own deadline handling
+				// Return only once asynq, at the deadline, archived the
+				// task without waiting for this handler.
+				id, _ := asynq.GetTaskID(ctx)
+				until(5*time.Second, func() bool {
+					ti, err := insp.GetTaskInfo(e.queue, id)
+					return err == nil && ti.State == asynq.TaskStateArchived
+				})
 				return 0, ctx.Err()
 			}
 		}
@@ -137,8 +144,13 @@ func TestReconcilerRecordsPagesWhoseTasksWereArchivedOrLost(t *testing.T) {
 			if rep, err := c.Reconcile(ctx); err != nil || rep.PagesFailed != 0 {
 				t.Fatalf("a run that is not stuck yet: %+v, %v; want no repairs", rep, err)
 			}
-			time.Sleep(150 * time.Millisecond)
-			rep, err := c.Reconcile(ctx)
+			// Once the run has recorded nothing for StuckAfter, a pass
+			// repairs it.
+			var rep mapreduce.Repairs
+			testenv.WaitFor(t, 10*time.Second, "a pass to find the run stuck", func() bool {
+				rep, err = c.Reconcile(ctx)
+				return err != nil || rep.PagesFailed != 0
+			})
 			if err != nil || rep.PagesFailed != 2*perTask {
 				t.Fatalf("repairs %+v, %v; want the %d pages of the archived and the lost task failed", rep, err, 2*perTask)
 			}
@@ -235,16 +247,18 @@ func TestASplitThatChangesItsPagesOnRetryFailsTheRunClearly(t *testing.T) {
 		}
 		if n == 6 { // fail once every page is recorded, to be retried
 			id, _ := mapreduce.RunID(ctx)
-			for {
+			var stErr error
+			if !until(10*time.Second, func() bool {
 				st, err := c.Status(ctx, id)
-				if err != nil {
-					return err
-				}
-				if st.Done == 6 {
-					return errors.New("a transient split failure")
-				}
-				time.Sleep(5 * time.Millisecond)
+				stErr = err
+				return err != nil || st.Done == 6
+			}) {
+				return errors.New("the 6 pages were not recorded within 10s")
 			}
+			if stErr != nil {
+				return stErr
+			}
+			return errors.New("a transient split failure")
 		}
 		return nil
 	}
@@ -346,7 +360,7 @@ func TestATaskTakenButNeverStartedIsCopiedAtTheNextScan(t *testing.T) {
 	if n, err := c.ScanOrphans(ctx, "sum"); err != nil || n != 0 {
 		t.Fatalf("the first scan enqueued %d copies (%v); it only notes what it saw", n, err)
 	}
-	time.Sleep(mapreduce.UnclaimedGrace + 100*time.Millisecond)
+	e.ageSightings("sum", mapreduce.UnclaimedGrace+100*time.Millisecond)
 	if n, err := c.ScanOrphans(ctx, "sum"); err != nil || n != 1 {
 		t.Fatalf("the second scan, %v later, enqueued %d copies (%v); want 1, of the task no handler started", mapreduce.UnclaimedGrace, n, err)
 	}
@@ -365,7 +379,7 @@ func TestATaskTakenButNeverStartedIsCopiedAtTheNextScan(t *testing.T) {
 	if ti, err := insp.GetTaskInfo(e.queue, started.ID); err != nil || ti.State != asynq.TaskStateActive {
 		t.Fatalf("the claimed task: %+v, %v; want it still active", ti, err)
 	}
-	time.Sleep(mapreduce.OrphanGrace - mapreduce.UnclaimedGrace)
+	e.ageSightings("sum", mapreduce.OrphanGrace-mapreduce.UnclaimedGrace)
 	if n, err := c.ScanOrphans(ctx, "sum"); err != nil || n != 1 {
 		t.Fatalf("a scan %v after the first enqueued %d copies (%v); want 1, of the claimed task", mapreduce.OrphanGrace, n, err)
 	}
@@ -407,7 +421,7 @@ func TestAnOrphanStillActiveAfterItsCopyIsNotCopiedAgain(t *testing.T) {
 	}
 	// Five scans, each a grace apart: without a record of the copy, every
 	// other one would enqueue another.
-	if total := scanOrphans(t, c, 5); total != 1 || copies() != 1 {
+	if total := scanOrphans(t, e, c, 5); total != 1 || copies() != 1 {
 		t.Fatalf("five scans of an orphan still active enqueued %d copies (%d pending); want 1", total, copies())
 	}
 	e.worker(c, 2)
@@ -427,7 +441,7 @@ func TestALaterAttemptOfASettledOrphanIsCopied(t *testing.T) {
 	if err := e.rdb.HSet(context.Background(), e.prefix+":{sum}:orphans", lost.ID, "settled#0#1700000000000").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if total := scanOrphans(t, c, 3); total != 1 {
+	if total := scanOrphans(t, e, c, 3); total != 1 {
 		t.Fatalf("three scans of an orphaned attempt whose earlier attempt was settled enqueued %d copies; want 1", total)
 	}
 }
@@ -450,7 +464,7 @@ func orphanedPage(t *testing.T) (e *env, c *mapreduce.Client, id string, lost *a
 
 // scanOrphans runs n orphan scans of job "sum", each a grace after the
 // one before, and returns how many copies they enqueued.
-func scanOrphans(t *testing.T, c *mapreduce.Client, n int) (copies int) {
+func scanOrphans(t *testing.T, e *env, c *mapreduce.Client, n int) (copies int) {
 	t.Helper()
 	for range n {
 		k, err := c.ScanOrphans(context.Background(), "sum")
@@ -458,9 +472,32 @@ func scanOrphans(t *testing.T, c *mapreduce.Client, n int) (copies int) {
 			t.Fatal(err)
 		}
 		copies += k
-		time.Sleep(mapreduce.UnclaimedGrace + 100*time.Millisecond)
+		e.ageSightings("sum", mapreduce.UnclaimedGrace+100*time.Millisecond)
 	}
 	return copies
+}
+
+// ageSightings moves the orphan scans' first sightings of job's tasks d
+// into the past, as if d had passed since the scans that made them (a
+// scan measures a task's time as an orphan from its first sighting).
+// Settled sightings stay as they are.
+func (e *env) ageSightings(job string, d time.Duration) {
+	e.t.Helper()
+	ctx := context.Background()
+	key := e.prefix + ":{" + job + "}:orphans"
+	seen, err := e.rdb.HGetAll(ctx, key).Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for id, v := range seen {
+		first, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			continue // settled
+		}
+		if err := e.rdb.HSet(ctx, key, id, first-d.Milliseconds()).Err(); err != nil {
+			e.t.Fatal(err)
+		}
+	}
 }
 
 // runReads is a go-redis hook that counts the run records read (HGETALL,

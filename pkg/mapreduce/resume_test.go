@@ -117,7 +117,7 @@ func (s *keysetSplit) job(name string, resume bool, o mapreduce.JobOptions) mapr
 			return nil
 		},
 		Map: func(ctx context.Context, r keyRange) (int, error) {
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // a page's work: the run outlasts half a 1 s SplitTimeout
 			keys := s.tb.in(r.Lo, r.Hi)
 			s.mu.Lock()
 			for _, k := range keys {
@@ -279,7 +279,7 @@ func TestARunWhoseStoredFeedIsLostFinishesWithinItsWindow(t *testing.T) {
 		Name:  "upgraded",
 		Split: emitPages,
 		Map: func(ctx context.Context, i int) (int, error) {
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // a page's work: the split outruns the Maps and fills the window
 			maps.add(i)
 			return i, nil
 		},
@@ -344,20 +344,28 @@ func TestACopyThatFeedsAheadOfItsOriginalIsTheSplitTheReconcilerWatches(t *testi
 	e := newEnv(t)
 	const pages = 600
 	var (
-		maps   mapCalls
-		splits atomic.Int32
+		maps      mapCalls
+		splits    atomic.Int32
+		mapped    = make(chan struct{})
+		firstPage sync.Once
 	)
 	job := mapreduce.Job[int, int, int, int]{
 		Name: "copied",
 		Split: func(ctx context.Context, n int, emit func(int) error) error {
 			splits.Add(1)
 			if id, _ := asynq.GetTaskID(ctx); !strings.HasSuffix(id, "~copy") {
-				time.Sleep(300 * time.Millisecond) // the original, cut off for a while
+				// The original, cut off until the copy has fed pages.
+				select {
+				case <-mapped:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 			}
 			return emitPages(ctx, n, emit)
 		},
 		Map: func(ctx context.Context, i int) (int, error) {
-			time.Sleep(2 * time.Millisecond)
+			firstPage.Do(func() { close(mapped) })
+			time.Sleep(2 * time.Millisecond) // a page's work: the copy feeds across many reconciler passes
 			maps.add(i)
 			return i, nil
 		},

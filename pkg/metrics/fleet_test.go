@@ -82,18 +82,18 @@ func TestFleetShowsHoldersAndWaitersOfEveryProcessWithTheOldestWait(t *testing.T
 		got <- wp
 	}()
 	fleet := metrics.NewFleet(nil, []*semaphore.Semaphore{scraper}, metrics.FleetOptions{})
-	deadline := time.Now().Add(5 * time.Second)
 	var m map[string]float64
-	for {
+	shown := false
+	defer func() {
+		if !shown {
+			t.Logf("the fleet's series: %v", m)
+		}
+	}()
+	testenv.WaitFor(t, 5*time.Second, "the waiter to show in the fleet's series", func() bool {
 		m = gather(t, fleet)
-		if m["batchmr_semaphore_waiters{db}"] == 1 && m["batchmr_semaphore_oldest_wait_seconds{db}"] > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the waiter never showed in the fleet's series: %v", m)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return m["batchmr_semaphore_waiters{db}"] == 1 && m["batchmr_semaphore_oldest_wait_seconds{db}"] > 0
+	})
+	shown = true
 	want := map[string]float64{
 		"batchmr_fleet_up":              1,
 		"batchmr_semaphore_limit{db}":   1,

@@ -40,21 +40,16 @@ func startMetricsWorker(t *testing.T, cfg worker.Config, jobs ...mapreduce.AnyJo
 		}
 	})
 	base := "http://" + ln.Addr().String()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if code, _ := get(t, base+"/healthz"); code == http.StatusOK {
-			return base
-		}
+	testenv.WaitFor(t, 15*time.Second, "the worker to serve /healthz", func() bool {
 		select {
 		case err := <-stopped:
 			t.Fatalf("worker.Run returned before serving /healthz: %v", err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the worker did not serve /healthz within 15s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		code, _ := get(t, base+"/healthz")
+		return code == http.StatusOK
+	})
+	return base
 }
 
 // get returns the status code and body of url; code 0 if the request failed.

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -41,20 +42,21 @@ func TestPagesOfAKilledWorkerWithAFastClockAreTakenOverWithinSeconds(t *testing.
 		t.Fatal(err)
 	}
 	leases := "asynq:{" + queue + "}:lease"
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		st, err := mr.Status(ctx, id)
-		if err != nil {
+	var st *mapreduce.Status
+	atWork := false
+	defer func() {
+		if !atWork {
+			t.Logf("run: %+v\n%s", st, doomed.output())
+		}
+	}()
+	testenv.WaitFor(t, 20*time.Second, "the worker to have 4 pages at work", func() bool {
+		if st, err = mr.Status(ctx, id); err != nil {
 			t.Fatal(err)
 		}
-		if n, _ := rdb.ZCard(ctx, leases).Result(); st.Done >= 4 && n == 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the worker never had 4 pages at work: %+v\n%s", st, doomed.output())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		n, _ := rdb.ZCard(ctx, leases).Result()
+		return st.Done >= 4 && n == 4
+	})
+	atWork = true
 	if err := doomed.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +73,7 @@ func TestPagesOfAKilledWorkerWithAFastClockAreTakenOverWithinSeconds(t *testing.
 	rescuer := startProc(t, bin, env, args...)
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	st, err := mr.Wait(wctx, id)
+	st, err = mr.Wait(wctx, id)
 	if err != nil {
 		t.Fatalf("the run did not end: %v\n%s", err, rescuer.output())
 	}
@@ -105,16 +107,10 @@ func TestPagesOfAKilledWorkerWithAFastClockAreTakenOverWithinSeconds(t *testing.
 // waitAnnounced waits until n live workers announce job.
 func waitAnnounced(t *testing.T, mr *mapreduce.Client, job string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if info, err := mr.Job(context.Background(), job); err == nil && len(info.Workers) >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d workers of %s did not announce it", n, job)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("%d workers of %s to announce it", n, job), func() bool {
+		info, err := mr.Job(context.Background(), job)
+		return err == nil && len(info.Workers) >= n
+	})
 }
 
 // A host whose clock is far from Redis's would lease tasks on a clock the

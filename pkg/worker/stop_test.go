@@ -105,7 +105,7 @@ func TestAStoppedWorkersPermitsReachTheFleetOnlyOnceItsQueriesEnded(t *testing.T
 		return err == nil && len(st.Waiters) == 2*permits+1 // the worker's other handlers too
 	})
 
-	most := sample(t, app)
+	most, sampleMore := sample(t, app)
 	stopWorker()
 	select {
 	case err := <-stopped:
@@ -116,7 +116,7 @@ func TestAStoppedWorkersPermitsReachTheFleetOnlyOnceItsQueriesEnded(t *testing.T
 		t.Fatal("the worker did not stop")
 	}
 	waitActive(t, app, permits, "the fleet's queries, once the worker stopped")
-	time.Sleep(50 * time.Millisecond) // a late end of a stopped worker's query would show now
+	sampleMore(5) // a late end of a stopped worker's query would show now
 	stopFleet()
 	wg.Wait()
 	if n := most(); n > permits {
@@ -176,15 +176,16 @@ func warmPool(t *testing.T, app string, n int) *pgxpool.Pool {
 	return pool
 }
 
-// sample counts app's active queries every 5ms until the test ends; the
-// returned function stops it and gives the most seen at once.
-func sample(t *testing.T, app string) (most func() int) {
+// sample counts app's active queries every 5ms until the test ends; most
+// stops it and gives the most seen at once, more waits until it has
+// counted n more times.
+func sample(t *testing.T, app string) (most func() int, more func(n int64)) {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var max atomic.Int64
+	var max, samples atomic.Int64
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -199,6 +200,7 @@ func sample(t *testing.T, app string) (most func() int) {
 			if n > max.Load() {
 				max.Store(n)
 			}
+			samples.Add(1)
 			select {
 			case <-stop:
 				return
@@ -216,7 +218,12 @@ func sample(t *testing.T, app string) (most func() int) {
 		return int(max.Load())
 	}
 	t.Cleanup(func() { most() })
-	return most
+	more = func(n int64) {
+		t.Helper()
+		want := samples.Load() + n
+		testenv.WaitFor(t, 5*time.Second, "the activity sampler", func() bool { return samples.Load() >= want })
+	}
+	return most, more
 }
 
 // A worker that stops while some of its pages wait for their first permit

@@ -89,27 +89,29 @@ func TestTwoWorkerBinariesWithDifferentJobsRunBothJobsAtOnceExactly(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		jobs, err := mr.Jobs(ctx)
-		if err == nil && len(jobs) == 2 && len(jobs[0].Workers) == 1 && len(jobs[1].Workers) == 1 {
-			if jobs[0].Name != ordersreport.Name || jobs[1].Name != "squares" || jobs[0].Workers[0].ID == jobs[1].Workers[0].ID {
-				t.Fatalf("catalogue: %+v; want each job hosted by its own worker", jobs)
-			}
-			if got := jobs[1].Workers[0].Semaphores; len(got) != 1 || got[0] != "cpu" {
-				t.Errorf("the squares worker announces semaphores %v, want [cpu]", got)
-			}
-			// With no --version-label, a worker shows the batchmr it was
-			// built with, so that an operator sees a fleet mid-upgrade.
-			if got := jobs[0].Workers[0].Version; !strings.HasPrefix(got, "batchmr ") {
-				t.Errorf("a worker with no --version-label announces version %q, want its batchmr version", got)
-			}
-			break
+	var jobs []mapreduce.JobInfo
+	announced := false
+	defer func() {
+		if !announced {
+			t.Logf("catalogue: %+v\norders: %s\nsquares: %s", jobs, orders.output(), squares.output())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the two workers did not announce their jobs: %+v, %v\norders: %s\nsquares: %s", jobs, err, orders.output(), squares.output())
-		}
-		time.Sleep(20 * time.Millisecond)
+	}()
+	testenv.WaitFor(t, 20*time.Second, "the two workers to announce their jobs", func() bool {
+		var err error
+		jobs, err = mr.Jobs(ctx)
+		return err == nil && len(jobs) == 2 && len(jobs[0].Workers) == 1 && len(jobs[1].Workers) == 1
+	})
+	announced = true
+	if jobs[0].Name != ordersreport.Name || jobs[1].Name != "squares" || jobs[0].Workers[0].ID == jobs[1].Workers[0].ID {
+		t.Fatalf("catalogue: %+v; want each job hosted by its own worker", jobs)
+	}
+	if got := jobs[1].Workers[0].Semaphores; len(got) != 1 || got[0] != "cpu" {
+		t.Errorf("the squares worker announces semaphores %v, want [cpu]", got)
+	}
+	// With no --version-label, a worker shows the batchmr it was built
+	// with, so that an operator sees a fleet mid-upgrade.
+	if got := jobs[0].Workers[0].Version; !strings.HasPrefix(got, "batchmr ") {
+		t.Errorf("a worker with no --version-label announces version %q, want its batchmr version", got)
 	}
 
 	// Both at once, each of many pages.
@@ -254,16 +256,10 @@ func TestRunRefusesBadConfigsAndStopsCleanlyWithItsContext(t *testing.T) {
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- worker.Run(rctx, good, ordersreport.Job) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if ws, _ := mr.Workers(ctx); len(ws) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Run did not announce its worker")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 10*time.Second, "Run to announce its worker", func() bool {
+		ws, _ := mr.Workers(ctx)
+		return len(ws) == 1
+	})
 	stop()
 	select {
 	case err := <-done:

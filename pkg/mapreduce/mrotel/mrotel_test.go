@@ -106,15 +106,12 @@ func TestARunIsTracedWithASpanPerSplitPageAttemptReduceAndRun(t *testing.T) {
 	if err != nil || st.State != mapreduce.StateSucceeded {
 		t.Fatalf("run: %v, %+v", err, st)
 	}
+	// The handlers end their spans as they return, after the run's end.
 	var spans []sdktrace.ReadOnlySpan
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.WaitFor(t, 5*time.Second, "every span to end", func() bool {
 		spans = rec.Ended()
-		if len(spans) == 1+pages+1+1+1 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return len(spans) >= 1+pages+1+1+1
+	})
 	byName := map[string][]sdktrace.ReadOnlySpan{}
 	for _, s := range spans {
 		byName[s.Name()] = append(byName[s.Name()], s)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -86,11 +87,12 @@ func warm(t *testing.T, pool *pgxpool.Pool, n int) {
 // many queries of one application_name Postgres is running, and remembers
 // the most it saw.
 type activity struct {
-	app  string
-	conn *pgx.Conn
-	most atomic.Int64
-	stop chan struct{}
-	done chan struct{}
+	app     string
+	conn    *pgx.Conn
+	most    atomic.Int64
+	samples atomic.Int64
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 func watchActivity(t *testing.T, app string) *activity {
@@ -111,6 +113,7 @@ func watchActivity(t *testing.T, app string) *activity {
 			if int64(n) > a.most.Load() {
 				a.most.Store(int64(n))
 			}
+			a.samples.Add(1)
 			select {
 			case <-a.stop:
 				return
@@ -144,20 +147,28 @@ func (a *activity) close() int {
 // waitActive waits until Postgres runs exactly n of a's queries.
 func (a *activity) waitActive(t *testing.T, n int, what string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got, err := a.countOnNewConn(t)
-		if err != nil {
+	got, done := -1, false
+	defer func() {
+		if !done {
+			t.Logf("%s: Postgres ran %d queries when last counted", what, got)
+		}
+	}()
+	testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("%s: Postgres to run %d queries", what, n), func() bool {
+		var err error
+		if got, err = a.countOnNewConn(t); err != nil {
 			t.Fatal(err)
 		}
-		if got == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: Postgres runs %d queries, want %d", what, got, n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return got == n
+	})
+	done = true
+}
+
+// sampleMore waits until a's sampler has looked at Postgres n more times:
+// a query that runs now, or has not ended yet, shows in a.close's most.
+func (a *activity) sampleMore(t *testing.T, n int64) {
+	t.Helper()
+	want := a.samples.Load() + n
+	testenv.WaitFor(t, 5*time.Second, "the activity sampler", func() bool { return a.samples.Load() >= want })
 }
 
 // countOnNewConn counts without disturbing the sampler's connection.
@@ -191,20 +202,13 @@ func longQueries(ctx context.Context, pool *pgxpool.Pool, sem *semaphore.Semapho
 // waitQueued waits until sem has n waiters across the fleet.
 func waitQueued(t *testing.T, sem *semaphore.Semaphore, n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("%d waiters queued", n), func() bool {
 		st, err := sem.Stats(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(st.Waiters) == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d waiters queued, want %d", len(st.Waiters), n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return len(st.Waiters) == n
+	})
 }
 
 // nothingLeft asserts that no query of a still runs and no permit of sem
@@ -259,7 +263,7 @@ func TestCancelledHoldersQueriesEndBeforeTheirPermitsGoToWaiters(t *testing.T) {
 					}
 				}
 				a.waitActive(t, permits, "the waiters' queries, once the holders were cancelled")
-				time.Sleep(50 * time.Millisecond) // a late end of a cancelled query would show now
+				a.sampleMore(t, 5) // a late end of a cancelled query would show now
 				stopOthers()
 				waiters()
 				if most := a.close(); most > permits {
@@ -300,7 +304,7 @@ func TestAHandlerCancelledWhileWaitingForItsPermitRunsNoQuery(t *testing.T) {
 	if err := blocker.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // a query started now would show
+	a.sampleMore(t, 5) // a query started now would show
 	if most := a.close(); most != 0 {
 		t.Errorf("a cancelled waiter ran its query (%d at once)", most)
 	}
@@ -349,7 +353,7 @@ func TestAPermitGrantedAsTheRunIsCancelledGoesBackWithoutAQuery(t *testing.T) {
 			t.Errorf("Exec whose context ended as the permit came: %v, want context.Canceled", err)
 		}
 	}
-	time.Sleep(50 * time.Millisecond) // a query started now would show
+	a.sampleMore(t, 5) // a query started now would show
 	if most := a.close(); most != 0 {
 		t.Errorf("a handler cancelled as its permit came ran its query (%d at once)", most)
 	}

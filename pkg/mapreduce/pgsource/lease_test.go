@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -121,7 +122,24 @@ func TestAResumedHoldersLostPermitsReachWaitersOnlyOnceItsQueriesEnded(t *testin
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(lease + lease/2) // Redis lets the holder's permits expire
+	// Redis lets the holder's permits expire: their lease deadlines (ms,
+	// on Redis's clock) pass. Nothing purges them meanwhile (Stats
+	// would, and hand them to the waiters).
+	holders := prefix + ":{db}:holders"
+	testenv.WaitFor(t, 5*time.Second, "the holder's leases to run out", func() bool {
+		now, err := rdb.Time(context.Background()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		live, err := rdb.ZCount(context.Background(), holders, "("+strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return live == 0
+	})
+	if n := rdb.ZCard(context.Background(), holders).Val(); n != permits {
+		t.Fatalf("%d holders in %s, want the holder's %d: the test reads the wrong key", n, holders, permits)
+	}
 	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +157,7 @@ func TestAResumedHoldersLostPermitsReachWaitersOnlyOnceItsQueriesEnded(t *testin
 		}
 	}
 	a.waitActive(t, permits, "the waiters' queries, once the holder lost its permits")
-	time.Sleep(50 * time.Millisecond) // a late end of a cancelled query would show now
+	a.sampleMore(t, 5) // a late end of a cancelled query would show now
 	stopOthers()
 	waiters()
 	if most := a.close(); most > permits {

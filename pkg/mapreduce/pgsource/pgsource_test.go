@@ -132,20 +132,13 @@ func TestFetchHoldsAPermitOnlyWhileTheQueryRuns(t *testing.T) {
 		}
 		done <- got
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.WaitFor(t, 5*time.Second, "a permit held while the query runs", func() bool {
 		st, err := sem.Stats(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Held == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no permit held while the query ran")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return st.Held == 1
+	})
 	got := <-done
 	if want := []int64{3, 6, 9, 12, 15, 18, 24, 27, 30}; len(got) != len(want) {
 		t.Errorf("rows %v, want %v", got, want)

@@ -34,6 +34,9 @@ type pgProxy struct {
 	// cancel request seen, dropped or forwarded.
 	dropCancels int
 	cancels     int
+	// swallowed counts the swallowed connections that opened with
+	// anything but a cancel request: a connection's attempt to start.
+	swallowed int
 }
 
 func startPgProxy(t *testing.T) *pgProxy {
@@ -58,6 +61,7 @@ func startPgProxy(t *testing.T) *pgProxy {
 			swallow := p.swallow
 			p.mu.Unlock()
 			if swallow {
+				go p.swallowStart(c)
 				continue
 			}
 			go p.forward(c)
@@ -74,6 +78,20 @@ func (p *pgProxy) close() {
 	defer p.mu.Unlock()
 	for _, c := range p.conns {
 		_ = c.Close()
+	}
+}
+
+// swallowStart reads a swallowed connection's first message head and
+// counts it unless it is a cancel request; it never answers.
+func (p *pgProxy) swallowStart(c net.Conn) {
+	var head [8]byte
+	if _, err := io.ReadFull(c, head[:]); err != nil {
+		return
+	}
+	if binary.BigEndian.Uint32(head[:4]) != 16 || binary.BigEndian.Uint32(head[4:]) != 80877102 {
+		p.mu.Lock()
+		p.swallowed++
+		p.mu.Unlock()
 	}
 }
 
@@ -185,9 +203,13 @@ func TestAPermitWhoseQueryCannotBeCheckedOnIsHeldForOneLease(t *testing.T) {
 	p.cut()
 	cancel()
 	cancelled := time.Now()
-	time.Sleep(lease / 2)
+	testenv.WaitFor(t, lease/2, "Exec to try to check on its query through the cut network", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.swallowed > 0
+	})
 	if st, err := sem.Stats(context.Background()); err != nil || st.Held != 1 {
-		t.Errorf("halfway through the lease, with the query unchecked: %+v, %v; want the permit still held", st, err)
+		t.Errorf("while Exec cannot check on its cancelled query: %+v, %v; want the permit still held", st, err)
 	}
 	select {
 	case err := <-done:
