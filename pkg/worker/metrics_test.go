@@ -43,6 +43,7 @@ func startMetricsWorker(t *testing.T, cfg worker.Config, jobs ...mapreduce.AnyJo
 	testenv.WaitFor(t, 15*time.Second, "the worker to serve /healthz", func() bool {
 		select {
 		case err := <-stopped:
+			stopped <- nil // for the cleanup, which waits on it
 			t.Fatalf("worker.Run returned before serving /healthz: %v", err)
 		default:
 		}
