@@ -558,8 +558,10 @@ func (f *fleet) follow(id string) {
 	insp := asynq.NewInspectorFromRedisClient(f.rdb)
 	start := time.Now()
 	go func() {
+		every := time.NewTicker(250 * time.Millisecond)
+		defer every.Stop()
 		last := ""
-		for {
+		for ; ; <-every.C {
 			st, err := f.mr.Status(context.Background(), id)
 			if err != nil {
 				return
@@ -576,7 +578,6 @@ func (f *fleet) follow(id string) {
 			if st.State.Ended() {
 				return
 			}
-			time.Sleep(250 * time.Millisecond)
 		}
 	}()
 }
