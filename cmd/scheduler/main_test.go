@@ -644,6 +644,8 @@ func TestATickDuringARedisOutageStartsItsRunWhenRedisIsBack(t *testing.T) {
 		tick, err = time.Parse(time.RFC3339Nano, m[1])
 		return err == nil
 	})
+	// An outage of fixed length, past several of serve's tries (250 ms
+	// apart at first): serve cannot be seen trying while Redis is away.
 	time.Sleep(1500 * time.Millisecond)
 	proxy.Restore()
 	id := "sum:" + tick.UTC().Format("20060102T150405Z")
@@ -772,8 +774,9 @@ func TestRunWaitKeepsFollowingThroughARedisOutage(t *testing.T) {
 	// The run ends while the scheduler cannot see it.
 	release()
 	testenv.WaitFor(t, 5*time.Second, "the run to succeed", func() bool { return f.state(id) == mapreduce.StateSucceeded })
-	// Several more failed polls: go-redis spends up to 1.7s failing each
-	// of the first few.
+	// An outage of fixed length, for several more failed polls (go-redis
+	// spends up to 1.7s failing each of the first few), which the
+	// scheduler's output cannot show while they happen.
 	time.Sleep(time.Until(said.Add(4 * time.Second)))
 	p.Restore()
 
