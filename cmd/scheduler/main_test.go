@@ -305,12 +305,12 @@ func TestRunsListsEveryJobOrOneAndRefusesAnUnknownJob(t *testing.T) {
 	if out, errs, code := s.run("status", sum, "--json"); code != 0 || !strings.Contains(out, `"pages_per_second": `) || strings.Contains(out, "remaining_seconds") {
 		t.Errorf("status %s --json of a finished run: exit %d, stderr %q; want its pages_per_second and no remaining_seconds:\n%s", sum, code, errs, out)
 	}
-	time.Sleep(5 * time.Millisecond) // distinct creation times
+	// Each run is created after the one before ended: distinct creation
+	// times (ms), in order.
 	other := start("other")
 	if _, err := f.mr.Wait(ctx, other); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Millisecond)
 	waiting := start("lost") // no worker: stays splitting
 
 	// rows returns the run IDs a listing shows, in order.
@@ -644,6 +644,8 @@ func TestATickDuringARedisOutageStartsItsRunWhenRedisIsBack(t *testing.T) {
 		tick, err = time.Parse(time.RFC3339Nano, m[1])
 		return err == nil
 	})
+	// An outage of fixed length, past several of serve's tries (250 ms
+	// apart at first): serve cannot be seen trying while Redis is away.
 	time.Sleep(1500 * time.Millisecond)
 	proxy.Restore()
 	id := "sum:" + tick.UTC().Format("20060102T150405Z")
@@ -669,7 +671,9 @@ func TestThePublishedNextTickIsNeverInThePast(t *testing.T) {
 		list, err := schedules.List(ctx, f.rdb, f.prefix)
 		return err == nil && len(list) > 0
 	})
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+	// Watched across three ticks, each of which must move it on.
+	var seen []time.Time
+	testenv.WaitFor(t, 15*time.Second, "the published next tick to move on three times", func() bool {
 		list, err := schedules.List(ctx, f.rdb, f.prefix)
 		if err != nil || len(list) != 1 {
 			t.Fatalf("the published schedules: %v (%v), want sum's", list, err)
@@ -680,7 +684,11 @@ func TestThePublishedNextTickIsNeverInThePast(t *testing.T) {
 		if late := time.Since(list[0].Next); late > 1500*time.Millisecond {
 			t.Fatalf("the published next tick %v passed %v ago", list[0].Next, late.Round(time.Millisecond))
 		}
-	}
+		if len(seen) == 0 || !seen[len(seen)-1].Equal(list[0].Next) {
+			seen = append(seen, list[0].Next)
+		}
+		return len(seen) > 3
+	})
 }
 
 // Two replicas serving the same schedule start one run per tick: each
@@ -698,7 +706,35 @@ func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "both replicas to serve", func() bool {
 		return strings.Contains(replicas[0].stderr.String(), "serving") && strings.Contains(replicas[1].stderr.String(), "serving")
 	})
-	time.Sleep(3500 * time.Millisecond)
+	// Counted against the ticks the replicas logged, not against the
+	// clock: on a loaded machine a replica starts a tick or two late.
+	tickOf := regexp.MustCompile(`tick=(\S+)`)
+	// fired returns, by tick, how many replicas started its run and how
+	// many fired it, and how many ticks both fired.
+	fired := func() (started, both map[string]int, shared int) {
+		started, both = map[string]int{}, map[string]int{}
+		for _, p := range replicas {
+			for _, l := range lines(p.stderr.String()) {
+				m := tickOf.FindStringSubmatch(l)
+				switch {
+				case m == nil:
+				case strings.Contains(l, "scheduler: started a run"):
+					started[m[1]]++
+					both[m[1]]++
+				case strings.Contains(l, "started by another replica"), strings.Contains(l, "the tick's run exists"):
+					both[m[1]]++
+				}
+			}
+		}
+		for _, n := range both {
+			if n == 2 {
+				shared++
+			}
+		}
+		return started, both, shared
+	}
+	// Three ticks both fired; fewer fail below, with the replicas' logs.
+	testenv.Eventually(15*time.Second, func() bool { _, _, shared := fired(); return shared >= 3 })
 	for _, p := range replicas {
 		p.interrupt(5 * time.Second)
 	}
@@ -709,34 +745,10 @@ func TestTwoServingReplicasStartOneRunPerTick(t *testing.T) {
 	})
 	out, _, _ := s.run("runs", "sum")
 	runs := lines(out)[1:]
-	// Counted against the ticks the replicas logged, not against the
-	// clock: on a loaded machine a replica starts, and stops, a tick or
-	// two later than the test's sleep says.
-	started := map[string]int{} // tick → replicas that started its run
-	both := map[string]int{}    // tick → replicas that fired it
-	tickOf := regexp.MustCompile(`tick=(\S+)`)
-	for _, p := range replicas {
-		for _, l := range lines(p.stderr.String()) {
-			m := tickOf.FindStringSubmatch(l)
-			switch {
-			case m == nil:
-			case strings.Contains(l, "scheduler: started a run"):
-				started[m[1]]++
-				both[m[1]]++
-			case strings.Contains(l, "started by another replica"), strings.Contains(l, "the tick's run exists"):
-				both[m[1]]++
-			}
-		}
-	}
+	started, _, shared := fired()
 	for tick, n := range started {
 		if n != 1 {
 			t.Errorf("%d replicas started a run for the tick %s, want one", n, tick)
-		}
-	}
-	shared := 0
-	for _, n := range both {
-		if n == 2 {
-			shared++
 		}
 	}
 	if shared < 2 || len(runs) != len(started) {
@@ -762,8 +774,9 @@ func TestRunWaitKeepsFollowingThroughARedisOutage(t *testing.T) {
 	// The run ends while the scheduler cannot see it.
 	release()
 	testenv.WaitFor(t, 5*time.Second, "the run to succeed", func() bool { return f.state(id) == mapreduce.StateSucceeded })
-	// Several more failed polls: go-redis spends up to 1.7s failing each
-	// of the first few.
+	// An outage of fixed length, for several more failed polls (go-redis
+	// spends up to 1.7s failing each of the first few), which the
+	// scheduler's output cannot show while they happen.
 	time.Sleep(time.Until(said.Add(4 * time.Second)))
 	p.Restore()
 

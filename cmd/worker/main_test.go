@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -56,17 +57,14 @@ func TestSIGTERMFinishesInFlightPagesReleasesPermitsAndExitsZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var going string
+	if !testenv.Eventually(30*time.Second, func() bool {
 		st, _ := sem.Stats(ctx)
 		run, _ := mr.Status(ctx, id)
-		if st.Held == 2 && run != nil && run.Done >= 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the worker did not get going: %+v %+v", st, run)
-		}
-		time.Sleep(10 * time.Millisecond)
+		going = fmt.Sprintf("%+v %+v", st, run)
+		return st.Held == 2 && run != nil && run.Done >= 1
+	}) {
+		t.Fatalf("the worker did not get going: %s", going)
 	}
 	if err := first.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

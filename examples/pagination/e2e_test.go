@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -32,7 +33,7 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
-	testenv.JobQueue(t, rdb, prefix, ordersreport.Name)
+	queue := testenv.JobQueue(t, rdb, prefix, ordersreport.Name)
 	if err := ordersreport.Seed(ctx, pool, 100_000); err != nil {
 		t.Fatal(err)
 	}
@@ -85,19 +86,15 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Kill a worker once the run is well under way.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		st, err := mr.Status(ctx, id)
-		if err != nil {
+	var going *mapreduce.Status
+	if !testenv.Eventually(60*time.Second, func() bool {
+		var err error
+		if going, err = mr.Status(ctx, id); err != nil {
 			t.Fatal(err)
 		}
-		if st.Done >= 20 {
-			break
-		}
-		if time.Now().After(deadline) || st.State.Ended() {
-			t.Fatalf("the run did not get going: %+v", st)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return going.Done >= 20 || going.State.Ended()
+	}) || going.State.Ended() {
+		t.Fatalf("the run did not get going: %+v", going)
 	}
 	if err := workers[0].Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -106,8 +103,23 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 	t.Logf("killed a worker at %s", killed.Format("15:04:05.000"))
 	// asynq hands a dead worker's task on once its lease has been expired
 	// for 30 s, at a worker's recoverer pass (at start, then each minute):
-	// a replacement started then picks the pages up at once.
-	time.Sleep(time.Until(killed.Add(61 * time.Second)))
+	// a replacement started then picks the pages up at once. The leases of
+	// the tasks active at the kill: the live workers' end with their pages
+	// or move on; the dead one's stay where the kill left them.
+	leaseKey := "asynq:{" + queue + "}:lease"
+	active, err := rdb.ZRange(ctx, leaseKey, 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 90*time.Second, "the killed worker's leases to be expired for 30 s", func() bool {
+		cutoff := float64(time.Now().Add(-30 * time.Second).Unix()) // asynq scores in unix seconds
+		scores, err := rdb.ZMScore(ctx, leaseKey, active...).Result()
+		if err != nil {
+			return len(active) == 0
+		}
+		return !slices.ContainsFunc(scores, func(s float64) bool { return s >= cutoff }) // 0: gone
+	})
+	t.Logf("started a replacement %v after the kill", time.Since(killed).Round(time.Millisecond))
 	startWorker(4)
 
 	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
@@ -151,18 +163,13 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sem.Close()
-	deadline = time.Now().Add(15 * time.Second) // the killed worker's lease is 5 s
-	for {
-		stats, err := sem.Stats(ctx)
-		if err != nil {
+	var stats semaphore.Stats
+	if !testenv.Eventually(15*time.Second, func() bool { // the killed worker's lease is 5 s
+		if stats, err = sem.Stats(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if stats.Held == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("permits still held after the run: %+v", stats)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return stats.Held == 0
+	}) {
+		t.Fatalf("permits still held after the run: %+v", stats)
 	}
 }

@@ -86,26 +86,28 @@ func TestAClusterClientWritesToThePromotedReplicaWithinSecondsOfItsPrimarysKill(
 		go func() {
 			defer wg.Done()
 			o := &outcomes[i]
-			for {
+			// Each attempt ends the wait with an outcome, at the latest a
+			// minute after the kill.
+			testenv.Eventually(2*time.Minute, func() bool {
 				wctx, cancel := context.WithTimeout(ctx, time.Second)
 				err := c.rdb.Set(wctx, key, c.name, 0).Err()
 				cancel()
 				if err == nil {
 					o.wrote = time.Now()
-					return
+					return true
 				}
 				o.failures++
 				if p := promoted.Load(); p > 0 && time.Since(time.Unix(0, p)) > bound {
 					o.err = fmt.Errorf("%v after the replica's promotion (%v after the kill), it still fails to write: %w",
 						time.Since(time.Unix(0, p)).Round(time.Millisecond), time.Unix(0, p).Sub(killed).Round(time.Millisecond), err)
-					return
+					return true
 				}
 				if time.Since(killed) > time.Minute {
 					o.err = fmt.Errorf("the replica was not promoted within a minute of the kill; the write fails with %w", err)
-					return
+					return true
 				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				return false
+			})
 		}()
 	}
 	wg.Wait()

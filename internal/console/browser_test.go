@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,15 +131,9 @@ func TestBrowserRunsPageShowsALiveRunAdvance(t *testing.T) {
 	run(t, ctx, "loading the runs page", chromedp.Navigate(f.srv.URL+"/runs"), chromedp.WaitVisible(chromedp.CSS(row)))
 	first := intAttr(t, ctx, row, "data-pages")
 	// The page is never reloaded: what changes is the live fragment.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if n := intAttr(t, ctx, row, "data-pages"); n > first {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the runs page still shows %d pages after 5s; Redis says %d", first, f.status(id).Done)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`(function () { var r = document.querySelector(%q); return !!r && +r.dataset.pages > %d; })()`, row, first),
+		chromedp.WithPollingTimeout(5*time.Second))); err != nil {
+		t.Fatalf("the runs page still shows %d pages after 5s (%v); Redis says %d", first, err, f.status(id).Done)
 	}
 	progress := value(t, ctx, "reading the progress bar", chromedp.AttributeValue(chromedp.CSS(row+" progress"), "value")).Value
 	if p, err := strconv.ParseFloat(progress, 64); err != nil || p <= 0 || p > 100 {
@@ -170,7 +165,7 @@ func TestBrowserChangesALimitThroughTheFormAndTheWorkersObeyIt(t *testing.T) {
 	f := newFleet(t, console.Config{})
 	sem := f.semaphore("db", 4)
 	f.host(4, []string{"db"}, workJob("busy", sem, nil))
-	f.start("busy", workArgs{N: 400, SleepMS: 80})
+	id := f.start("busy", workArgs{N: 400, SleepMS: 80})
 	stats := func() (int, int) {
 		st, err := sem.Stats(context.Background())
 		if err != nil {
@@ -193,16 +188,18 @@ func TestBrowserChangesALimitThroughTheFormAndTheWorkersObeyIt(t *testing.T) {
 	// Holders granted before the change finish their page; after that,
 	// nobody is granted beyond the new limit.
 	testenv.WaitFor(t, 5*time.Second, "the permits held to fit the new limit", func() bool { _, held := stats(); return held <= 2 })
+	// Watched while the workers do 15 more pages.
 	sawTwo := false
-	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+	from := f.status(id).Done
+	if !testenv.Eventually(10*time.Second, func() bool {
 		_, held := stats()
 		if held > 2 {
 			t.Fatalf("the workers hold %d permits under a limit of 2", held)
 		}
 		sawTwo = sawTwo || held == 2
-	}
-	if !sawTwo {
-		t.Errorf("the workers never used both permits of the new limit: are they still working?")
+		return sawTwo && f.status(id).Done >= from+15
+	}) {
+		t.Errorf("in 10s under the new limit, the workers did %d pages and used both its permits: %v; are they still working?", f.status(id).Done-from, sawTwo)
 	}
 }
 
@@ -276,11 +273,21 @@ func TestBrowserScreenshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.start("orders-report", workArgs{N: 3000, SleepMS: 150})
-	time.Sleep(8 * time.Second)
+	// The chart shows 32 samples at the first limit, then 24 at the next.
+	points := regexp.MustCompile(`class="held" points="([^"]*)"`)
+	samples := func() int {
+		_, body := f.get("/semaphore?name=db")
+		m := points.FindStringSubmatch(body)
+		if m == nil {
+			return 0
+		}
+		return len(strings.Fields(m[1]))
+	}
+	testenv.WaitFor(t, 30*time.Second, "32 samples on the chart", func() bool { return samples() >= 32 })
 	if err := sem.SetLimit(context.Background(), 4); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(6 * time.Second)
+	testenv.WaitFor(t, 30*time.Second, "24 more samples on the chart", func() bool { return samples() >= 56 })
 	for name, path := range map[string]string{"console-runs.png": "/runs", "console-semaphore.png": "/semaphore?name=db", "console-run.png": runPath(failed)} {
 		run(t, ctx, "loading "+path, chromedp.Navigate(f.srv.URL+path), chromedp.Sleep(1500*time.Millisecond))
 		png := value(t, ctx, "screenshot of "+path, chromedp.CaptureScreenshot())

@@ -3,7 +3,9 @@ package console_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,7 +26,7 @@ func TestTheSamplerWarnsOnceWhenRedisGoesAwayAndSaysWhenItIsBack(t *testing.T) {
 	for _, away := range []string{"refusing", "hanging"} {
 		t.Run(away, func(t *testing.T) {
 			t.Parallel()
-			proxy, logs := sampledThroughProxy(t)
+			proxy, logs, failed := sampledThroughProxy(t)
 			if away == "refusing" {
 				proxy.Cut()
 			} else {
@@ -33,7 +35,10 @@ func TestTheSamplerWarnsOnceWhenRedisGoesAwayAndSaysWhenItIsBack(t *testing.T) {
 			testenv.WaitFor(t, 10*time.Second, "the sampler to warn", func() bool {
 				return bytes.Contains(logs.Bytes(), []byte("level=WARN"))
 			})
-			time.Sleep(2 * time.Second) // more failed samples
+			// Another failed sample, which must not warn again: at once
+			// when refused, seconds later when hanging.
+			after := failed.Load()
+			testenv.WaitFor(t, 15*time.Second, "another failed call of the sampler", func() bool { return failed.Load() > after })
 			proxy.Restore()
 			testenv.WaitFor(t, 10*time.Second, "the sampler to say it works again", func() bool {
 				return bytes.Contains(logs.Bytes(), []byte("sampling semaphores works again"))
@@ -46,8 +51,9 @@ func TestTheSamplerWarnsOnceWhenRedisGoesAwayAndSaysWhenItIsBack(t *testing.T) {
 }
 
 // sampledThroughProxy starts a console that samples every 50ms through a
-// proxy of the test Redis, logging to the buffer it returns.
-func sampledThroughProxy(t *testing.T) (*testenv.Proxy, *testenv.LogBuffer) {
+// proxy of the test Redis, logging to the buffer it returns, with the
+// count of its Redis calls that failed.
+func sampledThroughProxy(t *testing.T) (*testenv.Proxy, *testenv.LogBuffer, *atomic.Int64) {
 	t.Helper()
 	_, prefix := testenv.Redis(t)
 	proxy, proxied := testenv.RedisProxy(t, testenv.RedisURL(t))
@@ -58,6 +64,8 @@ func sampledThroughProxy(t *testing.T) (*testenv.Proxy, *testenv.LogBuffer) {
 	opts.MaxRetries = -1
 	rdb := redis.NewClient(opts)
 	t.Cleanup(func() { _ = rdb.Close() })
+	failed := &failedCalls{}
+	rdb.AddHook(failed)
 	mr, err := mapreduce.New(rdb, mapreduce.Config{Prefix: prefix, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -72,5 +80,31 @@ func sampledThroughProxy(t *testing.T) (*testenv.Proxy, *testenv.LogBuffer) {
 	sampled := make(chan struct{})
 	go func() { con.Sample(ctx); close(sampled) }()
 	t.Cleanup(func() { cancel(); <-sampled; _ = con.Close() })
-	return proxy, logs
+	return proxy, logs, &failed.n
+}
+
+// failedCalls is a go-redis hook that counts the calls that failed
+// (redis.Nil is an answer, not a failure).
+type failedCalls struct{ n atomic.Int64 }
+
+func (f *failedCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f *failedCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil && !errors.Is(err, redis.Nil) {
+			f.n.Add(1)
+		}
+		return err
+	}
+}
+
+func (f *failedCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if err != nil && !errors.Is(err, redis.Nil) {
+			f.n.Add(1)
+		}
+		return err
+	}
 }

@@ -4,9 +4,11 @@ package faults_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
 )
@@ -36,7 +38,6 @@ func TestCancellingARunOfLongQueriesEndsEveryQueryAndNeverOverrunsThePermits(t *
 		for round := 1; round <= cancelRounds; round++ {
 			id := f.start(a)
 			f.waitPermitsFull(a)
-			time.Sleep(500 * time.Millisecond)
 
 			f.sampler.watchClosely(2*cancelGone + time.Second)
 			cancelled := time.Now()
@@ -68,21 +69,20 @@ func TestCancellingARunOfLongQueriesEndsEveryQueryAndNeverOverrunsThePermits(t *
 
 // waitPermitsFull waits until every permit is taken by a query of a run
 // with a's pages, and every page is in a handler's hands: those without a
-// permit wait for one.
+// permit are queued in Redis for one.
 func (f *fleet) waitPermitsFull(a runArgs) {
 	f.t.Helper()
 	insp := asynq.NewInspectorFromRedisClient(f.redis.Client)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var last string
+	if !testenv.Eventually(30*time.Second, func() bool {
 		active, _, _ := f.sampler.latest()
 		q, err := insp.GetQueueInfo(queue)
-		if err == nil && active == permits && q.Active == a.pages(f) && q.Pending == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("the run did not fill its permits within 30s: %d queries active, queue %+v (%v)", active, q, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+		st, serr := f.sem.Stats(context.Background())
+		last = fmt.Sprintf("%d queries active, queue %+v (%v), %d permits held and %d waiting (%v)", active, q, err, st.Held, len(st.Waiters), serr)
+		return err == nil && serr == nil && active == permits && q.Active == a.pages(f) && q.Pending == 0 &&
+			st.Held == permits && len(st.Waiters) == a.pages(f)-permits
+	}) {
+		f.t.Fatalf("the run did not fill its permits, with every other page waiting for one, within 30s: %s", last)
 	}
 }
 
@@ -90,15 +90,12 @@ func (f *fleet) waitPermitsFull(a runArgs) {
 // for quiet since from, and returns when it last saw one (from, if none)
 // and true; or, at deadline, when it last saw one and false.
 func (f *fleet) waitNoWorkerQueryFor(quiet time.Duration, from, deadline time.Time) (time.Time, bool) {
-	for {
-		_, at, last := f.sampler.latest()
+	var last time.Time
+	ok := testenv.Eventually(time.Until(deadline), func() bool {
+		var at time.Time
+		_, at, last = f.sampler.latest()
 		last = later(last, from)
-		if at.Sub(last) >= quiet {
-			return last, true
-		}
-		if time.Now().After(deadline) {
-			return last, false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return at.Sub(last) >= quiet
+	})
+	return last, ok
 }

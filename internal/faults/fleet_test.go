@@ -252,17 +252,15 @@ func newFleet(t *testing.T, cfg fleetConfig) *fleet {
 	}
 	t.Cleanup(func() { _ = f.sem.Close() })
 	t.Cleanup(f.dumpLogsOnFailure)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var last string
+	if !testenv.Eventually(30*time.Second, func() bool {
 		info, err := f.mr.Job(ctx, job)
-		if err == nil && len(info.Workers) == workers {
-			return f
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the %d workers did not announce %q within 30s: %+v, %v", workers, job, info, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		last = fmt.Sprintf("%+v, %v", info, err)
+		return err == nil && len(info.Workers) == workers
+	}) {
+		t.Fatalf("the %d workers did not announce %q within 30s: %s", workers, job, last)
 	}
+	return f
 }
 
 // clusterTags place, on a fleet's Cluster, the job's records (hash tag
@@ -361,21 +359,18 @@ func (f *fleet) start(a aRun) string {
 // than a minute.
 func (f *fleet) waitDone(id string, done int) {
 	f.t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		st, err := f.mr.Status(context.Background(), id)
-		if err != nil {
+	var st *mapreduce.Status
+	if !testenv.Eventually(time.Minute, func() bool {
+		var err error
+		if st, err = f.mr.Status(context.Background(), id); err != nil {
 			f.t.Fatal(err)
 		}
-		switch {
-		case st.State.Ended():
+		if st.State.Ended() {
 			f.t.Fatalf("run %s ended (%s, %s) before %d pages were done: the fault would not land mid-run", id, st.State, st.Error, done)
-		case st.Done >= done:
-			return
-		case time.Now().After(deadline):
-			f.t.Fatalf("run %s did only %d of %d pages in a minute before the fault: %+v", id, st.Done, done, st)
 		}
-		time.Sleep(5 * time.Millisecond)
+		return st.Done >= done
+	}) {
+		f.t.Fatalf("run %s did only %d of %d pages in a minute before the fault: %+v", id, st.Done, done, st)
 	}
 }
 
@@ -444,15 +439,11 @@ func (f *fleet) checkPermitsFree(from time.Time) {
 	f.t.Helper()
 	var st semaphore.Stats
 	var err error
-	for {
+	if testenv.Eventually(time.Until(from.Add(permitsFree)), func() bool {
 		st, err = f.sem.Stats(context.Background())
-		if err == nil && st.Held == 0 && len(st.Waiters) == 0 {
-			return
-		}
-		if time.Now().After(from.Add(permitsFree)) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err == nil && st.Held == 0 && len(st.Waiters) == 0
+	}) {
+		return
 	}
 	if err != nil {
 		f.t.Errorf("%s: reading the semaphore: %v", reqPermitsFree, err)
@@ -567,8 +558,10 @@ func (f *fleet) follow(id string) {
 	insp := asynq.NewInspectorFromRedisClient(f.rdb)
 	start := time.Now()
 	go func() {
+		every := time.NewTicker(250 * time.Millisecond)
+		defer every.Stop()
 		last := ""
-		for {
+		for ; ; <-every.C {
 			st, err := f.mr.Status(context.Background(), id)
 			if err != nil {
 				return
@@ -585,7 +578,6 @@ func (f *fleet) follow(id string) {
 			if st.State.Ended() {
 				return
 			}
-			time.Sleep(250 * time.Millisecond)
 		}
 	}()
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/batchmr/batchmr/internal/testenv"
 )
 
 // countArgs are the arguments of a run of "counts" (testdata/sumworker):
@@ -83,7 +85,7 @@ func TestAPackedRunSurvivesRedisKilledAndRestartedWithAOFExactly(t *testing.T) {
 func (f *fleet) checkProgressResumed(id string, back time.Time, bound time.Duration, req string) {
 	f.t.Helper()
 	first := -1
-	for {
+	if !testenv.Eventually(time.Until(back.Add(bound+10*time.Second)), func() bool {
 		st, err := f.mr.Status(context.Background(), id)
 		switch {
 		case err != nil:
@@ -94,7 +96,7 @@ func (f *fleet) checkProgressResumed(id string, back time.Time, bound time.Durat
 			if d > bound {
 				f.t.Errorf("%s: the run's first page after the fault is not known; it ended %v after the fault did", req, d.Round(time.Millisecond))
 			}
-			return
+			return true
 		case first < 0:
 			first = st.Done
 		case st.Done > first:
@@ -103,12 +105,10 @@ func (f *fleet) checkProgressResumed(id string, back time.Time, bound time.Durat
 			if d > bound {
 				f.t.Errorf("%s: the run recorded no page until %v after the fault ended", req, d.Round(time.Millisecond))
 			}
-			return
+			return true
 		}
-		if time.Since(back) > bound+10*time.Second {
-			f.t.Errorf("%s: the run recorded no page in the %v after the fault ended", req, time.Since(back).Round(time.Millisecond))
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+		return false
+	}) {
+		f.t.Errorf("%s: the run recorded no page in the %v after the fault ended", req, time.Since(back).Round(time.Millisecond))
 	}
 }

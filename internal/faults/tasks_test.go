@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/hibiken/asynq"
 )
 
@@ -52,7 +53,8 @@ func TestTasksNoStepCanRunAreArchivedAtOnceWithAClearError(t *testing.T) {
 		// When each was first seen archived, and what asynq last said of it.
 		archived := make([]time.Time, len(tasks))
 		infos := make([]*asynq.TaskInfo, len(tasks))
-		for waiting := len(tasks); waiting > 0 && time.Since(enqueued) < 20*time.Second; {
+		waiting := len(tasks)
+		testenv.Eventually(time.Until(enqueued.Add(20*time.Second)), func() bool {
 			for i := range tasks {
 				if !archived[i].IsZero() {
 					continue
@@ -66,8 +68,8 @@ func TestTasksNoStepCanRunAreArchivedAtOnceWithAClearError(t *testing.T) {
 					waiting--
 				}
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return waiting == 0
+		}) // those never archived are reported below
 		for i, tk := range tasks {
 			info := infos[i]
 			name := fmt.Sprintf("a %q task with %d bytes of payload", tk.typ, len(tk.payload))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/testenv"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/redis/go-redis/v9"
 )
@@ -43,9 +44,10 @@ func TestAPermitHolderPausedPastItsLeaseLosesItsPermitsAndNeverOverrunsThemWhenI
 		if d > lease+2*time.Second {
 			t.Errorf("a paused holder gives its permits back within its lease plus a check interval: it took %v with a lease of %v", d.Round(time.Millisecond), lease)
 		}
-		time.Sleep(time.Until(paused.Add(lease + 3*time.Second)))
-		if n := f.sampler.startsBetween(handedOn, time.Now()); n == 0 {
-			t.Errorf("work goes on while a worker is paused: no worker query started in the %v between its permits being handed on and its continuing",
+		// It continues once the rest of the fleet has run a query on the
+		// permits it lost.
+		if !testenv.Eventually(time.Until(paused.Add(lease+3*time.Second)), func() bool { return f.sampler.startsBetween(handedOn, time.Now()) > 0 }) {
+			t.Errorf("work goes on while a worker is paused: no worker query started in the %v after its permits were handed on",
 				time.Since(handedOn).Round(time.Millisecond))
 		}
 		if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
@@ -127,30 +129,32 @@ func (f *fleet) pauseAPermitHolder() (*workerProc, string) {
 		st, err := f.sem.Stats(ctx)
 		return err == nil && slices.ContainsFunc(st.Holders, func(h semaphore.Holder) bool { return h.Process == process })
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	var w *workerProc
+	var process string
+	if !testenv.Eventually(30*time.Second, func() bool {
 		st, err := f.sem.Stats(ctx)
 		if err != nil {
 			f.t.Fatal(err)
 		}
 		for _, h := range st.Holders {
-			w := f.workerOf(h.Process)
-			if w == nil {
+			if w = f.workerOf(h.Process); w == nil {
 				continue
 			}
 			if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 				f.t.Fatal(err)
 			}
 			if holds(h.Process) {
-				return w, h.Process
+				process = h.Process
+				return true
 			}
 			_ = w.cmd.Process.Signal(syscall.SIGCONT) // it released meanwhile: try again
-			break
+			return false
 		}
-		time.Sleep(5 * time.Millisecond)
+		return false
+	}) {
+		f.t.Fatal("found no worker holding a permit to pause within 30s")
 	}
-	f.t.Fatal("found no worker holding a permit to pause within 30s")
-	return nil, ""
+	return w, process
 }
 
 // workerOf returns the worker whose semaphore process ID is process
@@ -173,17 +177,16 @@ func (f *fleet) workerOf(process string) *workerProc {
 // when it saw that, failing the test at deadline.
 func (f *fleet) waitNoPermitOf(process string, deadline time.Time) time.Time {
 	f.t.Helper()
-	for {
-		st, err := f.sem.Stats(context.Background())
-		if err == nil && !slices.ContainsFunc(st.Holders, func(h semaphore.Holder) bool { return h.Process == process }) {
-			return time.Now()
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("a paused holder gives its permits back within its lease plus a check interval: it still holds one at %s: %+v, %v",
-				deadline.Format("15:04:05.000"), st.Holders, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var st semaphore.Stats
+	var err error
+	if !testenv.Eventually(time.Until(deadline), func() bool {
+		st, err = f.sem.Stats(context.Background())
+		return err == nil && !slices.ContainsFunc(st.Holders, func(h semaphore.Holder) bool { return h.Process == process })
+	}) {
+		f.t.Fatalf("a paused holder gives its permits back within its lease plus a check interval: it still holds one at %s: %+v, %v",
+			deadline.Format("15:04:05.000"), st.Holders, err)
 	}
+	return time.Now()
 }
 
 // fastForward rewrites what a worker with a clock ahead by skew writes on

@@ -25,6 +25,7 @@ type Proxy struct {
 	ln    net.Listener          // nil while cut
 	conns map[net.Conn]struct{} // both ends of every proxied connection
 	hole  chan struct{}         // non-nil while blackholed; closed when that ends
+	held  int                   // reads and new connections the blackhole holds
 	done  bool                  // the test has ended
 }
 
@@ -73,6 +74,15 @@ func RedisProxy(t testing.TB, redisURL string) (*Proxy, string) {
 
 // Addr returns the host:port the proxy listens on.
 func (p *Proxy) Addr() string { return p.addr }
+
+// Held returns how many reads (data a side sent) and new connections a
+// Blackhole holds now: a test waits for one to know that what a client
+// sent has reached the proxy.
+func (p *Proxy) Held() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
+}
 
 // Cut closes every connection and the listener: clients fail at once
 // with a closed connection, then with "connection refused", until Restore.
@@ -151,12 +161,18 @@ func (p *Proxy) accept(ln net.Listener) {
 func (p *Proxy) pass(ln net.Listener) bool {
 	p.mu.Lock()
 	hole := p.hole
+	if hole != nil {
+		p.held++
+	}
 	p.mu.Unlock()
 	if hole != nil {
 		<-hole
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if hole != nil {
+		p.held--
+	}
 	return p.ln == ln
 }
 

@@ -75,7 +75,7 @@ func TestProxyDeliversWhatWasSentIntoABlackholeOnRestore(t *testing.T) {
 	p.Blackhole()
 	done := make(chan error, 1)
 	go func() { done <- rdb.Set(ctx, "sent", "during", 0).Err() }()
-	time.Sleep(300 * time.Millisecond)
+	testenv.WaitFor(t, 5*time.Second, "the blackhole to hold the call", func() bool { return p.Held() > 0 })
 	if n := srv.Client.Exists(ctx, "sent").Val(); n != 0 {
 		t.Fatal("the blackhole forwarded a call")
 	}

@@ -539,11 +539,21 @@ func (b *Binaries) Remove() {
 // run ended), never to time the code under test.
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !Eventually(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// Eventually polls cond every few milliseconds until it holds, and reports
+// whether it did within timeout (cond is called at least once). It is
+// WaitFor for a test that says itself what a timeout means.
+func Eventually(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	return true
 }

@@ -76,28 +76,26 @@ func TestFirstJobTutorialRunsOnTwoWorkersUnderTheScheduler(t *testing.T) {
 		f.start("worker", "--poll-interval", "50ms", "--log-level", "warn"),
 		f.start("worker", "--poll-interval", "50ms", "--log-level", "warn"),
 	}
-	waitFor(t, 30*time.Second, "scheduler jobs to list "+job+" with 2 workers", func() (bool, string) {
-		r := f.scheduler("jobs", "--json")
-		var all []struct {
-			Name    string `json:"name"`
-			Queue   string `json:"queue"`
-			Workers []struct {
-				ID string `json:"id"`
-			} `json:"workers"`
-		}
-		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &all) != nil {
-			return false, r.String()
-		}
-		for _, j := range all {
-			if j.Name == job {
-				if j.Queue != prefix+":"+job {
-					t.Fatalf("%s's queue is %q, want its own, %q", job, j.Queue, prefix+":"+job)
-				}
-				return len(j.Workers) == 2, r.stdout
-			}
-		}
-		return false, r.stdout
+	waitFor(t, 30*time.Second, "both workers to announce "+job, func() (bool, string) {
+		info, err := mr.Job(ctx, job)
+		return err == nil && len(info.Workers) == 2, fmt.Sprintf("%+v %v", info, err)
 	})
+	jobs := f.scheduler("jobs", "--json")
+	type listedJob struct {
+		Name    string `json:"name"`
+		Queue   string `json:"queue"`
+		Workers []struct {
+			ID string `json:"id"`
+		} `json:"workers"`
+	}
+	var catalogue []listedJob
+	if jobs.code != 0 || json.Unmarshal([]byte(jobs.stdout), &catalogue) != nil {
+		t.Fatalf("scheduler jobs --json: want exit 0 and JSON, got\n%s", jobs)
+	}
+	if i := slices.IndexFunc(catalogue, func(j listedJob) bool { return j.Name == job }); i < 0 ||
+		catalogue[i].Queue != prefix+":"+job || len(catalogue[i].Workers) != 2 {
+		t.Fatalf("scheduler jobs --json does not list %s in its own queue %q with its 2 workers:\n%s", job, prefix+":"+job, jobs.stdout)
+	}
 	listed := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(job) + ` +` + regexp.QuoteMeta(prefix+":"+job) + ` +2 `)
 	if r := f.scheduler("jobs"); r.code != 0 || !listed.MatchString(r.stdout) {
 		t.Errorf("scheduler jobs does not list %s in its queue:\n%s", job, r)
@@ -411,20 +409,17 @@ func runIDs(ctx context.Context, t *testing.T, mr *mapreduce.Client) []string {
 	return ids
 }
 
-// waitFor polls cond every 50ms until it holds, failing the test after
-// limit with what cond last said.
+// waitFor polls cond until it holds, failing the test after limit with
+// what cond last said.
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s; last:\n%s", limit, what, last)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var last string
+	if !testenv.Eventually(limit, func() bool {
+		var ok bool
+		ok, last = cond()
+		return ok
+	}) {
+		t.Fatalf("waited %v for %s; last:\n%s", limit, what, last)
 	}
 }
 
