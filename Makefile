@@ -44,7 +44,7 @@ test: tools
 
 # test-inner: check + tests; run it directly with BATCHMR_TEST_* set to your own servers.
 # Three passes run at once (scripts/test-passes.sh): every package, four at
-# a time, with internal/faults' timed scenarios; internal/faults' scenarios
+# a time, with internal/tests/faults' timed scenarios; internal/tests/faults' scenarios
 # that mostly wait (a 60 s outage among them); and pkg/semaphore again on
 # the EVALSHA path that Redis < 7 and ACL-restricted users get. Last, the
 # demo runs as make demo does (it checks its report against SQL and the
@@ -54,20 +54,20 @@ test-inner: check
 	scripts/test-passes.sh
 	scripts/demo.sh
 
-# chaos: soak the fault suite (internal/faults, which starts its own Redis
+# chaos: soak the fault suite (internal/tests/faults, which starts its own Redis
 # and Postgres servers): every scenario three times, over runs of 2,500
 # pages as the campaign that found the faults used. make test runs it once,
 # over runs of 400 pages. with-servers.sh installs Redis and Postgres when
 # they are missing.
 chaos: tools
 	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh env BATCHMR_CHAOS_REPEAT=3 BATCHMR_CHAOS_PAGES=2500 \
-		go test -race -count=1 -timeout 120m -v ./internal/faults/
+		go test -race -count=1 -timeout 120m -v ./internal/tests/faults/
 
 # bench: run the semaphore, mapreduce and paging benchmarks
-# and the Redis Cluster spread (internal/cmd/semabench, mrbench, pagebench,
+# and the Redis Cluster spread (internal/bench/semabench, mrbench, pagebench,
 # clusterbench) against throwaway servers.
 bench:
-	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh sh -c 'go run ./internal/cmd/semabench && go run ./internal/cmd/mrbench && go run ./internal/cmd/pagebench && go run ./internal/cmd/clusterbench'
+	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh sh -c 'go run ./internal/bench/semabench && go run ./internal/bench/mrbench && go run ./internal/bench/pagebench && go run ./internal/bench/clusterbench'
 
 # demo: seed a table, start three workers, run orders-report with its
 # progress bar, check the result against SQL and show what Postgres saw

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a hand-off's time goes, from a semabench worker's execution trace.
 
-    go run ./internal/cmd/semabench -only utilisation -holds 2ms \
+    go run ./internal/bench/semabench -only utilisation -holds 2ms \
         -designs batchmr,bound-1rtt -processes 1 -goroutines 64 -repeat 1 \
         -trace /tmp/tr
     for f in /tmp/tr.*; do

@@ -7,7 +7,7 @@
 #   scripts/script-cost.sh                       # this build
 #   scripts/script-cost.sh -before-exe /tmp/sb-old   # side by side with another
 #
-# where /tmp/sb-old is `go build -o /tmp/sb-old ./internal/cmd/semabench` at
+# where /tmp/sb-old is `go build -o /tmp/sb-old ./internal/bench/semabench` at
 # another commit (one that has this section). Needs valgrind and
 # redis-server (Debian: apt-get install valgrind redis-server). Under
 # valgrind Redis runs ~50 times slower: the µs column is then not Redis's
@@ -27,6 +27,6 @@ for _ in $(seq 1 200); do
 	redis-cli -p "$port" ping >/dev/null 2>&1 && break
 	sleep 0.1
 done
-go build -o "$dir/semabench" ./internal/cmd/semabench
+go build -o "$dir/semabench" ./internal/bench/semabench
 "$dir/semabench" -redis "redis://127.0.0.1:$port/0" -only scripts -script-calls 500 \
 	-callgrind "$dir/cg.out" -callgrind-pid "$pid" "$@"

@@ -14,13 +14,13 @@ pass() { # pass NAME ENV-ASSIGNMENT PACKAGE...
 	shift 2
 	(env "$env" go test "${flags[@]}" "$@" >"$dir/$name.log" 2>&1; echo $? >"$dir/$name.rc") &
 }
-pass waiting BATCHMR_FAULTS=waiting ./internal/faults/
+pass waiting BATCHMR_FAULTS=waiting ./internal/tests/faults/
 pass eval BATCHMR_SEMAPHORE_SCRIPTS=eval ./pkg/semaphore/
 
 BATCHMR_FAULTS=timed go test "${flags[@]}" -p 4 ./...
 status=$?
 wait
-echo "BATCHMR_FAULTS=waiting go test -race ./internal/faults/:"
+echo "BATCHMR_FAULTS=waiting go test -race ./internal/tests/faults/:"
 cat "$dir/waiting.log"
 echo "BATCHMR_SEMAPHORE_SCRIPTS=eval go test -race ./pkg/semaphore/:"
 cat "$dir/eval.log"

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/batchmr/batchmr/internal/app"
-	"github.com/batchmr/batchmr/internal/testenv"
-	"github.com/batchmr/batchmr/internal/testenv/testhost"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv/testhost"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 )
 

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/schedules"
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 )
 
 // 'scheduler ui' serves the console of the deployment it points at, on the

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/batchmr/batchmr/internal/app"
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 )
 
 // A server that answered with an error is not unreachable: the message

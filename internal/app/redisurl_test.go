@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/batchmr/batchmr/internal/app"
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/redis/go-redis/v9"
 )
 

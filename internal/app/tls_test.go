@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/batchmr/batchmr/internal/app"
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 )
 
 // mTLS is the settings of a client that trusts the test's CA and presents

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/console"
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/chromedp/chromedp"
 )

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/console"
-	"github.com/batchmr/batchmr/internal/testenv"
-	"github.com/batchmr/batchmr/internal/testenv/testhost"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv/testhost"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/redis/go-redis/v9"

@@ -18,8 +18,8 @@ import (
 
 	"github.com/batchmr/batchmr/internal/console"
 	"github.com/batchmr/batchmr/internal/schedules"
-	"github.com/batchmr/batchmr/internal/testenv"
-	"github.com/batchmr/batchmr/internal/testenv/testhost"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv/testhost"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )

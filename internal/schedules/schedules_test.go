@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/schedules"
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 )
 
 func TestListMergesReplicasAndDropsProcessesPastTheirTTL(t *testing.T) {

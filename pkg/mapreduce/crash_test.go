@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/batchmr/batchmr/pkg/metrics"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/prometheus/client_golang/prometheus"

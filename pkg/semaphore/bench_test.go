@@ -4,12 +4,12 @@ import (
 	"context"
 	"testing"
 
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
 // Side-by-side ratios (Acquire+Release per PING, hand-off latency,
-// utilisation against polling designs) come from internal/cmd/semabench
+// utilisation against polling designs) come from internal/bench/semabench
 // (make bench); these are the per-operation costs for go test -bench.
 
 func BenchmarkPing(b *testing.B) {

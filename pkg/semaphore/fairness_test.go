@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/batchmr/batchmr/internal/benchutil"
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/bench/benchutil"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/redis/go-redis/v9"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/redis/go-redis/v9"
 )
 

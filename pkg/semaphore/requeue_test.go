@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 )
 
 // A requeue notice is for the token it was sent for. A second refresh can

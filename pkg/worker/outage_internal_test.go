@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/batchmr/batchmr/internal/outage"
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 )
 
 // asynq keeps Redis's errors as text in its own lines; those of an outage

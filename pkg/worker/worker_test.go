@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/examples/pagination/ordersreport"
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
 	"github.com/batchmr/batchmr/pkg/semaphore"

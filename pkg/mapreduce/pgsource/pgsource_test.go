@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/batchmr/batchmr/internal/testenv"
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce/pgsource"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5"
