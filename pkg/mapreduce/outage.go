@@ -126,25 +126,36 @@ func fromPackage(err error, prefix string) bool {
 // logAttempt logs a failed attempt of task t, run with ctx: a transient
 // retry that an outage of the database or Redis caused goes to c's
 // outage log (a warning when the outage starts, then debug until a step
-// of the same job succeeds); any other failure is logged at warn, each
+// of the same job and kind succeeds); any other failure is logged at warn, each
 // time (logFailure).
 func (c *Client) logAttempt(ctx context.Context, t *asynq.Task, err error) {
 	var retry *errTransientRetry
 	if errors.As(err, &retry) && !errors.Is(err, asynq.SkipRetry) {
 		if cause := outageOf(retry.err); cause != "" {
-			c.outages.Failed(Logger(ctx), cause, taskJob(t), err, slog.String("failed", stepName(t)))
+			c.outages.Failed(Logger(ctx), cause, outageScope(t), err, slog.String("failed", stepName(t)))
 			return
 		}
 	}
 	logFailure(ctx, t, err)
 }
 
-// endOutages ends the outages that steps of task t's job failed for: one
-// of its steps succeeded.
+// endOutages ends the outages that steps of task t's job and kind failed
+// for: one of them succeeded. A step of another kind proves nothing: a
+// split that reads no database succeeds through a database outage.
 func (c *Client) endOutages(t *asynq.Task) {
 	if c.outages.Ongoing() {
-		c.outages.EndedAll(taskJob(t))
+		c.outages.EndedAll(outageScope(t))
 	}
+}
+
+// outageScope is what an outage task t failed for is ended by: a step of
+// the same job and kind ("orders map").
+func outageScope(t *asynq.Task) string {
+	kind := t.Type()
+	if kind == typePages {
+		kind = typeMap
+	}
+	return taskJob(t) + " " + kind
 }
 
 // taskJob is the name of the job of task t's run, or "" if its payload

@@ -6,6 +6,7 @@ import (
 	"iter"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -75,12 +76,29 @@ func TestADatabaseOutageIsLoggedWhenItStartsAndWhenItEndsNotPerAttempt(t *testin
 	e := newEnv(t)
 	const outageFailures = 40
 	down := &pgError{"08006", "FATAL: terminating connection: server closed the connection unexpectedly"}
-	e.addJob(e.jobs.Add(failingCalls("outaged", func(n int64) error {
+	failed := make(chan struct{})
+	var once sync.Once
+	j := failingCalls("outaged", func(n int64) error {
 		if n <= outageFailures {
+			once.Do(func() { close(failed) })
 			return down
 		}
 		return nil
-	}, e.opts(mapreduce.JobOptions{MapRetries: 0, TransientBackoff: func(int) time.Duration { return 5 * time.Millisecond }}))))
+	}, e.opts(mapreduce.JobOptions{MapRetries: 0, TransientBackoff: func(int) time.Duration { return 5 * time.Millisecond }}))
+	// The split, which reads no database, succeeds during the outage: that
+	// must not end it.
+	j.Split = func(ctx context.Context, a sumArgs, emit func(span) error) error {
+		if err := splitSpans(ctx, a, emit); err != nil {
+			return err
+		}
+		select {
+		case <-failed:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	e.addJob(e.jobs.Add(j))
 	c, logs := e.loggedClient(slog.LevelInfo)
 	e.worker(c, 4)
 	id := mustStart(t, c, "outaged", sumArgs{N: 100, PageSize: 10}, mapreduce.StartOptions{})
