@@ -94,7 +94,7 @@ func (c *Client) observeEnd(ctx context.Context, runID string, state State) {
 	}
 	job, _ := jobOf(runID)
 	var took time.Duration
-	if k, err := c.keys(runID); err == nil {
+	if k, err := c.ledger.keys(runID); err == nil {
 		// One more round trip, only with an Observer: finish.lua does not
 		// return when the run began.
 		if vals, err := c.rdb.HMGet(ctx, k.run, "created", "retried").Result(); err == nil {

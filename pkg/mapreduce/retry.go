@@ -25,7 +25,7 @@ import (
 // of the split failed: the run is resumed, the error says so, and a
 // worker's reconciler enqueues the split.
 func (c *Client) Retry(ctx context.Context, runID string) error {
-	k, err := c.keys(runID)
+	k, err := c.ledger.keys(runID)
 	if err != nil {
 		return fmt.Errorf("mapreduce: retry: %w", err)
 	}

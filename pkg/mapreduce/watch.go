@@ -71,7 +71,7 @@ func (c *Client) pollRuns() {
 		cmds := make([]*redis.StringCmd, len(runs))
 		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, run := range runs {
-				k, _ := c.keys(run)
+				k, _ := c.ledger.keys(run)
 				cmds[i] = p.HGet(ctx, k.run, "state")
 			}
 			return nil

@@ -208,7 +208,7 @@ func (f *feeder) restore(ctx context.Context, rec runRecord) {
 
 // expect records the pages the run expects in all (ExpectPages).
 func (f *feeder) expect(ctx context.Context, n int) error {
-	return f.c.withRedis(ctx, "recording the pages expected", func(ctx context.Context) error {
+	return withRedis(ctx, f.c.outages, "recording the pages expected", func(ctx context.Context) error {
 		return scriptFeed.Run(ctx, f.c.rdb, []string{f.k.run, f.k.recorded}, f.nonce, 0, 0, "", n).Err()
 	})
 }
@@ -665,8 +665,8 @@ func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending, act
 		res  *redis.Cmd
 		n, a *redis.IntCmd
 	)
-	err = f.c.withRedis(ctx, "moving the run's window", func(ctx context.Context) error {
-		if err := f.c.batch(f.k.job).doScript(ctx, scriptFeed, func(p redis.Pipeliner) *redis.Cmd {
+	err = withRedis(ctx, f.c.outages, "moving the run's window", func(ctx context.Context) error {
+		if err := f.c.ledger.batch(f.k.job).doScript(ctx, scriptFeed, func(p redis.Pipeliner) *redis.Cmd {
 			res = scriptFeed.EvalSha(ctx, p, []string{f.k.run, f.k.recorded}, args...)
 			n = p.LLen(ctx, f.pending)
 			a = p.LLen(ctx, f.active)
@@ -766,7 +766,7 @@ func (f *feeder) handOnFrom(ctx context.Context, resume int) error {
 // a run whose split task ended without ending the split.
 func (c *Client) handOn(ctx context.Context, k runKeys, runID, nonce string, resume int, o JobOptions) error {
 	var v []any
-	err := c.withRedis(ctx, "handing the split on", func(ctx context.Context) (err error) {
+	err := withRedis(ctx, c.outages, "handing the split on", func(ctx context.Context) (err error) {
 		v, err = scriptFeed.Run(ctx, c.rdb, []string{k.run, k.recorded}, nonce, resume, 0, "1").Slice()
 		return err
 	})
