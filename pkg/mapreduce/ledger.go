@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/batchmr/batchmr/internal/outage"
 	"github.com/batchmr/batchmr/internal/rediserr"
@@ -230,6 +231,35 @@ func (l *ledger) recordTotal(ctx context.Context, k runKeys, n int, nonce string
 	return st, err
 }
 
+// expectPages records the n pages the run expects in all (ExpectPages;
+// feed.lua), waiting out a Redis outage while ctx lives.
+func (l *ledger) expectPages(ctx context.Context, k runKeys, nonce string, n int) error {
+	return withRedis(ctx, l.outages, "recording the pages expected", func(ctx context.Context) error {
+		return scriptFeed.Run(ctx, l.rdb, []string{k.run, k.recorded}, nonce, 0, 0, "", n).Err()
+	})
+}
+
+// handOn names a new split task for a splitting run (feed.lua), one no
+// split task of the run had, to start at page resume (or where the run's
+// resume mark is, if further), and returns its step name for its task ID;
+// errRunGone if the run is not splitting under nonce. It waits out a Redis
+// outage while ctx lives.
+func (l *ledger) handOn(ctx context.Context, k runKeys, nonce string, resume int) (step string, err error) {
+	var v []any
+	err = withRedis(ctx, l.outages, "handing the split on", func(ctx context.Context) (err error) {
+		v, err = scriptFeed.Run(ctx, l.rdb, []string{k.run, k.recorded}, nonce, resume, 0, "1").Slice()
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	if n, _ := v[0].(int64); n < 0 {
+		return "", errRunGone
+	}
+	step, _ = v[2].(string)
+	return step, nil
+}
+
 // recordedBits is part of a run's bitmap of recorded pages: its bytes from
 // the one that holds page from.
 type recordedBits struct {
@@ -373,4 +403,99 @@ func (l *ledger) countTransient(ctx context.Context, k runKeys, step string, o J
 		return nil
 	})
 	return int(n), err
+}
+
+// stateOf reads a run's state and how many of its pages failed for good:
+// "" and 0 for a run that does not exist.
+func (l *ledger) stateOf(ctx context.Context, k runKeys) (state State, failed int, err error) {
+	look, err := l.rdb.HMGet(ctx, k.run, "state", "failed").Result()
+	if err != nil {
+		return "", 0, err
+	}
+	st, _ := look[0].(string)
+	n, _ := look[1].(string)
+	return State(st), atoi(n), nil
+}
+
+// resume runs retry.lua: it takes a failed or cancelled run back to
+// splitting under nonce, forgetting its failed pages. outcome is "" if it
+// did, else "missing" (no such run), "state" (detail: the run's state) or
+// "active" (detail: the job's active run, which allowOverlap lets be).
+func (l *ledger) resume(ctx context.Context, k runKeys, runID string, allowOverlap bool, nonce string) (outcome, detail string, err error) {
+	overlap := "0"
+	if allowOverlap {
+		overlap = "1"
+	}
+	res, err := scriptRetry.Run(ctx, l.rdb, []string{k.run, k.recorded, k.results, k.failures, k.active, k.transient, k.unfinished},
+		runID, overlap, nonce).Slice()
+	if err != nil {
+		return "", "", err
+	}
+	outcome, _ = res[0].(string)
+	detail, _ = res[1].(string)
+	return outcome, detail, nil
+}
+
+// noteError notes msg as the LastError of the run runID, of its attempt
+// under nonce, failed in step (lasterror.lua).
+func (l *ledger) noteError(ctx context.Context, runID, nonce, step, msg string) error {
+	k, err := l.keys(runID)
+	if err != nil {
+		return err
+	}
+	return scriptLastError.Run(ctx, l.rdb, []string{k.run}, step, msg, nonce).Err()
+}
+
+// exists reports whether the run runID exists.
+func (l *ledger) exists(ctx context.Context, runID string) (bool, error) {
+	k, err := l.keys(runID)
+	if err != nil {
+		return false, err
+	}
+	n, err := l.rdb.Exists(ctx, k.run).Result()
+	return n != 0, err
+}
+
+// began returns when the run runID began: when Start created it or Retry
+// last resumed it; zero if that cannot be read.
+func (l *ledger) began(ctx context.Context, runID string) time.Time {
+	var began time.Time
+	k, err := l.keys(runID)
+	if err != nil {
+		return began
+	}
+	vals, err := l.rdb.HMGet(ctx, k.run, "created", "retried").Result()
+	if err != nil {
+		return began
+	}
+	for _, v := range vals {
+		if s, ok := v.(string); ok {
+			if t := msTime(s); t.After(began) {
+				began = t
+			}
+		}
+	}
+	return began
+}
+
+// states reads the states of the runs runIDs in one round trip: gone[i]
+// reports that runIDs[i] does not exist. A run whose state could not be
+// read has state "" and is not gone.
+func (l *ledger) states(ctx context.Context, runIDs []string) (states []State, gone []bool, err error) {
+	cmds := make([]*redis.StringCmd, len(runIDs))
+	_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, runID := range runIDs {
+			k, _ := l.keys(runID)
+			cmds[i] = p.HGet(ctx, k.run, "state")
+		}
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return nil, nil, err
+	}
+	states, gone = make([]State, len(runIDs)), make([]bool, len(runIDs))
+	for i, cmd := range cmds {
+		states[i], gone[i] = State(cmd.Val()), cmd.Err() == redis.Nil
+	}
+	return states, gone, nil
 }

@@ -85,8 +85,6 @@ type repairer struct {
 type runMachine interface {
 	// finish ends a run (client.go).
 	finish(ctx context.Context, runID, nonce string, to State, result []byte, msg string, from State) (bool, State, error)
-	// handOn hands a run's split on to a new split task (window.go).
-	handOn(ctx context.Context, k runKeys, runID, nonce string, resume int, o JobOptions) error
 	// enqueueStepAs enqueues a run's split or reduce task (tasks.go).
 	enqueueStepAs(ctx context.Context, runID, nonce, typ, step string, o JobOptions) error
 }
@@ -251,7 +249,7 @@ func (r *repairer) repairStep(ctx context.Context, st *Status, typ string, o Job
 	case typ == typeSplit && info.State == asynq.TaskStateCompleted:
 		// It ended without ending the split (a hand-on whose enqueue was
 		// lost, say): the run is still splitting, so hand it on again.
-		switch err := r.runs.handOn(ctx, k, runID, st.nonce, 0, o); {
+		switch err := r.handOn(ctx, k, runID, st.nonce, o); {
 		case errors.Is(err, errRunGone): // it ended the split since the run was read
 		case err != nil:
 			return err
@@ -269,6 +267,16 @@ func (r *repairer) repairStep(ctx context.Context, st *Status, typ string, o Job
 		}
 	}
 	return nil
+}
+
+// handOn hands a splitting run's split on to a new split task, as a
+// split does (Client.handOn), from the run's resume mark.
+func (r *repairer) handOn(ctx context.Context, k runKeys, runID, nonce string, o JobOptions) error {
+	step, err := r.ledger.handOn(ctx, k, nonce, 0)
+	if err != nil {
+		return err
+	}
+	return r.runs.enqueueStepAs(ctx, runID, nonce, typeSplit, step, o)
 }
 
 // repairPages looks at the unrecorded pages below upto of a stuck run: a

@@ -242,10 +242,6 @@ func (c *Client) noteError(ctx context.Context, t *asynq.Task, err error) {
 	if json.Unmarshal(t.Payload(), &p) != nil {
 		return
 	}
-	k, kerr := c.ledger.keys(p.Run)
-	if kerr != nil {
-		return
-	}
 	step := stepName(t)
 	if t.Type() == typeMap || t.Type() == typePages {
 		parts := p.parts()
@@ -254,7 +250,7 @@ func (c *Client) noteError(ctx context.Context, t *asynq.Task, err error) {
 	msg := shorten.To(err.Error(), lastErrorMax)
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	_ = scriptLastError.Run(nctx, c.rdb, []string{k.run}, step, msg, p.Nonce).Err()
+	_ = c.ledger.noteError(nctx, p.Run, p.Nonce, step, msg)
 }
 
 // handBackDelay is how long a task of a job this worker does not run waits
@@ -452,11 +448,7 @@ func (c *Client) runner(ctx context.Context, t *asynq.Task, runID string) (jobRu
 // run does not exist. When Redis does not answer it reports false: the
 // task is handed back, and asked about again when it returns.
 func (c *Client) orphaned(ctx context.Context, job, runID string) bool {
-	k, err := c.ledger.keys(runID)
-	if err != nil {
-		return false
-	}
-	if n, err := c.rdb.Exists(ctx, k.run).Result(); err != nil || n != 0 {
+	if exists, err := c.ledger.exists(ctx, runID); err != nil || exists {
 		return false
 	}
 	workers, err := c.Workers(ctx)
