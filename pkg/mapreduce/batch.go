@@ -46,12 +46,6 @@ type batcher struct {
 	sending bool
 }
 
-// batch returns the batcher of job's calls. Each job has its own: a job's
-// keys share one hash slot, so that on Redis Cluster a round trip goes to
-// one node, and a slow or failing node holds up only the calls of the jobs
-// it serves.
-func (c *Client) batch(job string) *batcher { return batcherIn(&c.batches, job, c.rdb) }
-
 // batcherIn returns m's batcher for key, made on rdb the first time.
 func batcherIn(m *sync.Map, key string, rdb redis.UniversalClient) *batcher {
 	if b, ok := m.Load(key); ok {

@@ -63,12 +63,10 @@ type Client struct {
 	cfg     Config
 	aq      *asynq.Client
 	insp    *asynq.Inspector
-	batches sync.Map       // job name → *batcher: handlers' page reads and records
 	enqueue batchedScripts // what aq sends its enqueues through
 
-	stallHandOff    time.Duration        // tests shorten it
-	reduceReadBytes int64                // reduceReadBytes; tests lower it
-	enqueueFault    func(page int) error // tests fail a page's enqueue with it
+	stallHandOff time.Duration        // tests shorten it
+	enqueueFault func(page int) error // tests fail a page's enqueue with it
 
 	watchMu  sync.Mutex
 	watches  map[string]map[*watch]struct{}
@@ -78,6 +76,7 @@ type Client struct {
 	handBackWarned  atomic.Int64 // unix ns of the last warning of a step its code handed back
 	outages         *outage.Log  // steps' failed attempts that outages caused
 
+	ledger  *ledger   // the runs' record in Redis (ledger.go)
 	catalog *catalog  // the jobs and workers announced (catalog.go)
 	repairs *repairer // what crashes and lost enqueues left behind (reconcile.go)
 }
@@ -124,78 +123,18 @@ func New(rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
 		watches: map[string]map[*watch]struct{}{},
 
-		stallHandOff:    stallHandOff,
-		reduceReadBytes: reduceReadBytes,
+		stallHandOff: stallHandOff,
 	}
 	c.outages = outage.New(c.log, "mapreduce")
+	c.ledger = newLedger(rdb, cfg.Prefix, c.outages)
 	c.enqueue = batchedScripts{UniversalClient: rdb, batches: &sync.Map{}}
 	c.aq = asynq.NewClientFromRedisClient(c.enqueue)
 	c.catalog = &catalog{rdb: rdb, prefix: cfg.Prefix, jobs: cfg.Jobs, log: c.log, bg: c, runs: c.Runs}
 	c.repairs = &repairer{
 		rdb: rdb, insp: c.insp, aq: c.aq, prefix: cfg.Prefix, jobs: cfg.Jobs, log: c.log,
-		stuckAfter: cfg.StuckAfter, runs: c, bg: c,
+		stuckAfter: cfg.StuckAfter, ledger: c.ledger, runs: c, bg: c,
 	}
 	return c, nil
-}
-
-// jobKeys are the Redis keys of one job.
-type jobKeys struct {
-	runs, active string
-	unfinished   string // runs not ended (reconcile.go)
-	records      string // what its runs' records are named after (run = records + run ID)
-	job          string // the job's name: its keys' hash tag
-}
-
-// jobKeysUnder returns the keys of job under prefix.
-func jobKeysUnder(prefix, job string) jobKeys {
-	base := prefix + ":{" + job + "}"
-	return jobKeys{
-		runs: base + ":runs", active: base + ":active", unfinished: base + ":unfinished",
-		records: base + ":run:", job: job,
-	}
-}
-
-// runKeys are the Redis keys of one run and of its job.
-type runKeys struct {
-	run, recorded, results, failures string
-	transient                        string // transient failures per step (transient.go)
-	jobKeys
-}
-
-func (k runKeys) all() []string {
-	return []string{k.run, k.recorded, k.results, k.failures, k.active, k.unfinished}
-}
-
-// A run's ID is "<job>:<key>", its key being StartOptions.Key: Start
-// returns it and Status.ID holds it. In code it is runID (runIDs for
-// several); task payloads carry it as Run.
-
-// jobOf returns the job name a run ID starts with.
-func jobOf(runID string) (string, bool) {
-	job, _, ok := strings.Cut(runID, ":")
-	return job, ok && jobNameRE.MatchString(job)
-}
-
-// keys returns the Redis keys of the run runID and of its job, or an error
-// if runID is not a run ID.
-func (c *Client) keys(runID string) (runKeys, error) { return keysUnder(c.prefix, runID) }
-
-// keysUnder is keys under prefix.
-func keysUnder(prefix, runID string) (runKeys, error) {
-	job, ok := jobOf(runID)
-	if !ok {
-		return runKeys{}, fmt.Errorf("%q is not a run ID: run IDs look like <job>:<key>, as Start returns them and scheduler runs lists them", runID)
-	}
-	// The kind comes before the run ID: IDs may contain ':', and a kind
-	// after it could make one run's key another run's ("k:results").
-	base := prefix + ":{" + job + "}"
-	jk := jobKeysUnder(prefix, job)
-	return runKeys{
-		run: jk.records + runID, recorded: base + ":recorded:" + runID,
-		results: base + ":results:" + runID, failures: base + ":failures:" + runID,
-		transient: base + ":transient:" + runID,
-		jobKeys:   jk,
-	}, nil
 }
 
 // StartOptions are the per-run options of Start.
@@ -245,20 +184,16 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 		return "", fmt.Errorf("mapreduce: start %q: Key %q is invalid: use up to 200 characters from [A-Za-z0-9_.:+-]", job, key)
 	}
 	runID := job + ":" + key
-	k, _ := c.keys(runID)
-	overlap := "0"
-	if o.AllowOverlap {
-		overlap = "1"
-	}
-	res, err := c.createRun(ctx, runID, []string{k.run, k.runs, k.active, k.unfinished},
-		runID, job, encoded, overlap, o.Retention.Milliseconds(), o.Queue, newNonce(), bundlePages)
+	res, err := c.ledger.createRun(ctx, runID, j, encoded, newNonce())
 	if err != nil {
 		return "", fmt.Errorf("mapreduce: start %q: %w", job, err)
 	}
-	status, _ := res[0].(int64)
-	detail, _ := res[1].(string)
-	nonce, _ := res[2].(string)
-	switch status {
+	if res.unreplicated != nil {
+		c.log.Warn("mapreduce: start: no replica acknowledged the new run in time; going on without one: a failover now may lose the run",
+			attrRun, runID, attrJob, job, "error", res.unreplicated)
+	}
+	detail, nonce := res.detail, res.nonce
+	switch res.status {
 	case -1:
 		return "", fmt.Errorf("mapreduce: start %q: %w: %s (set JobOptions.AllowOverlap to run both)", job, ErrRunActive, detail)
 	case 0:
@@ -276,41 +211,6 @@ func (c *Client) start(ctx context.Context, j jobSpec, encoded []byte, opts Star
 	return runID, nil
 }
 
-// createRun runs the start script as a synced write (replicas.go): where
-// the primary has a replica, it returns once one has the run, so that a
-// failover cannot lose a run whose ID Start returned (a tick's run, which
-// its scheduler does not start again). A run no replica acknowledged
-// within replicaWait is kept all the same, with a warning: it exists, and
-// failing its Start would have the caller start it again into
-// ErrRunExists.
-func (c *Client) createRun(ctx context.Context, runID string, keys []string, args ...any) ([]any, error) {
-	job, _ := jobOf(runID)
-	for again := true; ; again = false {
-		var sha *redis.Cmd
-		err := c.batch(job).doScriptAs(ctx, true, scriptStart, func(pl redis.Pipeliner) *redis.Cmd {
-			sha = scriptStart.EvalSha(ctx, pl, keys, args...)
-			return sha
-		})
-		if errors.Is(err, errNotReplicated) && sha != nil {
-			if sha.Err() == nil {
-				c.log.Warn("mapreduce: start: no replica acknowledged the new run in time; going on without one: a failover now may lose the run",
-					attrRun, runID, attrJob, job, "error", err)
-				return sha.Slice()
-			}
-			if again {
-				// Nothing was written (NOSCRIPT: the script was not
-				// loaded): once more, now that the batcher has stopped
-				// waiting for a replica that does not answer.
-				continue
-			}
-		}
-		if err != nil {
-			return nil, err
-		}
-		return sha.Slice()
-	}
-}
-
 // newNonce draws a run's nonce: Start, and Retry for each attempt.
 func newNonce() string {
 	var b [6]byte
@@ -322,20 +222,7 @@ func newNonce() string {
 // or an error wrapping ErrRunNotFound. To watch a run, poll StatusUpTo,
 // which leaves out what may be large.
 func (c *Client) Status(ctx context.Context, runID string) (*Status, error) {
-	k, err := c.keys(runID)
-	if err != nil {
-		return nil, fmt.Errorf("mapreduce: status: %w", err)
-	}
-	h, err := c.rdb.HGetAll(ctx, k.run).Result()
-	if err != nil {
-		return nil, fmt.Errorf("mapreduce: status %s: %w", runID, err)
-	}
-	if len(h) == 0 {
-		return nil, fmt.Errorf("mapreduce: status %s: %w (never started, or expired after its retention)", runID, ErrRunNotFound)
-	}
-	st := parseStatus(runID, h)
-	st.ArgsBytes, st.ResultBytes = len(st.Args), len(st.Result)
-	return st, nil
+	return c.ledger.status(ctx, runID)
 }
 
 // Wait blocks until the run has ended or ctx is done, and returns its last
@@ -409,46 +296,16 @@ func (c *Client) Cancel(ctx context.Context, runID string) error {
 // listing reads a few hundred bytes a run. ActiveRuns reads those not
 // ended alone.
 func (c *Client) Runs(ctx context.Context, job string) ([]*Status, error) {
-	if !jobNameRE.MatchString(job) {
-		return nil, fmt.Errorf("mapreduce: runs: job name %q is invalid", job)
-	}
-	k := jobKeysUnder(c.prefix, job)
-	runIDs, err := c.rdb.ZRevRange(ctx, k.runs, 0, -1).Result()
-	if err != nil {
-		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
-	}
-	out, _, err := c.summaries(ctx, runIDs)
-	if err != nil {
-		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
-	}
-	return out, nil
+	return c.ledger.runs(ctx, job)
 }
 
-// finish runs finish.lua; from restricts the state the run must be in, and
-// a nonce other than "" the attempt (Retry draws a new nonce).
+// finish ends a run in the ledger (ledger.finish) and, if this call ended
+// it, logs its outcome and tells the Observer.
 func (c *Client) finish(ctx context.Context, runID, nonce string, to State, result []byte, msg string, from State) (ended bool, state State, err error) {
-	k, err := c.keys(runID)
-	if err != nil {
-		return false, "", err
-	}
-	hasResult := "0"
-	if result != nil {
-		hasResult = "1"
-	}
-	msg = shorten.To(msg, errorMax)
-	var res []any
-	err = c.withRedis(ctx, "ending a run", func(ctx context.Context) (err error) {
-		res, err = c.batch(k.job).runScriptSynced(ctx, scriptFinish, k.all(), runID, string(to), string(result), msg, string(from), hasResult, nonce).Slice()
-		return err
-	})
-	if err != nil {
-		return false, "", err
-	}
-	n, _ := res[0].(int64)
-	s, _ := res[1].(string)
-	if n == 1 {
-		c.logOutcome(ctx, runID, to, msg)
+	ended, state, err = c.ledger.finish(ctx, runID, nonce, to, result, msg, from)
+	if ended {
+		c.logOutcome(ctx, runID, to, shorten.To(msg, errorMax))
 		c.observeEnd(ctx, runID, to)
 	}
-	return n == 1, State(s), nil
+	return ended, state, err
 }

@@ -38,7 +38,7 @@ func SetProbeWait(d time.Duration) (restore func()) {
 // SetPacking makes a run that has not fed a page yet pack its pages by k
 // from page from, as if its split had decided so (feed.lua).
 func (c *Client) SetPacking(ctx context.Context, id string, k, from int) error {
-	keys, err := c.keys(id)
+	keys, err := c.ledger.keys(id)
 	if err != nil {
 		return err
 	}
@@ -48,7 +48,7 @@ func (c *Client) SetPacking(ctx context.Context, id string, k, from int) error {
 // Packing returns how a run packs its pages: k pages a task from page
 // from on; k is 0 if it does not.
 func (c *Client) Packing(ctx context.Context, id string) (k, from int, err error) {
-	keys, err := c.keys(id)
+	keys, err := c.ledger.keys(id)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -133,7 +133,7 @@ func (c *Client) SetEnqueueFault(fault func(page int) error) { c.enqueueFault = 
 // StoredResults counts the results a run's results hash holds: a field per
 // page, and each entry of a bundle of small results.
 func (c *Client) StoredResults(ctx context.Context, id string) (int, error) {
-	k, err := c.keys(id)
+	k, err := c.ledger.keys(id)
 	if err != nil {
 		return 0, err
 	}
@@ -175,7 +175,7 @@ func (c *Client) Unlist(ctx context.Context, job string, ids ...string) (int, er
 
 // SetReduceReadBytes sets the most bytes of results one read of c's
 // reduces fetches.
-func (c *Client) SetReduceReadBytes(n int64) { c.reduceReadBytes = n }
+func (c *Client) SetReduceReadBytes(n int64) { c.ledger.readBytes = n }
 
 // SyncedScripts are the SHA1s of the scripts whose writes wait for a
 // replica where there is one: a run's creation, a page's record, the

@@ -25,16 +25,21 @@ type PageFailure struct {
 // forgets the failed pages to run them again. An unknown run gives an error
 // wrapping ErrRunNotFound.
 func (c *Client) Failures(ctx context.Context, runID string, max int) ([]PageFailure, int, error) {
-	k, err := c.keys(runID)
+	return c.ledger.failures(ctx, runID, max)
+}
+
+// failures is Client.Failures.
+func (l *ledger) failures(ctx context.Context, runID string, max int) ([]PageFailure, int, error) {
+	k, err := l.keys(runID)
 	if err != nil {
 		return nil, 0, fmt.Errorf("mapreduce: failures: %w", err)
 	}
-	if n, err := c.rdb.Exists(ctx, k.run).Result(); err != nil {
+	if n, err := l.rdb.Exists(ctx, k.run).Result(); err != nil {
 		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w", runID, err)
 	} else if n == 0 {
 		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w (never started, or expired after its retention)", runID, ErrRunNotFound)
 	}
-	fields, err := c.rdb.HKeys(ctx, k.failures).Result()
+	fields, err := l.rdb.HKeys(ctx, k.failures).Result()
 	if err != nil {
 		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w", runID, err)
 	}
@@ -56,7 +61,7 @@ func (c *Client) Failures(ctx context.Context, runID string, max int) ([]PageFai
 	for j, i := range idx {
 		want[j] = strconv.Itoa(i)
 	}
-	vals, err := c.rdb.HMGet(ctx, k.failures, want...).Result()
+	vals, err := l.rdb.HMGet(ctx, k.failures, want...).Result()
 	if err != nil {
 		return nil, 0, fmt.Errorf("mapreduce: failures of %s: %w", runID, err)
 	}

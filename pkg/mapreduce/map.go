@@ -13,7 +13,6 @@ import (
 	"github.com/batchmr/batchmr/internal/shorten"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 )
 
 // handleMap runs Map for the pages of a map task — one, or a pack's group
@@ -56,7 +55,7 @@ func (c *Client) handleMap(ctx context.Context, t *asynq.Task) error {
 // recorded, perhaps by a handler that died before enqueuing the reduce:
 // pagesToMap makes sure the reduce is enqueued.
 func (c *Client) pagesToMap(ctx context.Context, s *step, pages []fedPage) ([]fedPage, error) {
-	state, nonce, recorded, err := c.pageState(ctx, s.k, pages[0].i, pages[len(pages)-1].i, s.r.name())
+	state, nonce, recorded, err := c.ledger.pageState(ctx, s.k, pages[0].i, pages[len(pages)-1].i, s.r.name())
 	if err != nil {
 		return nil, s.errorf("%w", err)
 	}
@@ -140,8 +139,8 @@ func (c *Client) recordPages(ctx context.Context, s *step, first int, m *mapped)
 	var st State
 	var err error
 	if len(outcomes) > 0 {
-		err = c.withRedis(rctx, "recording pages", func(ctx context.Context) (err error) {
-			st, err = c.record(ctx, s.k, s.nonce, outcomes, m.mapUS, measured, c.claimOf(ctx, s.r.name()))
+		err = withRedis(rctx, c.outages, "recording pages", func(ctx context.Context) (err error) {
+			st, err = c.ledger.record(ctx, s.k, s.nonce, outcomes, m.mapUS, measured, c.ledger.claimOf(ctx, s.r.name()))
 			return err
 		})
 	}
@@ -334,93 +333,6 @@ func pagesName(first, last int) string {
 
 // pageRange is the value of a task's attrPages: "0–63".
 func pageRange(first, last int) string { return strconv.Itoa(first) + "–" + strconv.Itoa(last) }
-
-// record runs record.lua for pages of a run. mapUS is how long Map took
-// over the measured pages that succeeded, for the run's packing (pack.go).
-// claim, if not empty, is the recording handler's mark (claimOf), which
-// record deletes. It returns the run's state after the call;
-// StateReducing means the caller must make sure the reduce is enqueued.
-func (c *Client) record(ctx context.Context, k runKeys, nonce string, pages []pageOutcome, mapUS int64, measured int, claim string) (State, error) {
-	keys := []string{k.run, k.recorded, k.results, k.failures}
-	if claim != "" {
-		keys = append(keys, claim)
-	}
-	args := make([]any, 0, 3+3*len(pages))
-	args = append(args, nonce, mapUS, measured)
-	for _, p := range pages {
-		flag := "0"
-		if p.failed {
-			flag = "1"
-		}
-		args = append(args, p.i, p.outcome, flag)
-	}
-	res, err := c.batch(k.job).runScriptSynced(ctx, scriptRecord, keys, args...).Slice()
-	if err != nil {
-		return "", err
-	}
-	st, _ := res[1].(string)
-	return State(st), nil
-}
-
-// recordedBits is part of a run's bitmap of recorded pages: its bytes from
-// the one that holds page from.
-type recordedBits struct {
-	from int
-	b    []byte
-}
-
-func (r recordedBits) has(i int) bool { return bitSet(r.b, i-r.from/8*8) }
-
-// unrecorded returns those of pages that are not recorded.
-func (r recordedBits) unrecorded(pages []fedPage) []fedPage {
-	var out []fedPage
-	for _, pg := range pages {
-		if !r.has(pg.i) {
-			out = append(out, pg)
-		}
-	}
-	return out
-}
-
-// pageState reads, in one round trip, the state and nonce of a run and
-// which of its pages first to last are recorded, waiting out a Redis
-// outage while ctx lives. If job is not empty, the handler that reads, a
-// handler of job, claims its task in the same round trip. A run that does
-// not exist has state "" and nonce "".
-func (c *Client) pageState(ctx context.Context, k runKeys, first, last int, job string) (state State, nonce string, recorded recordedBits, err error) {
-	var (
-		fields *redis.SliceCmd
-		bits   *redis.StringCmd
-		mark   *redis.StatusCmd
-	)
-	err = c.withRedis(ctx, "reading the run's state", func(ctx context.Context) error {
-		if err := c.batch(k.job).do(ctx, func(pl redis.Pipeliner) {
-			fields = pl.HMGet(ctx, k.run, "state", "nonce")
-			bits = pl.GetRange(ctx, k.recorded, int64(first/8), int64(last/8))
-			if job != "" {
-				mark = c.claim(ctx, pl, job)
-			}
-		}); err != nil {
-			return err
-		}
-		if mark != nil && mark.Err() != nil {
-			return mark.Err()
-		}
-		if err := errors.Join(fields.Err(), bits.Err()); err != nil {
-			return err
-		}
-		if len(fields.Val()) != 2 {
-			return fmt.Errorf("HMGET of the run's state and nonce returned %d values", len(fields.Val()))
-		}
-		return nil
-	})
-	if err != nil {
-		return "", "", recordedBits{}, err
-	}
-	st, _ := fields.Val()[0].(string)
-	nonce, _ = fields.Val()[1].(string)
-	return State(st), nonce, recordedBits{from: first, b: []byte(bits.Val())}, nil
-}
 
 // A page's encoded result lives in Redis until its run's retention ends.
 // Above maxResultBytes the page fails (for good: it would be as large

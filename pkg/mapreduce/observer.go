@@ -94,22 +94,10 @@ func (c *Client) observeEnd(ctx context.Context, runID string, state State) {
 	}
 	job, _ := jobOf(runID)
 	var took time.Duration
-	if k, err := c.keys(runID); err == nil {
-		// One more round trip, only with an Observer: finish.lua does not
-		// return when the run began.
-		if vals, err := c.rdb.HMGet(ctx, k.run, "created", "retried").Result(); err == nil {
-			began := time.Time{}
-			for _, v := range vals {
-				if s, ok := v.(string); ok {
-					if t := msTime(s); t.After(began) {
-						began = t
-					}
-				}
-			}
-			if !began.IsZero() {
-				took = max(time.Since(began), 0)
-			}
-		}
+	// One more round trip, only with an Observer: finish.lua does not
+	// return when the run began.
+	if began := c.ledger.began(ctx, runID); !began.IsZero() {
+		took = max(time.Since(began), 0)
 	}
 	o.RunEnded(job, runID, state, took)
 }

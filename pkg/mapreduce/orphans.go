@@ -63,27 +63,6 @@ func claimKey(prefix, job, taskID string, retried int) string {
 	return prefix + ":{" + job + "}:claim:" + taskID + "#" + strconv.Itoa(retried)
 }
 
-// claim adds to pl the mark that the task ctx runs, of a run of job, has
-// a handler, and returns its command (nil outside a handler). Handlers
-// send it with their first read of the run, so it costs no round trip.
-func (c *Client) claim(ctx context.Context, pl redis.Pipeliner, job string) *redis.StatusCmd {
-	if key := c.claimOf(ctx, job); key != "" {
-		return pl.Set(ctx, key, "", orphanGrace)
-	}
-	return nil
-}
-
-// claimOf returns the key of the mark of the task ctx runs, or "" outside
-// an asynq handler. Recording a page deletes it: the work is done.
-func (c *Client) claimOf(ctx context.Context, job string) string {
-	taskID, ok := asynq.GetTaskID(ctx)
-	if !ok {
-		return ""
-	}
-	n, _ := asynq.GetRetryCount(ctx)
-	return claimKey(c.prefix, job, taskID, n)
-}
-
 // heldTasks returns the IDs of the tasks live asynq servers work on.
 func (r *repairer) heldTasks() (map[string]bool, error) {
 	servers, err := r.insp.Servers()
@@ -271,7 +250,7 @@ func (r *repairer) copyOrphan(ctx context.Context, t *asynq.TaskInfo, o JobOptio
 		return false, nil
 	}
 	pages := p.parts()
-	st, nonce, recorded, err := r.runs.pageState(ctx, k, pages[0].i, pages[len(pages)-1].i, "")
+	st, nonce, recorded, err := r.ledger.pageState(ctx, k, pages[0].i, pages[len(pages)-1].i, "")
 	if err != nil {
 		return false, err
 	}

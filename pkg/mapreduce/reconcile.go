@@ -62,9 +62,10 @@ func (c *Client) RunReconciler(ctx context.Context, interval time.Duration) {
 // repairer finds and repairs, for a Client, what a crash or a lost enqueue
 // left behind in the runs of the jobs this process runs: runs without the
 // task they wait for (this file) and tasks without a worker (orphans.go).
-// It reads runs and asynq's queues itself, and changes a run only through
-// the run's state machine (runMachine), so that a repair is a step the
-// run could have taken.
+// It reads runs (through the ledger) and asynq's queues, records pages
+// in the ledger as a handler would, and ends runs and enqueues their
+// steps only through the run's state machine (runMachine), so that a
+// repair is a step the run could have taken.
 type repairer struct {
 	rdb        redis.UniversalClient
 	insp       *asynq.Inspector
@@ -73,23 +74,17 @@ type repairer struct {
 	jobs       *Jobs         // the jobs whose runs it repairs
 	log        *slog.Logger
 	stuckAfter time.Duration // Config.StuckAfter
+	ledger     *ledger       // the runs' record: summaries, page states, records
 	runs       runMachine
 	bg         background // where RunReconciler reports Redis outages
 }
 
-// runMachine is what the repairs ask of the run's state machine: read
-// runs, record pages, end runs and enqueue their steps.
+// runMachine is what the repairs ask of the run's state machine: end
+// runs, as a handler does (logged, and told to the Observer), and enqueue
+// their steps.
 type runMachine interface {
-	// summaries reads runs' summaries (summary.go).
-	summaries(ctx context.Context, runIDs []string) (found []*Status, gone []string, err error)
-	// pageState reads a run's state and which of its pages are recorded (map.go).
-	pageState(ctx context.Context, k runKeys, first, last int, job string) (State, string, recordedBits, error)
-	// record records pages' outcomes (map.go).
-	record(ctx context.Context, k runKeys, nonce string, pages []pageOutcome, mapUS int64, measured int, claim string) (State, error)
 	// finish ends a run (client.go).
 	finish(ctx context.Context, runID, nonce string, to State, result []byte, msg string, from State) (bool, State, error)
-	// handOn hands a run's split on to a new split task (window.go).
-	handOn(ctx context.Context, k runKeys, runID, nonce string, resume int, o JobOptions) error
 	// enqueueStepAs enqueues a run's split or reduce task (tasks.go).
 	enqueueStepAs(ctx context.Context, runID, nonce, typ, step string, o JobOptions) error
 }
@@ -254,7 +249,7 @@ func (r *repairer) repairStep(ctx context.Context, st *Status, typ string, o Job
 	case typ == typeSplit && info.State == asynq.TaskStateCompleted:
 		// It ended without ending the split (a hand-on whose enqueue was
 		// lost, say): the run is still splitting, so hand it on again.
-		switch err := r.runs.handOn(ctx, k, runID, st.nonce, 0, o); {
+		switch err := r.handOn(ctx, k, runID, st.nonce, o); {
 		case errors.Is(err, errRunGone): // it ended the split since the run was read
 		case err != nil:
 			return err
@@ -272,6 +267,16 @@ func (r *repairer) repairStep(ctx context.Context, st *Status, typ string, o Job
 		}
 	}
 	return nil
+}
+
+// handOn hands a splitting run's split on to a new split task, as a
+// split does (Client.handOn), from the run's resume mark.
+func (r *repairer) handOn(ctx context.Context, k runKeys, runID, nonce string, o JobOptions) error {
+	step, err := r.ledger.handOn(ctx, k, nonce, 0)
+	if err != nil {
+		return err
+	}
+	return r.runs.enqueueStepAs(ctx, runID, nonce, typeSplit, step, o)
 }
 
 // repairPages looks at the unrecorded pages below upto of a stuck run: a
@@ -303,7 +308,7 @@ func (r *repairer) repairPages(ctx context.Context, st *Status, upto int, o JobO
 		if failures == nil {
 			continue // pending, active, retrying: it will record itself
 		}
-		state, err := r.runs.record(ctx, k, st.nonce, failures, 0, 0, "")
+		state, err := r.ledger.record(ctx, k, st.nonce, failures, 0, 0, "")
 		if err != nil {
 			return err
 		}
@@ -394,7 +399,7 @@ func (r *repairer) unfinishedRuns(ctx context.Context, job string) ([]*Status, e
 	if err != nil {
 		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
 	}
-	found, stale, err := r.runs.summaries(ctx, runIDs)
+	found, stale, err := r.ledger.summaries(ctx, runIDs)
 	if err != nil {
 		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
 	}

@@ -25,23 +25,21 @@ import (
 // of the split failed: the run is resumed, the error says so, and a
 // worker's reconciler enqueues the split.
 func (c *Client) Retry(ctx context.Context, runID string) error {
-	k, err := c.keys(runID)
+	k, err := c.ledger.keys(runID)
 	if err != nil {
 		return fmt.Errorf("mapreduce: retry: %w", err)
 	}
 	// A first look, so that a run that cannot be retried says why even
 	// when its job is unknown; the script checks again.
-	look, err := c.rdb.HMGet(ctx, k.run, "state", "failed").Result()
+	state, failed, err := c.ledger.stateOf(ctx, k)
 	if err != nil {
 		return fmt.Errorf("mapreduce: retry %s: %w", runID, err)
 	}
-	state, _ := look[0].(string)
-	failed, _ := look[1].(string)
-	if err := notRetryable(runID, State(state)); err != nil {
-		if n := atoi(failed); errors.Is(err, ErrRunSucceeded) && n > 0 {
+	if err := notRetryable(runID, state); err != nil {
+		if errors.Is(err, ErrRunSucceeded) && failed > 0 {
 			// CompleteSemantics: Reduce ran over the pages that succeeded.
 			return fmt.Errorf("mapreduce: retry %s: %w with %d failed pages, which its Reduce was given (the job's Semantics is CompleteSemantics): "+
-				"a succeeded run is not run again; start a new run, or have Reduce return an error when pages failed, so that the run fails and Retry runs them again", runID, ErrRunSucceeded, n)
+				"a succeeded run is not run again; start a new run, or have Reduce return an error when pages failed, so that the run fails and Retry runs them again", runID, ErrRunSucceeded, failed)
 		}
 		return err
 	}
@@ -49,18 +47,11 @@ func (c *Client) Retry(ctx context.Context, runID string) error {
 	if err != nil {
 		return fmt.Errorf("mapreduce: retry %s: %w", runID, err)
 	}
-	overlap := "0"
-	if spec.o.AllowOverlap {
-		overlap = "1"
-	}
 	nonce := newNonce()
-	res, err := scriptRetry.Run(ctx, c.rdb, []string{k.run, k.recorded, k.results, k.failures, k.active, k.transient, k.unfinished},
-		runID, overlap, nonce).Slice()
+	outcome, detail, err := c.ledger.resume(ctx, k, runID, spec.o.AllowOverlap, nonce)
 	if err != nil {
 		return fmt.Errorf("mapreduce: retry %s: %w", runID, err)
 	}
-	outcome, _ := res[0].(string)
-	detail, _ := res[1].(string)
 	switch outcome {
 	case "missing":
 		return notRetryable(runID, "")

@@ -76,11 +76,7 @@ func (c *Client) splitFailed(ctx, rctx context.Context, s *step, n int, splitErr
 // emitted fewer pages than an earlier attempt had recorded fails the run:
 // Split must be deterministic.
 func (c *Client) splitDone(ctx context.Context, s *step, n int) error {
-	var st string
-	err := c.withRedis(ctx, "recording the split's total", func(ctx context.Context) (err error) {
-		st, err = c.batch(s.k.job).runScriptSynced(ctx, scriptSplitDone, []string{s.k.run, s.k.recorded}, n, s.nonce).Text()
-		return err
-	})
+	st, err := c.ledger.recordTotal(ctx, s.k, n, s.nonce)
 	if err != nil {
 		return s.errorf("recording the total of %d pages: %w", n, err)
 	}
@@ -94,11 +90,6 @@ func (c *Client) splitDone(ctx context.Context, s *step, n int) error {
 		return c.enqueueStep(ctx, s.runID, s.nonce, typeReduce, s.o)
 	}
 	return nil
-}
-
-// bitSet reads bit i of a Redis bitmap (most significant bit first).
-func bitSet(bits []byte, i int) bool {
-	return i/8 < len(bits) && bits[i/8]&(0x80>>(i%8)) != 0
 }
 
 // failRun ends a run as failed with err's message, unless it has ended or

@@ -34,7 +34,7 @@ func (c *Client) beginStep(ctx context.Context, t *asynq.Task, name, runID, nonc
 	if err != nil {
 		return nil, err
 	}
-	k, _ := c.keys(runID) // decodeRunPayload and decodeMapPayload checked the run ID
+	k, _ := c.ledger.keys(runID) // decodeRunPayload and decodeMapPayload checked the run ID
 	return &step{name: name, runID: runID, nonce: nonce, r: r, o: c.options(r), k: k}, nil
 }
 
@@ -55,44 +55,15 @@ func (s *step) errorf(format string, a ...any) error {
 	return fmt.Errorf("mapreduce: %s of %s: "+format, append([]any{s.name, s.runID}, a...)...)
 }
 
-// runRecord holds fields of a run's hash that a handler read: a field the
-// hash lacks is missing from it.
-type runRecord map[string]string
-
-// readRun reads fields of the run's hash, with its state and nonce, in one
-// round trip that claims the task (claim) and carries also's commands (if
-// not nil; a key they read may not exist), waiting out a Redis outage
-// while ctx lives. current reports whether the run is in state under the
-// task's nonce: if not, the run has moved on, ended or expired, or the
-// task is of an earlier run under its ID, and its handler does nothing.
+// readRun reads fields of the run's record for its step s, claiming the
+// task, as ledger.readRun does; current reports whether the run is in
+// state under the task's nonce.
 func (c *Client) readRun(ctx context.Context, s *step, state State, also func(context.Context, redis.Pipeliner), fields ...string) (rec runRecord, current bool, err error) {
-	fields = append([]string{"state", "nonce"}, fields...)
-	var vals *redis.SliceCmd
-	err = c.withRedis(ctx, "reading the run", func(ctx context.Context) error {
-		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			vals = p.HMGet(ctx, s.k.run, fields...)
-			if also != nil {
-				also(ctx, p)
-			}
-			c.claim(ctx, p, s.r.name())
-			return nil
-		})
-		if errors.Is(err, redis.Nil) {
-			return nil
-		}
-		return err
-	})
+	rec, current, err = c.ledger.readRun(ctx, s.k, s.r.name(), s.nonce, state, also, fields...)
 	if err != nil {
 		return nil, false, s.errorf("%w", err)
 	}
-	rec = runRecord{}
-	for i, v := range vals.Val() {
-		if v, ok := v.(string); ok {
-			rec[fields[i]] = v
-		}
-	}
-	nonce, ok := rec["nonce"]
-	return rec, State(rec["state"]) == state && ok && nonce == s.nonce, nil
+	return rec, current, nil
 }
 
 // stepFailed returns what a split or reduce whose work failed with err

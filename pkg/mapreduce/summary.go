@@ -48,7 +48,30 @@ func summaryOf(vals []any) (h map[string]string, ok bool) {
 // holds: poll a run with it (Wait does), and read it whole once. It
 // returns an error wrapping ErrRunNotFound for a run that does not exist.
 func (c *Client) StatusUpTo(ctx context.Context, runID string, maxBytes int) (*Status, error) {
-	k, err := c.keys(runID)
+	return c.ledger.statusUpTo(ctx, runID, maxBytes)
+}
+
+// status is Client.Status.
+func (l *ledger) status(ctx context.Context, runID string) (*Status, error) {
+	k, err := l.keys(runID)
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: status: %w", err)
+	}
+	h, err := l.rdb.HGetAll(ctx, k.run).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: status %s: %w", runID, err)
+	}
+	if len(h) == 0 {
+		return nil, fmt.Errorf("mapreduce: status %s: %w (never started, or expired after its retention)", runID, ErrRunNotFound)
+	}
+	st := parseStatus(runID, h)
+	st.ArgsBytes, st.ResultBytes = len(st.Args), len(st.Result)
+	return st, nil
+}
+
+// statusUpTo is Client.StatusUpTo.
+func (l *ledger) statusUpTo(ctx context.Context, runID string, maxBytes int) (*Status, error) {
+	k, err := l.keys(runID)
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: status: %w", err)
 	}
@@ -57,7 +80,7 @@ func (c *Client) StatusUpTo(ctx context.Context, runID string, maxBytes int) (*S
 	for _, f := range summaryFields {
 		argv = append(argv, f)
 	}
-	res, err := scriptRead.Run(ctx, c.rdb, []string{k.run}, argv...).Result()
+	res, err := scriptRead.Run(ctx, l.rdb, []string{k.run}, argv...).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("mapreduce: status %s: %w (never started, or expired after its retention)", runID, ErrRunNotFound)
 	}
@@ -90,11 +113,11 @@ func asInt64(v any) int64 {
 // summaries reads the summaries of the runs runIDs in one round trip. It
 // returns those that exist, in the order of runIDs, and the IDs of those that
 // do not.
-func (c *Client) summaries(ctx context.Context, runIDs []string) (found []*Status, gone []string, err error) {
+func (l *ledger) summaries(ctx context.Context, runIDs []string) (found []*Status, gone []string, err error) {
 	cmds := make([]*redis.SliceCmd, len(runIDs))
-	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, runID := range runIDs {
-			rk, _ := c.keys(runID)
+			rk, _ := l.keys(runID)
 			cmds[i] = p.HMGet(ctx, rk.run, summaryFields...)
 		}
 		return nil
@@ -117,15 +140,37 @@ func (c *Client) summaries(ctx context.Context, runIDs []string) (found []*Statu
 // newest first, as Runs does, from the job's index of unfinished runs: it
 // reads the runs in progress, not every run kept for its retention.
 func (c *Client) ActiveRuns(ctx context.Context, job string) ([]*Status, error) {
+	return c.ledger.activeRuns(ctx, job)
+}
+
+// runs is Client.Runs.
+func (l *ledger) runs(ctx context.Context, job string) ([]*Status, error) {
+	if !jobNameRE.MatchString(job) {
+		return nil, fmt.Errorf("mapreduce: runs: job name %q is invalid", job)
+	}
+	k := jobKeysUnder(l.prefix, job)
+	runIDs, err := l.rdb.ZRevRange(ctx, k.runs, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
+	}
+	out, _, err := l.summaries(ctx, runIDs)
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: runs of %q: %w", job, err)
+	}
+	return out, nil
+}
+
+// activeRuns is Client.ActiveRuns.
+func (l *ledger) activeRuns(ctx context.Context, job string) ([]*Status, error) {
 	if !jobNameRE.MatchString(job) {
 		return nil, fmt.Errorf("mapreduce: active runs: job name %q is invalid", job)
 	}
-	k := jobKeysUnder(c.prefix, job)
-	runIDs, err := c.rdb.ZRevRange(ctx, k.unfinished, 0, -1).Result()
+	k := jobKeysUnder(l.prefix, job)
+	runIDs, err := l.rdb.ZRevRange(ctx, k.unfinished, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: active runs of %q: %w", job, err)
 	}
-	found, _, err := c.summaries(ctx, runIDs)
+	found, _, err := l.summaries(ctx, runIDs)
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: active runs of %q: %w", job, err)
 	}
@@ -141,18 +186,23 @@ func (c *Client) ActiveRuns(ctx context.Context, job string) ([]*Status, error) 
 // CountRuns returns how many of the job's runs within their retention are
 // in each state, reading each run's state alone.
 func (c *Client) CountRuns(ctx context.Context, job string) (map[State]int, error) {
+	return c.ledger.countRuns(ctx, job)
+}
+
+// countRuns is Client.CountRuns.
+func (l *ledger) countRuns(ctx context.Context, job string) (map[State]int, error) {
 	if !jobNameRE.MatchString(job) {
 		return nil, fmt.Errorf("mapreduce: count runs: job name %q is invalid", job)
 	}
-	k := jobKeysUnder(c.prefix, job)
-	runIDs, err := c.rdb.ZRange(ctx, k.runs, 0, -1).Result()
+	k := jobKeysUnder(l.prefix, job)
+	runIDs, err := l.rdb.ZRange(ctx, k.runs, 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: count runs of %q: %w", job, err)
 	}
 	cmds := make([]*redis.StringCmd, len(runIDs))
-	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, runID := range runIDs {
-			rk, _ := c.keys(runID)
+			rk, _ := l.keys(runID)
 			cmds[i] = p.HGet(ctx, rk.run, "state")
 		}
 		return nil

@@ -219,7 +219,7 @@ func (c *Client) awaitQueue(ctx context.Context) {
 		return
 	}
 	pending := "asynq:{" + queue + "}:pending" // a key in the queue's slot
-	_ = c.withRedis(ctx, "waiting for the task's queue to answer", func(ctx context.Context) error {
+	_ = withRedis(ctx, c.outages, "waiting for the task's queue to answer", func(ctx context.Context) error {
 		return cc.Exists(ctx, pending).Err()
 	})
 }
@@ -242,10 +242,6 @@ func (c *Client) noteError(ctx context.Context, t *asynq.Task, err error) {
 	if json.Unmarshal(t.Payload(), &p) != nil {
 		return
 	}
-	k, kerr := c.keys(p.Run)
-	if kerr != nil {
-		return
-	}
 	step := stepName(t)
 	if t.Type() == typeMap || t.Type() == typePages {
 		parts := p.parts()
@@ -254,7 +250,7 @@ func (c *Client) noteError(ctx context.Context, t *asynq.Task, err error) {
 	msg := shorten.To(err.Error(), lastErrorMax)
 	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	_ = scriptLastError.Run(nctx, c.rdb, []string{k.run}, step, msg, p.Nonce).Err()
+	_ = c.ledger.noteError(nctx, p.Run, p.Nonce, step, msg)
 }
 
 // handBackDelay is how long a task of a job this worker does not run waits
@@ -452,11 +448,7 @@ func (c *Client) runner(ctx context.Context, t *asynq.Task, runID string) (jobRu
 // run does not exist. When Redis does not answer it reports false: the
 // task is handed back, and asked about again when it returns.
 func (c *Client) orphaned(ctx context.Context, job, runID string) bool {
-	k, err := c.keys(runID)
-	if err != nil {
-		return false
-	}
-	if n, err := c.rdb.Exists(ctx, k.run).Result(); err != nil || n != 0 {
+	if exists, err := c.ledger.exists(ctx, runID); err != nil || exists {
 		return false
 	}
 	workers, err := c.Workers(ctx)
@@ -489,7 +481,7 @@ func (c *Client) enqueueStepAs(ctx context.Context, runID, nonce, typ, step stri
 	if typ == typeReduce {
 		timeout = o.ReduceTimeout
 	}
-	err := c.withRedis(ctx, "enqueuing the "+step, func(ctx context.Context) error {
+	err := withRedis(ctx, c.outages, "enqueuing the "+step, func(ctx context.Context) error {
 		_, err := c.aq.EnqueueContext(ctx, asynq.NewTask(typ, payload),
 			asynq.TaskID(taskID(runID, nonce, step)), asynq.Queue(o.Queue), asynq.MaxRetry(o.StepRetries+spareRetry),
 			asynq.Timeout(timeout), asynq.Retention(o.Retention))
@@ -518,7 +510,7 @@ func (c *Client) enqueueMap(ctx context.Context, runID, nonce string, t mapTask,
 		// Each page has MapTimeout (handleMap); the task, all of them.
 		typ, id, timeout = typePages, pagesTaskID(runID, nonce, t.first), time.Duration(len(t.pages))*o.MapTimeout
 	}
-	err = c.withRedis(ctx, "enqueuing pages", func(ctx context.Context) error {
+	err = withRedis(ctx, c.outages, "enqueuing pages", func(ctx context.Context) error {
 		if c.enqueueFault != nil {
 			if err := c.enqueueFault(t.pages[0].i); err != nil {
 				return err

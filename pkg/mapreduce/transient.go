@@ -174,7 +174,7 @@ func (c *Client) transientRetry(ctx context.Context, k runKeys, step string, err
 	if o.TransientRetries <= 0 || !IsTransient(err) || ctx.Err() != nil {
 		return nil
 	}
-	n, cerr := c.countTransient(ctx, k, step, o)
+	n, cerr := c.ledger.countTransient(ctx, k, step, o)
 	if cerr != nil {
 		// Redis is out too: asynq could not schedule a retry either. The
 		// task goes back through asynq's own recovery; do not spend one of
@@ -188,32 +188,14 @@ func (c *Client) transientRetry(ctx context.Context, k runKeys, step string, err
 	return &errTransientRetry{err: err, attempt: n - 1, delay: delay}
 }
 
-// countTransient counts one more transient failure of a run's step and
-// returns the count. The count expires with the run's retention after the
-// last failure.
-func (c *Client) countTransient(ctx context.Context, k runKeys, step string, o JobOptions) (int, error) {
-	var n int64
-	err := c.withRedis(ctx, "counting a transient failure", func(ctx context.Context) error {
-		pl := c.rdb.TxPipeline()
-		incr := pl.HIncrBy(ctx, k.transient, step, 1)
-		pl.PExpire(ctx, k.transient, o.Retention)
-		if err := rediserr.Tx(pl.Exec(ctx)); err != nil {
-			return err
-		}
-		n = incr.Val()
-		return nil
-	})
-	return int(n), err
-}
-
 // withRedis runs fn, retrying it while it fails for a transient Redis
 // reason and ctx lives: a handler that waits out a Redis outage returns
 // once Redis is back, when asynq can record what it did. Returning during
 // the outage would leave the task "active" in asynq (its state update
 // fails, and asynq v0.26 retries that update with an expired context)
 // until asynq's recoverer finds it, a minute or more later. fn must be
-// idempotent.
-func (c *Client) withRedis(ctx context.Context, what string, fn func(context.Context) error) error {
+// idempotent. It reports the outage to outages.
+func withRedis(ctx context.Context, outages *outage.Log, what string, fn func(context.Context) error) error {
 	bo := backoff.Backoff{Max: 500 * time.Millisecond}
 	var warned bool
 	var cause outage.Cause
@@ -224,14 +206,14 @@ func (c *Client) withRedis(ctx context.Context, what string, fn func(context.Con
 				err = fmt.Errorf("%w (%w)", err, ctx.Err())
 			}
 			if warned && err == nil {
-				c.outages.Ended(cause, "")
+				outages.Ended(cause, "")
 			}
 			return err
 		}
 		// A warning once per outage, however many handlers wait here
 		// while Redis is away; each try at debug.
 		warned, cause = true, redisOutage(err)
-		c.outages.Failed(nil, cause, "", err, slog.String("while", what))
+		outages.Failed(nil, cause, "", err, slog.String("while", what))
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last Redis error: %v)", ctx.Err(), err)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // watch is one handler at work on a run; it is cancelled with cause
@@ -68,16 +66,9 @@ func (c *Client) pollRuns() {
 		c.watchMu.Unlock()
 
 		ctx, cancel := context.WithTimeout(context.Background(), max(4*c.cfg.CancelPoll, time.Second))
-		cmds := make([]*redis.StringCmd, len(runs))
-		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, run := range runs {
-				k, _ := c.keys(run)
-				cmds[i] = p.HGet(ctx, k.run, "state")
-			}
-			return nil
-		})
+		states, gone, err := c.ledger.states(ctx, runs)
 		cancel()
-		if err != nil && err != redis.Nil {
+		if err != nil {
 			// Unreachable Redis: handlers go on; the next poll tries again.
 			if !c.backgroundFailed(err, "checking runs for cancellation") && time.Since(lastWarn) > 10*time.Second {
 				lastWarn = time.Now()
@@ -88,10 +79,10 @@ func (c *Client) pollRuns() {
 		c.backgroundAnswered(false)
 		for i, run := range runs {
 			cause := ErrRunEnded
-			switch st := State(cmds[i].Val()); {
+			switch st := states[i]; {
 			case st == StateCancelled:
 				cause = ErrRunCancelled
-			case st == StateFailed, cmds[i].Err() == redis.Nil:
+			case st == StateFailed, gone[i]:
 			default:
 				continue
 			}

@@ -208,9 +208,7 @@ func (f *feeder) restore(ctx context.Context, rec runRecord) {
 
 // expect records the pages the run expects in all (ExpectPages).
 func (f *feeder) expect(ctx context.Context, n int) error {
-	return f.c.withRedis(ctx, "recording the pages expected", func(ctx context.Context) error {
-		return scriptFeed.Run(ctx, f.c.rdb, []string{f.k.run, f.k.recorded}, f.nonce, 0, 0, "", n).Err()
-	})
+	return f.c.ledger.expectPages(ctx, f.k, f.nonce, n)
 }
 
 // split runs the job's Split (r) with args, feeding the pages it emits
@@ -665,8 +663,8 @@ func (f *feeder) read(ctx context.Context, args ...any) (fed, done, pending, act
 		res  *redis.Cmd
 		n, a *redis.IntCmd
 	)
-	err = f.c.withRedis(ctx, "moving the run's window", func(ctx context.Context) error {
-		if err := f.c.batch(f.k.job).doScript(ctx, scriptFeed, func(p redis.Pipeliner) *redis.Cmd {
+	err = withRedis(ctx, f.c.outages, "moving the run's window", func(ctx context.Context) error {
+		if err := f.c.ledger.batch(f.k.job).doScript(ctx, scriptFeed, func(p redis.Pipeliner) *redis.Cmd {
 			res = scriptFeed.EvalSha(ctx, p, []string{f.k.run, f.k.recorded}, args...)
 			n = p.LLen(ctx, f.pending)
 			a = p.LLen(ctx, f.active)
@@ -761,22 +759,14 @@ func (f *feeder) handOnFrom(ctx context.Context, resume int) error {
 }
 
 // handOn enqueues a new split task for a splitting run, under a name no
-// split task of the run had (feed.lua), that starts at page resume (or
-// where the run's resume mark is, if further). The reconciler calls it for
-// a run whose split task ended without ending the split.
+// split task of the run had (ledger.handOn), that starts at page resume
+// (or where the run's resume mark is, if further). The reconciler does the
+// same for a run whose split task ended without ending the split.
 func (c *Client) handOn(ctx context.Context, k runKeys, runID, nonce string, resume int, o JobOptions) error {
-	var v []any
-	err := c.withRedis(ctx, "handing the split on", func(ctx context.Context) (err error) {
-		v, err = scriptFeed.Run(ctx, c.rdb, []string{k.run, k.recorded}, nonce, resume, 0, "1").Slice()
-		return err
-	})
+	step, err := c.ledger.handOn(ctx, k, nonce, resume)
 	if err != nil {
 		return err
 	}
-	if n, _ := v[0].(int64); n < 0 {
-		return errRunGone
-	}
-	step, _ := v[2].(string)
 	return c.enqueueStepAs(ctx, runID, nonce, typeSplit, step, o)
 }
 
