@@ -43,14 +43,13 @@ test: tools
 	scripts/with-servers.sh $(MAKE) --no-print-directory test-inner
 
 # test-inner: check + tests; run it directly with BATCHMR_TEST_* set to your own servers.
-# Four passes run at once (scripts/test-passes.sh): internal/tests/faults'
-# timed scenarios, one after another; its scenarios that mostly wait (a
-# 60 s outage among them), side by side; pkg/semaphore again on the
-# EVALSHA path that Redis < 7 and ACL-restricted users get; and every other
-# package, four at a time. Last, the demo runs as make demo does (it checks
-# its report against SQL and the queries Postgres ran at once against the
-# permits), so that a change that breaks it fails here.
-test-inner: check
+# The passes of scripts/test-passes.sh run at once: every package four at
+# a time, with internal/tests/faults' timed scenarios; make check; the
+# fault suite's scenarios that mostly wait (a 60 s outage among them); and
+# pkg/semaphore again on the EVALSHA path. Last, the demo runs as make demo
+# does (it checks its report against SQL and the queries Postgres ran at
+# once against the permits), so that a change that breaks it fails here.
+test-inner: $(STATICCHECK) $(STATICCHECK_STAMP)
 	scripts/test-passes.sh
 	scripts/demo.sh
 
