@@ -157,20 +157,6 @@ func wait(t *testing.T, c *mapreduce.Client, id string, timeout time.Duration) *
 	return st
 }
 
-// until polls cond every few milliseconds until it holds, and reports
-// whether it did within timeout: testenv.WaitFor for a Split or a Map,
-// which may not fail the test themselves.
-func until(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
-}
-
 // --- the sum job: the test workload -----------------------------------------
 
 // emitPages is a Split that emits the pages 0 to n-1.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
 	"github.com/hibiken/asynq"
 )
@@ -156,7 +157,7 @@ func TestPagesRecordedDuringTheSplitNeverTriggerAnEarlyReduce(t *testing.T) {
 					return errors.New("no run ID in Split's context")
 				}
 				var stErr error
-				recorded := until(10*time.Second, func() bool {
+				recorded := testenv.Eventually(10*time.Second, func() bool {
 					st, err := c.Status(ctx, id)
 					switch {
 					case err != nil:

@@ -506,7 +506,7 @@ func TestPagesATaskNeverStartedBeforeItsDeadlineAreNotFailed(t *testing.T) {
 			// once asynq has taken the task back for its retry.
 			<-ctx.Done()
 			id, _ := asynq.GetTaskID(ctx)
-			until(5*time.Second, func() bool {
+			testenv.Eventually(5*time.Second, func() bool {
 				ti, err := insp.GetTaskInfo(e.queue, id)
 				return err == nil && (ti.Retried > 0 || ti.State != asynq.TaskStateActive)
 			})

@@ -72,7 +72,7 @@ func TestAMapPastItsTimeoutIsRecordedAsFailed(t *testing.T) {
 				// Return only once asynq, at the deadline, archived the
 				// task without waiting for this handler.
 				id, _ := asynq.GetTaskID(ctx)
-				until(5*time.Second, func() bool {
+				testenv.Eventually(5*time.Second, func() bool {
 					ti, err := insp.GetTaskInfo(e.queue, id)
 					return err == nil && ti.State == asynq.TaskStateArchived
 				})
@@ -248,7 +248,7 @@ func TestASplitThatChangesItsPagesOnRetryFailsTheRunClearly(t *testing.T) {
 		if n == 6 { // fail once every page is recorded, to be retried
 			id, _ := mapreduce.RunID(ctx)
 			var stErr error
-			if !until(10*time.Second, func() bool {
+			if !testenv.Eventually(10*time.Second, func() bool {
 				st, err := c.Status(ctx, id)
 				stErr = err
 				return err != nil || st.Done == 6

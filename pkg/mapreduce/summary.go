@@ -199,24 +199,18 @@ func (l *ledger) countRuns(ctx context.Context, job string) (map[State]int, erro
 	if err != nil {
 		return nil, fmt.Errorf("mapreduce: count runs of %q: %w", job, err)
 	}
-	cmds := make([]*redis.StringCmd, len(runIDs))
-	_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, runID := range runIDs {
-			rk, _ := l.keys(runID)
-			cmds[i] = p.HGet(ctx, rk.run, "state")
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
+	states, gone, err := l.states(ctx, runIDs)
+	if err != nil {
 		return nil, fmt.Errorf("mapreduce: count runs of %q: %w", job, err)
 	}
 	out := map[State]int{}
-	for _, cmd := range cmds {
-		switch s, err := cmd.Result(); {
-		case err == nil:
-			out[State(s)]++
-		case !errors.Is(err, redis.Nil): // a run expired since the list was read: not counted
-			return nil, fmt.Errorf("mapreduce: count runs of %q: %w", job, err)
+	for i, st := range states {
+		switch {
+		case gone[i]: // expired since the list was read: not counted
+		case st == "":
+			return nil, fmt.Errorf("mapreduce: count runs of %q: the state of %s could not be read", job, runIDs[i])
+		default:
+			out[st]++
 		}
 	}
 	return out, nil

@@ -107,20 +107,6 @@ func cutOffPair(t *testing.T, lease, otherLease time.Duration) (s, other *semaph
 	return s, other, px
 }
 
-// eventually polls cond until it holds, or until timeout has passed, and
-// reports which. Unlike testenv.WaitFor it does not fail the test, so a
-// fault hook or a worker goroutine may wait with it.
-func eventually(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
-}
-
 // deadlineMs is member's score in the sorted set key under prefix's
 // semaphore "db" ("holders": its lease deadline; "alive": a waiter's
 // heartbeat deadline), in Redis's milliseconds; 0 if it has none.

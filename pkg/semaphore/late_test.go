@@ -134,7 +134,7 @@ func lateScene(t *testing.T) (a, other *semaphore.Semaphore, h *lateCall, rdb *r
 func freeWithin(t *testing.T, other *semaphore.Semaphore, d time.Duration, what string) {
 	t.Helper()
 	var st semaphore.Stats
-	if !eventually(d, func() bool { st = stats(t, other); return st.Held == 0 && len(st.Waiters) == 0 }) {
+	if !testenv.Eventually(d, func() bool { st = stats(t, other); return st.Held == 0 && len(st.Waiters) == 0 }) {
 		t.Fatalf("%s: %v later the semaphore is still taken, by nobody that uses it: %+v", what, d, st)
 	}
 }

@@ -606,7 +606,7 @@ func TestAcquireWaitsOutABlackholeLongerThanItsCallsDeadline(t *testing.T) {
 	restored := make(chan time.Time, 1)
 	go func() {
 		// Past the first call's own deadline: the Acquire has sent another.
-		if !eventually(30*time.Second, func() bool { return acquireCalls.Load() >= before+2 }) {
+		if !testenv.Eventually(30*time.Second, func() bool { return acquireCalls.Load() >= before+2 }) {
 			t.Error("the Acquire sent no second call into the blackhole")
 		}
 		proxy.Restore()
@@ -747,7 +747,7 @@ func TestARedisOutageIsOneWarningAndOneEndLineNotALinePerCall(t *testing.T) {
 	down := time.Since(killed)
 	before := rounds.Load()
 	testenv.WaitFor(t, 20*time.Second, "permits going round again", func() bool { return rounds.Load() > before+100 })
-	eventually(10*time.Second, func() bool { scan(); return over != nil })
+	testenv.Eventually(10*time.Second, func() bool { scan(); return over != nil })
 	stop()
 	wg.Wait()
 	t.Logf("%d warnings, %d debug lines; end: %v", len(warns), debugs, over)

@@ -251,7 +251,7 @@ func TestARetriedAcquireDatesItsLeaseFromTheRetry(t *testing.T) {
 		after: func(cmd redis.Cmder) {
 			if isScript(cmd, semaphore.AcquireScript) && lostOnce.CompareAndSwap(false, true) {
 				tok := arg(cmd, argToken)
-				if !eventually(5*time.Second, func() bool { return leaseLeftMs(rdb, prefix, tok) < float64(lease.Milliseconds())/4 }) {
+				if !testenv.Eventually(5*time.Second, func() bool { return leaseLeftMs(rdb, prefix, tok) < float64(lease.Milliseconds())/4 }) {
 					t.Error("the first grant's lease did not run down in Redis")
 				}
 				cmd.SetErr(errors.New("read tcp: i/o timeout (injected)"))
@@ -529,7 +529,7 @@ func TestHoldersOfAHealthySemaphoreNeverLoseTheirLease(t *testing.T) {
 				}
 				if i%30 == 0 { // held until a refresh of it
 					from := deadlineMs(rdb, prefix, "holders", p.ID())
-					if !eventually(10*lease, func() bool { return deadlineMs(rdb, prefix, "holders", p.ID()) > from }) {
+					if !testenv.Eventually(10*lease, func() bool { return deadlineMs(rdb, prefix, "holders", p.ID()) > from }) {
 						t.Errorf("permit %s not refreshed within %v", p.ID(), 10*lease)
 					}
 				} else {
@@ -567,7 +567,7 @@ func TestARefreshBeforeTheFirstAcquireCallDoesNotRequeue(t *testing.T) {
 			if isScript(cmd, semaphore.AcquireScript) && arg(cmd, argToken) == target.Load() {
 				// A watchdog refresh is sent, and answered, meanwhile.
 				n := refreshes.Load()
-				if !eventually(10*lease, func() bool { return refreshes.Load() >= n+2 }) {
+				if !testenv.Eventually(10*lease, func() bool { return refreshes.Load() >= n+2 }) {
 					t.Error("no watchdog refresh while the first acquire call waited")
 				}
 			}
@@ -616,7 +616,7 @@ func TestAGrantWhoseReplyCameTooLateIsSettledNotStuck(t *testing.T) {
 		if isScript(cmd, semaphore.AcquireScript) && stall.CompareAndSwap(true, false) {
 			// The reply comes once the grant's lease has run out in Redis.
 			tok := arg(cmd, argToken)
-			if !eventually(10*lease, func() bool { return leaseLeftMs(rdb, prefix, tok) <= 0 }) {
+			if !testenv.Eventually(10*lease, func() bool { return leaseLeftMs(rdb, prefix, tok) <= 0 }) {
 				t.Error("the grant's lease did not run out in Redis")
 			}
 		}
