@@ -42,6 +42,17 @@ type sampler struct {
 	failed     int       // samples that failed (the server was away)
 	closely    time.Time // until when to sample every sampleCloselyEvery
 
+	// The first sample that saw more than limit worker queries, in
+	// detail: its backends, those of the sample after it (a query seen
+	// in both ran), and what explain (if set) said then.
+	limit     int
+	explain   func() string
+	overAt    time.Time
+	overSeen  []backend
+	overNext  []backend
+	overNote  string
+	nextTaken bool
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -56,6 +67,15 @@ type count struct {
 type query struct {
 	pid   int32
 	start time.Time
+}
+
+// backend is what pg_stat_activity showed of one active worker backend.
+type backend struct {
+	query
+	backendStart time.Time
+	state        string
+	waitEvent    string // type:event, or empty when it waits on nothing
+	sql          string // the query's first 80 characters
 }
 
 // startSampler samples the queries of application app on the server at
@@ -101,13 +121,15 @@ func (s *sampler) run(url, app string) {
 			}
 		}
 		rows, err := conn.Query(ctx, `
-			SELECT pid, coalesce(query_start, now()) FROM pg_stat_activity
+			SELECT pid, coalesce(query_start, now()), coalesce(backend_start, now()), state,
+				coalesce(wait_event_type || ':' || wait_event, ''), left(query, 80)
+			FROM pg_stat_activity
 			WHERE application_name = $1 AND state = 'active'`, app)
-		var qs []query
+		var qs []backend
 		if err == nil {
-			var q query
-			_, err = pgx.ForEachRow(rows, []any{&q.pid, &q.start}, func() error {
-				qs = append(qs, q)
+			var b backend
+			_, err = pgx.ForEachRow(rows, []any{&b.pid, &b.start, &b.backendStart, &b.state, &b.waitEvent, &b.sql}, func() error {
+				qs = append(qs, b)
 				return nil
 			})
 		}
@@ -128,9 +150,12 @@ func (s *sampler) fail() {
 	s.mu.Unlock()
 }
 
-func (s *sampler) record(at time.Time, qs []query) {
+func (s *sampler) record(at time.Time, bs []backend) {
+	qs := make([]query, len(bs))
+	for i, b := range bs {
+		qs[i] = b.query
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.active, s.sampledAt = len(qs), at
 	s.counts = append(s.counts, count{at, len(qs)})
 	if len(qs) > s.max {
@@ -142,6 +167,63 @@ func (s *sampler) record(at time.Time, qs []query) {
 	for _, q := range qs {
 		s.starts[q] = struct{}{}
 	}
+	if !s.overAt.IsZero() && !s.nextTaken {
+		s.overNext, s.nextTaken = bs, true
+	}
+	first := s.limit > 0 && len(bs) > s.limit && s.overAt.IsZero()
+	if first {
+		s.overAt, s.overSeen = at, bs
+	}
+	explain := s.explain
+	s.mu.Unlock()
+	if first && explain != nil {
+		note := explain()
+		s.mu.Lock()
+		s.overNote = note
+		s.mu.Unlock()
+	}
+}
+
+// explainOver makes the sampler keep in detail the first sample that sees
+// more than limit worker queries, and the one after it, and call explain
+// right then, for overDetail to show.
+func (s *sampler) explainOver(limit int, explain func() string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.limit, s.explain = limit, explain
+}
+
+// overDetail describes the first sample that saw more worker queries than
+// the limit of explainOver: each backend's pid, when it started and its
+// query did (relative to the sample), its state, wait event and query;
+// whether the next sample still saw that query; and what explain said.
+func (s *sampler) overDetail() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.overAt.IsZero() {
+		return "no sample saw more worker queries than the limit"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "the first sample over the limit, at %s, saw:", s.overAt.Format("15:04:05.000"))
+	for _, q := range s.overSeen {
+		next := "not in the next sample"
+		switch {
+		case !s.nextTaken:
+			next = "no next sample"
+		case slices.ContainsFunc(s.overNext, func(n backend) bool { return n.query == q.query }):
+			next = "still active in the next sample"
+		}
+		fmt.Fprintf(&b, "\n  pid %d: backend started %v, query %v, state %s, wait %q, %s: %q", q.pid,
+			q.backendStart.Sub(s.overAt).Round(time.Millisecond), q.start.Sub(s.overAt).Round(time.Millisecond),
+			q.state, q.waitEvent, next, strings.Join(strings.Fields(q.sql), " "))
+	}
+	if s.nextTaken {
+		fmt.Fprintf(&b, "\nthe next sample saw %d", len(s.overNext))
+	}
+	if s.overNote != "" {
+		fmt.Fprintf(&b, "\nthen: %s", s.overNote)
+	}
+	return b.String()
 }
 
 // watchClosely makes the sampler sample every sampleCloselyEvery for d.
