@@ -427,6 +427,9 @@ func (f *fleet) checkPermits() {
 	f.t.Helper()
 	most, at := f.sampler.maximum()
 	f.t.Logf("Postgres ran at most %d worker queries at once (permits %d)", most, permits)
+	if d := f.sampler.spreadDetail(); d != "" {
+		f.t.Log(d)
+	}
 	switch {
 	case most > permits:
 		f.t.Errorf("%s: Postgres ran %d worker queries at once at %s, with %d permits; %s", reqPermits, most, at.Format("15:04:05.000"), permits, f.sampler.overDetail())
