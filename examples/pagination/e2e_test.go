@@ -57,7 +57,10 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 	}
 	workers := []*exec.Cmd{startWorker(1), startWorker(2), startWorker(3)}
 
-	// Postgres's own count of the workers' queries running at once.
+	// Postgres's own count of the workers' queries running at once: those
+	// that ran when the sample began, since Postgres reads pg_stat_activity
+	// a backend at a time, and a read held up midway would also list a
+	// query that took the place of one that ended meanwhile.
 	var maxActive atomic.Int64
 	stopSampling := make(chan struct{})
 	sampled := make(chan struct{})
@@ -66,7 +69,7 @@ func TestOrdersReportEndToEndUnderPermitsWithAWorkerKilled(t *testing.T) {
 		for {
 			var n int64
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE application_name = $1 AND state = 'active'`, appName).Scan(&n); err == nil && n > maxActive.Load() {
+				WHERE application_name = $1 AND state = 'active' AND query_start <= statement_timestamp()`, appName).Scan(&n); err == nil && n > maxActive.Load() {
 				maxActive.Store(n)
 			}
 			select {

@@ -191,8 +191,12 @@ func sample(t *testing.T, app string) (most func() int, more func(n int64)) {
 		defer close(done)
 		for {
 			var n int64
+			// The queries that ran when the statement began: Postgres reads
+			// pg_stat_activity a backend at a time, and a read held up
+			// midway would also list a query that took the place of one
+			// that ended meanwhile.
 			err := conn.QueryRow(context.Background(),
-				"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'", app).Scan(&n)
+				"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active' AND query_start <= statement_timestamp()", app).Scan(&n)
 			if err != nil && !errors.Is(err, context.Canceled) {
 				t.Errorf("sampling pg_stat_activity: %v", err)
 				return

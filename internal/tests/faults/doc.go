@@ -9,7 +9,10 @@
 // by page through pgsource.Fetch, built from public packages only and
 // with the job's default options — each with --db-permits 3. A sampler
 // reads pg_stat_activity every 10 ms on a connection of its own and counts
-// the workers' active queries (by their application_name). The test starts
+// the workers' active queries (by their application_name) that had
+// started when the sample did: Postgres reads pg_stat_activity a backend
+// at a time, so a query that started during the read may have taken the
+// permit of one that ended during it, both listed. The test starts
 // a run with the mapreduce Client, breaks something mid-run, and checks:
 //
 //   - the run succeeds, with the total that one SQL query gives;

@@ -120,9 +120,9 @@ func (f *fleet) checkRodeOut(sched *followed, a runArgs, base time.Duration, kil
 	}
 	switch {
 	case most > permits && at.Before(killed):
-		t.Errorf("%s: Postgres ran %d worker queries at once at %s, before the failover, with %d permits", reqPermits, most, at.Format("15:04:05.000"), permits)
+		t.Errorf("%s: Postgres ran %d worker queries at once at %s, before the failover, with %d permits; %s", reqPermits, most, at.Format("15:04:05.000"), permits, f.sampler.overDetail())
 	case n > 0:
-		t.Errorf("%s: after the failover, %d samples saw more worker queries than permits, for %v in all", reqPermits, n, d.Round(time.Millisecond))
+		t.Errorf("%s: after the failover, %d samples saw more worker queries than permits, for %v in all; %s", reqPermits, n, d.Round(time.Millisecond), f.sampler.overDetail())
 	case most == 0:
 		t.Errorf("the sampler saw no worker query in pg_stat_activity (application_name %s)", f.app)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -251,6 +252,7 @@ func newFleet(t *testing.T, cfg fleetConfig) *fleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = f.sem.Close() })
+	f.sampler.explainOver(permits, f.semaphoreNow)
 	t.Cleanup(f.dumpLogsOnFailure)
 	var last string
 	if !testenv.Eventually(30*time.Second, func() bool {
@@ -425,12 +427,31 @@ func (f *fleet) checkPermits() {
 	f.t.Helper()
 	most, at := f.sampler.maximum()
 	f.t.Logf("Postgres ran at most %d worker queries at once (permits %d)", most, permits)
+	if d := f.sampler.spreadDetail(); d != "" {
+		f.t.Log(d)
+	}
 	switch {
 	case most > permits:
-		f.t.Errorf("%s: Postgres ran %d worker queries at once at %s, with %d permits", reqPermits, most, at.Format("15:04:05.000"), permits)
+		f.t.Errorf("%s: Postgres ran %d worker queries at once at %s, with %d permits; %s", reqPermits, most, at.Format("15:04:05.000"), permits, f.sampler.overDetail())
 	case most == 0:
 		f.t.Errorf("the sampler saw no worker query in pg_stat_activity (application_name %s)", f.app)
 	}
+}
+
+// semaphoreNow describes the "db" semaphore's holders and waiters now.
+func (f *fleet) semaphoreNow() string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	st, err := f.sem.Stats(ctx)
+	if err != nil {
+		return fmt.Sprintf("the semaphore's stats: %v", err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "the semaphore: limit %d, held %d, %d waiting; holders:", st.Limit, st.Held, len(st.Waiters))
+	for _, h := range st.Holders {
+		fmt.Fprintf(&b, " [%s fence %d held %v lease left %v]", h.Process, h.Fence, h.HeldFor.Round(time.Millisecond), h.LeaseLeft.Round(time.Millisecond))
+	}
+	return b.String()
 }
 
 // checkPermitsFree fails the test unless, by permitsFree after from, the

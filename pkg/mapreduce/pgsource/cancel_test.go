@@ -125,10 +125,13 @@ func watchActivity(t *testing.T, app string) *activity {
 	return a
 }
 
+// count counts the queries that ran when its statement began: Postgres
+// reads pg_stat_activity a backend at a time, and a read held up midway
+// would also list a query that took the place of one that ended meanwhile.
 func (a *activity) count() (int, error) {
 	var n int
 	err := a.conn.QueryRow(context.Background(),
-		"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'", a.app).Scan(&n)
+		"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active' AND query_start <= statement_timestamp()", a.app).Scan(&n)
 	return n, err
 }
 
