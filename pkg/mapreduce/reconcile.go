@@ -394,25 +394,12 @@ func isTaskGone(err error) bool {
 // the runs in progress, not every run kept for its retention. Entries
 // whose record is gone (deleted by hand, or evicted) are taken out.
 func (r *repairer) unfinishedRuns(ctx context.Context, job string) ([]*Status, error) {
-	k := jobKeysUnder(r.prefix, job)
-	runIDs, err := r.rdb.ZRange(ctx, k.unfinished, 0, -1).Result()
+	out, stale, err := r.ledger.unfinished(ctx, job)
 	if err != nil {
 		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
-	}
-	found, stale, err := r.ledger.summaries(ctx, runIDs)
-	if err != nil {
-		return nil, fmt.Errorf("reading the unfinished runs of %q: %w", job, err)
-	}
-	out := found[:0]
-	for _, st := range found {
-		if st.State.Ended() {
-			stale = append(stale, st.ID)
-		} else {
-			out = append(out, st)
-		}
 	}
 	if len(stale) > 0 {
-		if _, err := r.unlist(ctx, k, stale); err != nil {
+		if _, err := r.unlist(ctx, jobKeysUnder(r.prefix, job), stale); err != nil {
 			return nil, fmt.Errorf("unlisting ended runs of %q: %w", job, err)
 		}
 	}

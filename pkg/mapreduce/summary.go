@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -165,22 +166,36 @@ func (l *ledger) activeRuns(ctx context.Context, job string) ([]*Status, error) 
 	if !jobNameRE.MatchString(job) {
 		return nil, fmt.Errorf("mapreduce: active runs: job name %q is invalid", job)
 	}
+	out, _, err := l.unfinished(ctx, job)
+	if err != nil {
+		return nil, fmt.Errorf("mapreduce: active runs of %q: %w", job, err)
+	}
+	slices.Reverse(out) // newest first
+	return out, nil
+}
+
+// unfinished reads the job's index of runs not ended, oldest first: the
+// runs in it not ended, and the IDs of those listed though ended or gone
+// (the reconciler unlists them).
+func (l *ledger) unfinished(ctx context.Context, job string) (active []*Status, stale []string, err error) {
 	k := jobKeysUnder(l.prefix, job)
-	runIDs, err := l.rdb.ZRevRange(ctx, k.unfinished, 0, -1).Result()
+	runIDs, err := l.rdb.ZRange(ctx, k.unfinished, 0, -1).Result()
 	if err != nil {
-		return nil, fmt.Errorf("mapreduce: active runs of %q: %w", job, err)
+		return nil, nil, err
 	}
-	found, _, err := l.summaries(ctx, runIDs)
+	found, stale, err := l.summaries(ctx, runIDs)
 	if err != nil {
-		return nil, fmt.Errorf("mapreduce: active runs of %q: %w", job, err)
+		return nil, nil, err
 	}
-	out := found[:0]
+	active = found[:0]
 	for _, st := range found {
-		if !st.State.Ended() { // listed, though ended: the reconciler unlists it
-			out = append(out, st)
+		if st.State.Ended() {
+			stale = append(stale, st.ID)
+		} else {
+			active = append(active, st)
 		}
 	}
-	return out, nil
+	return active, stale, nil
 }
 
 // CountRuns returns how many of the job's runs within their retention are
