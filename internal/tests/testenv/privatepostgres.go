@@ -5,6 +5,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -279,14 +280,43 @@ func postgresUser() (*syscall.Credential, error) {
 	return nil, fmt.Errorf("as root, Postgres must run as another user, and there is no postgres user: create one (apt-get install postgresql does), or run the tests as another user")
 }
 
-// freePort returns a TCP port of 127.0.0.1 that nobody listens on now.
+// freePort returns a TCP port of 127.0.0.1 that nobody listens on now,
+// for a server that binds it later. It is picked at random below the
+// kernel's ephemeral range (ip_local_port_range), not by listening on
+// port 0: a port of that range can be taken, before the server binds it
+// or while a test has it stopped, as the source port of any outgoing
+// connection on the machine, and make test makes thousands.
 func freePort() (int, error) {
+	low := ephemeralLow()
+	for range 100 {
+		port := 10000 + rand.IntN(low-10000)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			_ = ln.Close()
+			return port, nil
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ephemeralLow is the lowest port of the kernel's ephemeral range, or
+// 32768 (Linux's default) when it cannot be read or leaves too few ports
+// below it.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if low, err := strconv.Atoi(f[0]); err == nil && low >= 12000 {
+				return low
+			}
+		}
+	}
+	return 32768
 }
 
 // freePorts returns n loopback TCP ports free at the time of the call.
