@@ -218,6 +218,25 @@ func TestTheLimitFallsBackToTheFixedNOnceTheControllersHoldHasPassed(t *testing.
 	}
 	q := receiveGrant(t, got, 5*time.Second, "the waiter, once fewer than 2 are held")
 	_ = q.Release(ctx)
+
+	// An acquire past the hold that would only queue behind the
+	// controller's N (2 held of 2) falls back first, to a fixed 6 here,
+	// and is granted at once.
+	setAuto(t, s, semaphore.AutoLimits{Min: 1, Max: 32, Fixed: 6})
+	setAdaptive(t, s, 2, time.Hour)
+	two := []*semaphore.Permit{mustAcquire(t, s), mustAcquire(t, s)}
+	set = redisNowMs(t, rdb)
+	setAdaptive(t, s, 2, hold)
+	waitPast(t, rdb, hold, set)
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	r, err := other.Acquire(actx)
+	if err != nil {
+		t.Fatalf("Acquire with 2 held past a hold of N 2, fixed 6: %v; want a grant at once", err)
+	}
+	for _, p := range append(two, r) {
+		_ = p.Release(ctx)
+	}
 }
 
 func TestAnAutoCutFailsNoQueuedRequestThatFitsUnderMaxAndGrantsNobodyUntilHeldIsBelowN(t *testing.T) {
@@ -269,6 +288,15 @@ func TestAnAutoCutFailsNoQueuedRequestThatFitsUnderMaxAndGrantsNobodyUntilHeldIs
 	held = append(held, receiveGrant(t, light, 5*time.Second, "the light waiter, once 2 are held of 3"))
 	if st := stats(t, observer); st.Held != 3 || len(st.Waiters) != 1 || st.Waiters[0].Weight != 8 {
 		t.Fatalf("after the light grant: held %d, waiters %+v; want 3 held, the heavy request queued", st.Held, st.Waiters)
+	}
+	// Below N, with the heavy request at the head: it waits, not failed,
+	// and nobody behind it is granted.
+	if err := held[0].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held = held[1:]
+	if st := stats(t, observer); st.Held != 2 || len(st.Waiters) != 1 || st.Waiters[0].Weight != 8 {
+		t.Fatalf("2 held of N 3, the heavy request at the head: held %d, waiters %+v; want it still queued", st.Held, st.Waiters)
 	}
 	// The heavy request fits once the controller raises N and the holders
 	// finish.
