@@ -39,6 +39,7 @@ Usage:
   scheduler retry RUN [--wait]
   scheduler permits get [NAME] [--verbose]
   scheduler permits set NAME N [--new]
+  scheduler permits auto NAME --min A --max B [--fixed N] [--shadow] [--new]
   scheduler ui [--listen 127.0.0.1:8080] [--read-only] [--tls-cert FILE --tls-key FILE]
   scheduler version
 

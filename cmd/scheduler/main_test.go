@@ -850,7 +850,7 @@ func TestBadInputGetsOneLineAndANonZeroExit(t *testing.T) {
 		{[]string{"status", "not-a-run"}, 1, "<job>:<key>"},
 		{[]string{"runs", "--state", "done"}, 2, `--state "done": use one of splitting, mapping`},
 		{[]string{"permits", "get", "db", "extra"}, 2, `unexpected argument "extra"`},
-		{[]string{"permits", "frob"}, 2, "use get or set"},
+		{[]string{"permits", "frob"}, 2, "use get, set or auto"},
 		{[]string{"serve", "--schedule", "sum=@every 1ms"}, 2, "at least 1s"},
 		{[]string{"serve", "--schedule", "sum=61 * * * *"}, 2, "not a cron spec"},
 		{[]string{"serve", "--schedule", "nope=@daily"}, 1, `no job "nope": no worker has announced one by that name (known jobs: sum): check the name, or start a worker that runs it`},

@@ -17,10 +17,12 @@ import (
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
-const permitsUsage = `scheduler permits get [NAME] [--verbose] | permits set NAME N: show or change
-a fleet-wide semaphore, such as the workers' database permits ("db").
+const permitsUsage = `scheduler permits get [NAME] [--verbose] | permits set NAME N |
+permits auto NAME --min A --max B [--fixed N] [--shadow]: show or change a
+fleet-wide semaphore, such as the workers' database permits ("db").
 
-'get' shows the limit and the permits held, then one line per process:
+'get' shows the limit and the permits held, in auto mode the bounds, the
+fixed N and why the limit last moved, then one line per process:
 the live worker it belongs to ("(none)": stopped or killed, its permits
 return when their leases run out; or no worker), how many permits it holds
 and how many requests it has queued, their weights, its longest hold and
@@ -28,18 +30,29 @@ its oldest wait; --verbose lists every permit and every queued request
 too. Without NAME, every semaphore a live worker announces. A NAME that Redis has no limit for and no live
 worker uses exits 1.
 
-'set' changes the limit for every worker at once: raising it wakes waiters
-now; lowering it lets holders finish and grants nobody until the permits
-held fit. N is a whole number from 1 to 1048576. A NAME that Redis has no
-limit for and no live worker uses is refused as a likely typo, unless
---new says it is a semaphore that workers will use ("db", the workers'
-database permits, is always accepted).
+'set' changes the limit for every worker at once, and makes it fixed
+(ending auto mode): raising it wakes waiters now; lowering it lets
+holders finish and grants nobody until the permits held fit. N is a whole
+number from 1 to 1048576. A NAME that Redis has no limit for and no live
+worker uses is refused as a likely typo, unless --new says it is a
+semaphore that workers will use ("db", the workers' database permits, is
+always accepted).
+
+'auto' puts the limit in auto mode: a controller sets it within
+[--min, --max]; each N it sets holds for a while, then the limit falls
+back to the fixed N (--fixed, or the limit as it stands, clamped into the
+bounds). No controller is built yet: in auto mode the limit stays the
+fixed N. A request is refused as too heavy only above --max. --shadow
+records what the controller would set and never applies it. 'set' ends
+auto mode.
 
 Examples:
   scheduler permits get
   scheduler permits get db --verbose
   scheduler permits set db 12
   scheduler permits set exports 4 --new
+  scheduler permits auto db --min 2 --max 32
+  scheduler permits auto db --min 2 --max 32 --fixed 8 --shadow
 
 Flags:
 `
@@ -51,21 +64,28 @@ func permits(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	verbose := fs.Bool("verbose", false, "get: list every permit held and every request queued too")
-	isNew := fs.Bool("new", false, "set: the semaphore is new, used by no live worker yet (without it, such a name is refused as a likely typo, and db is set with a warning)")
+	isNew := fs.Bool("new", false, "set, auto: the semaphore is new, used by no live worker yet (without it, such a name is refused as a likely typo, and db is set with a warning)")
+	var auto semaphore.AutoLimits
+	fs.IntVar(&auto.Min, "min", 0, "auto: the lowest limit the controller may set (at least 1)")
+	fs.IntVar(&auto.Max, "max", 0, "auto: the highest limit the controller may set, and the heaviest request taken (at most 1048576)")
+	fs.IntVar(&auto.Fixed, "fixed", 0, "auto: the operator's N, the limit whenever no controller's N holds (default: the limit as it stands, clamped into the bounds)")
+	fs.BoolVar(&auto.Shadow, "shadow", false, "auto: record the controller's N, never apply it")
 	pos, err := parse(fs, permitsUsage, args, stdout)
 	if err != nil {
 		return err
 	}
 	if len(pos) == 0 {
-		return app.Usagef("missing get or set")
+		return app.Usagef("missing get, set or auto")
 	}
 	switch pos[0] {
 	case "get":
 		return permitsGet(ctx, *url, pos, *verbose, stdout, stderr)
 	case "set":
 		return permitsSet(ctx, *url, pos, *isNew, stdout, stderr)
+	case "auto":
+		return permitsAuto(ctx, *url, pos, auto, *isNew, stdout, stderr)
 	default:
-		return app.Usagef("permits %q: use get or set", pos[0])
+		return app.Usagef("permits %q: use get, set or auto", pos[0])
 	}
 }
 
@@ -128,34 +148,84 @@ func permitsSet(ctx context.Context, url redisFlags, pos []string, isNew bool, s
 		return err
 	}
 	defer c.close()
-	s, err := open(c, pos[1])
+	s, before, err := openToChange(ctx, c, "set", pos[1], isNew, stderr)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	// "db" is every worker's database semaphore: setting it before the
-	// workers start is the usual first step, never a typo.
-	before, err := stats(ctx, c, pos[1])
-	if err != nil {
-		return err
-	}
-	inUse, err := announcedSemaphores(ctx, c)
-	if err != nil {
-		return err
-	}
-	if !isNew && pos[1] != app.SemaphoreName && before.Limit == 0 && !slices.Contains(inUse, pos[1]) {
-		return fmt.Errorf("permits set %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
-			"or add --new to set the limit of a semaphore before any worker uses it", pos[1], pos[1], inUseText(inUse))
-	}
-	if !isNew && !slices.Contains(inUse, pos[1]) {
-		// Set before the workers start, as intended (--new says so);
-		// or, under the wrong prefix, a change no running worker sees.
-		fmt.Fprintf(stderr, "scheduler: no live worker under BATCHMR_PREFIX=%q uses semaphore %s: the limit is for workers that start under this prefix (--new says that is meant); if you meant a running fleet, check BATCHMR_PREFIX\n", app.Prefix, pos[1])
-	}
 	if err := s.SetLimit(ctx, n); err != nil {
 		return fmt.Errorf("permits set %s: %v", pos[1], err)
 	}
 	after, err := stats(ctx, c, pos[1])
+	if err != nil {
+		return err
+	}
+	printSet(stdout, before, after)
+	return nil
+}
+
+// openToChange opens the named semaphore for a change (verb: "set" or
+// "auto") and returns its stats before, refusing a likely typo unless
+// isNew.
+func openToChange(ctx context.Context, c *conn, verb, name string, isNew bool, stderr io.Writer) (*semaphore.Semaphore, semaphore.Stats, error) {
+	// "db" is every worker's database semaphore: setting it before the
+	// workers start is the usual first step, never a typo.
+	before, err := stats(ctx, c, name)
+	if err != nil {
+		return nil, before, err
+	}
+	inUse, err := announcedSemaphores(ctx, c)
+	if err != nil {
+		return nil, before, err
+	}
+	if !isNew && name != app.SemaphoreName && before.Limit == 0 && !slices.Contains(inUse, name) {
+		return nil, before, fmt.Errorf("permits %s %s: no live worker uses a semaphore %q and Redis has no limit for it (%s): check the name, "+
+			"or add --new to set the limit of a semaphore before any worker uses it", verb, name, name, inUseText(inUse))
+	}
+	if !isNew && !slices.Contains(inUse, name) {
+		// Set before the workers start, as intended (--new says so);
+		// or, under the wrong prefix, a change no running worker sees.
+		fmt.Fprintf(stderr, "scheduler: no live worker under BATCHMR_PREFIX=%q uses semaphore %s: the limit is for workers that start under this prefix (--new says that is meant); if you meant a running fleet, check BATCHMR_PREFIX\n", app.Prefix, name)
+	}
+	s, err := open(c, name)
+	return s, before, err
+}
+
+// permitsAuto puts the semaphore named in pos ("auto" NAME) in auto (or
+// shadow) mode within the bounds a gives, refusing a likely typo unless
+// isNew.
+func permitsAuto(ctx context.Context, url redisFlags, pos []string, a semaphore.AutoLimits, isNew bool, stdout, stderr io.Writer) error {
+	if err := want(pos, 2, 2, "NAME"); err != nil {
+		return err
+	}
+	name := pos[1]
+	switch {
+	case a.Min < 1:
+		return app.Usagef("permits auto %s: --min %d: give the lowest limit the controller may set, at least 1", name, a.Min)
+	case a.Max > semaphore.MaxLimit:
+		return app.Usagef("permits auto %s: --max %d: give the highest limit the controller may set, at most %d", name, a.Max, semaphore.MaxLimit)
+	case a.Max < a.Min:
+		return app.Usagef("permits auto %s: --max %d is below --min %d: give a --max of at least --min", name, a.Max, a.Min)
+	case a.Fixed != 0 && (a.Fixed < a.Min || a.Fixed > a.Max):
+		return app.Usagef("permits auto %s: --fixed %d is outside [%d, %d]: give a fixed N within --min and --max, or leave it out to keep the limit as it stands", name, a.Fixed, a.Min, a.Max)
+	}
+	c, err := connect(ctx, url, stderr)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	s, before, err := openToChange(ctx, c, "auto", name, isNew, stderr)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if a.Fixed == 0 && before.Limit == 0 {
+		return app.Usagef("permits auto %s: Redis has no limit for it yet: give the fixed N with --fixed", name)
+	}
+	if err := s.SetAuto(ctx, a); err != nil {
+		return fmt.Errorf("permits auto %s: %v", name, err)
+	}
+	after, err := stats(ctx, c, name)
 	if err != nil {
 		return err
 	}
@@ -174,18 +244,57 @@ func printSet(out io.Writer, before, st semaphore.Stats) {
 		from = strconv.Itoa(before.Limit)
 	}
 	fmt.Fprintf(out, "semaphore %s: limit %d (was %s), held %d, %d waiting\n", st.Name, st.Limit, from, st.Held, len(st.Waiters))
+	switch {
+	case st.Auto.Mode != semaphore.ModeFixed:
+		fmt.Fprintln(out, autoText(st.Auto))
+		if st.Auto.Mode == semaphore.ModeAuto {
+			fmt.Fprintf(out, "no controller is built yet: the limit stays the fixed N %d\n", st.Auto.Fixed)
+		}
+	case before.Auto.Mode != semaphore.ModeFixed:
+		fmt.Fprintf(out, "%s mode ended: the limit is fixed\n", before.Auto.Mode)
+	}
+	// A request is refused above the limit, in auto mode above max.
+	bound := st.Limit
+	if st.Auto.Mode == semaphore.ModeAuto {
+		bound = st.Auto.Max
+	}
 	heavy := 0
 	for _, w := range before.Waiters {
-		if w.Weight > st.Limit {
+		if w.Weight > bound {
 			heavy++
 		}
 	}
 	if heavy > 0 {
-		fmt.Fprintf(out, "%d queued request(s) weighed more than %d and were refused: their Acquire returns ErrExceedsLimit\n", heavy, st.Limit)
+		fmt.Fprintf(out, "%d queued request(s) weighed more than %d and were refused: their Acquire returns ErrExceedsLimit\n", heavy, bound)
 	}
 	if st.Held > st.Limit {
 		fmt.Fprintf(out, "%d permits are held, more than the limit: their holders finish, and nobody is granted a permit until fewer than %d are held\n", st.Held, st.Limit)
 	}
+}
+
+// autoText says, in one line, an auto mode's bounds and fixed N, why the
+// limit last moved, and the controller's last N.
+func autoText(a semaphore.AutoState) string {
+	var why string
+	switch a.Why {
+	case "operator":
+		why = "set by the operator (permits auto)"
+	case "controller":
+		why = fmt.Sprintf("set by the controller, holds %s more", a.HoldLeft.Round(time.Second))
+	case "fallback":
+		why = "fell back to the fixed N: the controller's N stopped holding"
+	default:
+		why = a.Why
+	}
+	text := fmt.Sprintf("%s mode: bounds %d..%d, fixed N %d; the limit last moved %s ago: %s", a.Mode, a.Min, a.Max, a.Fixed, a.MovedAgo.Round(time.Second), why)
+	if a.Controller > 0 {
+		verb := "set"
+		if a.Mode == semaphore.ModeShadow {
+			verb = "would set"
+		}
+		text += fmt.Sprintf("; the controller %s %d (%s)", verb, a.Controller, a.Reason)
+	}
+	return text
 }
 
 // inUseText lists the semaphores live workers use, for a message.
@@ -249,6 +358,9 @@ func printStats(out io.Writer, st semaphore.Stats, verbose bool, workers []mapre
 		plural = ""
 	}
 	fmt.Fprintf(out, "semaphore %s: %s, held %d, %d waiting (weight %d), %d process%s\n", st.Name, limit, st.Held, len(st.Waiters), waiting, len(procs), plural)
+	if st.Auto.Mode != semaphore.ModeFixed {
+		fmt.Fprintln(out, autoText(st.Auto))
+	}
 	if len(procs) == 0 {
 		return
 	}

@@ -20,7 +20,7 @@ import (
 
 // argRetry is the acquire script's retry flag (ARGV[9]) in a call's
 // arguments.
-const argRetry = 3 + 8 + 8
+const argRetry = 3 + numKeys + 8
 
 // lateCall is a hook that holds back the first acquire call of a waiter
 // (a first attempt: its retry flag is "0"), failing it as a timed-out read

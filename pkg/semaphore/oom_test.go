@@ -49,7 +49,7 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 		// that no fallback can hide a missing flag.
 		call := func(fn string, args ...any) error {
 			k := "oomprobe:{x}:"
-			cmd := []any{"FCALL", fn, 8, k + "limit", k + "holders", k + "queue", k + "alive", k + "info", k + "fence", k + "ticket", k + "held",
+			cmd := []any{"FCALL", fn, numKeys, k + "limit", k + "holders", k + "queue", k + "alive", k + "info", k + "fence", k + "ticket", k + "held", k + "auto",
 				k + "wake:", 1, 60000, ""}
 			return rdb.Do(ctx, append(cmd, args...)...).Err()
 		}

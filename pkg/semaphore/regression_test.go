@@ -20,11 +20,12 @@ import (
 )
 
 // The arguments of EVALSHA and FCALL: the command, the sha or function name,
-// numkeys, 8 keys, then ARGV. The token is ARGV[5] of acquire and release;
+// numkeys, 9 keys, then ARGV. The token is ARGV[5] of acquire and release;
 // acquire's wait flag is ARGV[8].
 const (
-	argToken    = 3 + 8 + 4
-	argWaitFlag = 3 + 8 + 7
+	numKeys     = 9
+	argToken    = 3 + numKeys + 4
+	argWaitFlag = 3 + numKeys + 7
 )
 
 func isScript(cmd redis.Cmder, id semaphore.ScriptID) bool {

@@ -31,6 +31,10 @@ var (
 	luaSetLimit string
 	//go:embed scripts/stats.lua
 	luaStats string
+	//go:embed scripts/setauto.lua
+	luaSetAuto string
+	//go:embed scripts/adapt.lua
+	luaAdapt string
 
 	// An acquire that only queues, behind a full semaphore, takes a short
 	// step instead of the whole script (queue_short in lib.lua).
@@ -52,12 +56,14 @@ var (
 	scriptRefresh  = newScript("refresh", luaRefresh, "allow-oom")
 	scriptSetLimit = newScript("setlimit", luaSetLimit)
 	scriptStats    = newScript("stats", luaStats, "allow-oom")
+	scriptSetAuto  = newScript("setauto", luaSetAuto)
+	scriptAdapt    = newScript("adapt", luaAdapt)
 
 	// handoffFirst is release's short step: a hand-off needs nothing else
 	// unless it carries waiters that the whole release must queue.
 	handoffFirst = "if handoff(ARGV) then return finish(handed) end\n"
 
-	allScripts = []*script{scriptAcquire, scriptRelease, scriptCarry, scriptRefresh, scriptSetLimit, scriptStats}
+	allScripts = []*script{scriptAcquire, scriptRelease, scriptCarry, scriptRefresh, scriptSetLimit, scriptStats, scriptSetAuto, scriptAdapt}
 
 	// defaultLibrary is versioned by a hash of its own code, so that
 	// processes running different versions of batchmr against one Redis each

@@ -118,6 +118,7 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 		keys: []string{
 			base + "limit", base + "holders", base + "queue", base + "alive",
 			base + "info", base + "fence", base + "ticket", base + "held",
+			base + "auto",
 		},
 		process:    process,
 		wakePrefix: base + "wake:",
@@ -239,7 +240,8 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 	return fn(p.Context())
 }
 
-// SetLimit sets the fleet-wide limit to n for every process at once. When
+// SetLimit sets the fleet-wide limit to n for every process at once, and
+// makes it fixed: it ends auto mode (SetAuto), if any. When
 // the limit rises, waiters that now fit are granted immediately; when it
 // falls, holders keep their permits and nobody new is granted until the
 // permits held fit under n, and queued requests heavier than n fail at once
@@ -252,17 +254,26 @@ func (s *Semaphore) SetLimit(ctx context.Context, n int) error {
 	if n < 1 || n > MaxLimit {
 		return fmt.Errorf("semaphore %q: set limit %d: the limit must be a whole number from 1 to %d (MaxLimit)", s.name, n, MaxLimit)
 	}
+	_, err := s.evalReplicated(ctx, "set limit", scriptSetLimit, n)
+	return err
+}
+
+// evalReplicated runs a script that changes the limit or its mode and,
+// where the Redis primary has replicas, returns once one of them has the
+// change (see Options.ReplicaWait). what names the call in its errors.
+func (s *Semaphore) evalReplicated(ctx context.Context, what string, sc *script, args ...any) (any, error) {
 	actx, ack := s.askReplica(ctx)
 	sent := time.Now()
-	if _, err := s.eval(actx, scriptSetLimit, n); err != nil {
-		return fmt.Errorf("semaphore %q: set limit: %w", s.name, err)
+	res, err := s.eval(actx, sc, args...)
+	if err != nil {
+		return nil, fmt.Errorf("semaphore %q: %s: %w", s.name, what, err)
 	}
 	if ack != nil {
 		if err := s.confirmReplicated(ctx, ack.acked(), sent); err != nil {
-			return fmt.Errorf("semaphore %q: set limit: the limit is set, but %w", s.name, err)
+			return res, fmt.Errorf("semaphore %q: %s: the change is made, but %w", s.name, what, err)
 		}
 	}
-	return nil
+	return res, nil
 }
 
 // Limit returns the fleet-wide limit that Redis holds now; ok is false

@@ -13,10 +13,11 @@ import (
 // Stats is a consistent snapshot of a semaphore across the fleet.
 type Stats struct {
 	Name    string
-	Limit   int      // the fleet-wide limit in Redis; 0 if none is set yet (Stats never sets one)
-	Held    int      // sum of the weights of Holders; may exceed Limit briefly after SetLimit lowered it
-	Holders []Holder // in grant order (by fence): the oldest grant first
-	Waiters []Waiter // in grant order: the first is served next
+	Limit   int       // the fleet-wide limit in Redis; 0 if none is set yet (Stats never sets one)
+	Held    int       // sum of the weights of Holders; may exceed Limit briefly after SetLimit lowered it
+	Holders []Holder  // in grant order (by fence): the oldest grant first
+	Waiters []Waiter  // in grant order: the first is served next
+	Auto    AutoState // who sets the limit: Auto.Mode is ModeFixed unless SetAuto
 }
 
 // Holder is one granted permit.
@@ -39,19 +40,20 @@ type Waiter struct {
 }
 
 // Stats returns who holds and who waits for the semaphore now, after
-// removing holders whose leases ran out and waiters whose processes died.
+// removing holders whose leases ran out and waiters whose processes died,
+// and its mode, after a due fall-back to the fixed N (see SetAdaptive).
 func (s *Semaphore) Stats(ctx context.Context) (Stats, error) {
 	res, err := s.eval(ctx, scriptStats)
 	if err != nil {
 		return Stats{}, fmt.Errorf("semaphore %q: stats: %w", s.name, err)
 	}
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 4 {
+	if !ok || len(vals) != 5 {
 		return Stats{}, fmt.Errorf("semaphore %q: stats: unexpected reply %v", s.name, res)
 	}
 	limit, _ := vals[0].(int64)
 	now, _ := vals[1].(int64)
-	st := Stats{Name: s.name, Limit: int(limit)}
+	st := Stats{Name: s.name, Limit: int(limit), Auto: parseAuto(str(vals[4]), now)}
 	holders, _ := vals[2].([]any)
 	for i := 0; i+2 < len(holders); i += 3 {
 		tok, _ := holders[i].(string)

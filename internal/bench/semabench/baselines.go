@@ -208,7 +208,7 @@ return redis.call('RPUSH', KEYS[1], ARGV[1])`)
 var ticketScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('MGET', KEYS[1] .. ':limit', KEYS[1] .. ':fence', KEYS[1] .. ':held')
+redis.call('MGET', KEYS[1] .. ':limit', KEYS[1] .. ':fence', KEYS[1] .. ':held', KEYS[1] .. ':auto')
 redis.call('ZCARD', KEYS[1] .. ':holders')
 redis.call('ZRANGEBYSCORE', KEYS[1] .. ':holders', '-inf', string.format('%d', now))
 redis.call('HGET', KEYS[1] .. ':info', ARGV[1])

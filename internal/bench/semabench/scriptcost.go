@@ -175,8 +175,9 @@ func measureScripts(ctx context.Context, rdb *redis.Client, prefix string) []scr
 	version := libraryVersion(ctx, rdb, prefix)
 	var out []scriptCost
 	for _, p := range scriptPaths {
-		keys := make([]string, 8)
-		for i, k := range []string{"limit", "holders", "queue", "alive", "info", "fence", "ticket", "held"} {
+		names := []string{"limit", "holders", "queue", "alive", "info", "fence", "ticket", "held", "auto"}
+		keys := make([]string, len(names))
+		for i, k := range names {
 			keys[i] = prefix + ":" + p.name + ":{cost}:" + k
 		}
 		must(rdb.Del(ctx, keys...).Err())

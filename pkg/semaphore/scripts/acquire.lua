@@ -14,7 +14,8 @@
 --   { 1, fence,  limit}  granted
 --   { 0, ticket, limit}  queued; the grant arrives on the process's wake list
 --   { 2, 0,      limit}  not free and ARGV[8] == "0"
---   {-1, 0,      limit}  the weight exceeds the limit: never grantable
+--   {-1, 0,      limit}  the weight exceeds the limit (in auto mode, the
+--                        max the limit may rise to): never grantable
 --   { 3, 0,      limit}  a retry of a token Redis does not know, or whose
 --                        permit lapsed, or a first call of a token its
 --                        process gave up: ask again under a new token
@@ -88,8 +89,9 @@ if retry then
   end
 end
 
-if w > limit then
-  return {-1, 0, limit}
+local heavy = heavy_bound(limit)
+if w > heavy then
+  return {-1, 0, heavy}
 end
 if ARGV[8] ~= '1' then
   return {2, 0, limit}

@@ -15,6 +15,8 @@
 --   KEYS[8] held     STRING  "fence:count:weight": the holders' total weight,
 --                            valid while the fence counter and the number of
 --                            holders are still those it names (see read_held)
+--   KEYS[9] auto     STRING  the auto mode (see AUTO_PATTERN); absent: the
+--                            limit is fixed, set by the operator alone
 -- ARGV (identical first three for every script):
 --   ARGV[1] wake-list key prefix; a process's list is ARGV[1] .. processID
 --   ARGV[2] the client's configured limit, written only when KEYS[1] is absent
@@ -39,7 +41,7 @@ local rcall, s_byte, s_format, s_match, s_sub, to_number, m_floor
 -- The state of one call, set by bind, read_clock and read_held. In a
 -- function library these outlive the call, so bind must reset every one of
 -- them.
-local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE, K_INFO, K_FENCE, K_TICKET, K_HELD
+local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE, K_INFO, K_FENCE, K_TICKET, K_HELD, K_AUTO
 local WAKE_PREFIX, DEFAULT_LIMIT, WAKE_TTL, SELF -- DEFAULT_LIMIT: a string
 local LOCAL_GRANTS -- token, fence, token, fence, ...
 local now -- Redis server time (ms), once read_clock has read it
@@ -51,9 +53,12 @@ local waiters_purged -- purge_waiters ran in this call
 -- records them. held_tail: "count:weight" as the trusted record wrote them,
 -- while they still hold (finish writes it back instead of formatting both).
 local held_count, held_weight, held_fence, held_changed, held_tail
--- The limit, fence counter and record as the call found them (false if
--- absent), read together by read_held: one call instead of three.
-local found_limit, found_fence, found_record
+-- The limit, fence counter, record and auto mode as the call found them
+-- (false if absent), read together by read_held: one call instead of four.
+local found_limit, found_fence, found_record, found_auto
+-- bound: in auto mode, the weight above which a request can never be
+-- granted (the mode's max), once heavy_bound or get_limit has read it.
+local bound
 -- handed: release's reply if handoff passed the token on (see handoff).
 local handed
 
@@ -75,12 +80,12 @@ local function bind(keys, argv)
     to_number, m_floor = tonumber, math.floor
   end
   K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE = keys[1], keys[2], keys[3], keys[4]
-  K_INFO, K_FENCE, K_TICKET, K_HELD = keys[5], keys[6], keys[7], keys[8]
+  K_INFO, K_FENCE, K_TICKET, K_HELD, K_AUTO = keys[5], keys[6], keys[7], keys[8], keys[9]
   WAKE_PREFIX, DEFAULT_LIMIT, WAKE_TTL, SELF = argv[1], argv[2], argv[3], argv[4]
   LOCAL_GRANTS = {}
   waiters_purged = false
   held_count, held_weight, held_fence, held_changed, held_tail = nil, nil, nil, false, nil
-  found_limit, found_fence, found_record = nil, nil, nil
+  found_limit, found_fence, found_record, found_auto, bound = nil, nil, nil, nil, nil
   now, now_s, handed = nil, nil, false
 end
 
@@ -131,14 +136,84 @@ local function checked_limit(s)
   return n
 end
 
+-- The auto mode, KEYS[9]: "mode:min:max:fixed:until:cn:moved:why:reason".
+-- mode is "auto" (a controller sets the limit within [min, max]) or
+-- "shadow" (the controller's N is recorded, never applied); fixed is the
+-- operator's N, the limit whenever no controller's N holds; until (ms,
+-- Redis time) is when the controller's N stops holding, "0" while the
+-- limit is fixed's; cn is the controller's last N ("0": none yet); moved
+-- (ms) is when the limit last moved, and why: "operator" (SetAuto),
+-- "controller" or "fallback" (the controller's N ran out); reason is the
+-- controller's last word. In either mode the limit stays within [min, max].
+local AUTO_PATTERN = '^(%a+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%a+):(.*)$'
+
+-- auto_record formats the auto mode (every argument a string).
+local function auto_record(mode, lo, hi, fixed, till, cn, moved, why, reason)
+  return mode .. ':' .. lo .. ':' .. hi .. ':' .. fixed .. ':' .. till .. ':' .. cn .. ':' .. moved .. ':' .. why .. ':' .. reason
+end
+
+-- auto_due reports whether the controller's N has stopped holding, so that
+-- the limit must fall back to the fixed N (read_held first; it reads the
+-- clock only in auto mode while a controller's N holds).
+local function auto_due()
+  if not found_auto then return false end
+  local till = s_match(found_auto, '^auto:%d+:%d+:%d+:(%d+):')
+  if not till or till == '0' then return false end
+  read_clock()
+  return now >= to_number(till)
+end
+
+-- heavy_bound returns the weight above which a request can never be
+-- granted: the limit, or in auto mode the max, which the controller may
+-- raise the limit to (a cut never fails a request that fits under max).
+local function heavy_bound(limit)
+  if bound then return bound end
+  if found_auto then
+    local hi = s_match(found_auto, '^auto:%d+:(%d+):')
+    if hi then
+      bound = to_number(hi)
+      return bound
+    end
+  end
+  return limit
+end
+
+-- fall_back sets the limit to the fixed N, recording why, and returns it.
+local function fall_back(mode, lo, hi, fixed, cn, reason)
+  read_clock()
+  -- Over maxmemory an EVALSHA script may write only after a removal; this
+  -- one removes a member no token can be.
+  rcall('ZREM', K_HOLDERS, '')
+  rcall('SET', K_LIMIT, fixed)
+  found_limit = fixed
+  found_auto = auto_record(mode, lo, hi, fixed, '0', cn, now_s, 'fallback', reason)
+  rcall('SET', K_AUTO, found_auto)
+  return to_number(fixed)
+end
+
 -- get_limit returns the limit, writing the client's configured one if Redis
--- has none. (Read by read_held: call it before anything sets the limit.)
+-- has none (the fixed N in auto mode). In auto mode, once the controller's
+-- N has stopped holding (Redis time), it writes the fixed N first.
+-- (Read by read_held: call it before anything sets the limit.)
 local function get_limit()
+  local mode, lo, hi, fixed, till, cn, reason
+  if found_auto then
+    local _
+    mode, lo, hi, fixed, till, cn, _, _, reason = s_match(found_auto, AUTO_PATTERN)
+    if mode == 'auto' then
+      bound = to_number(hi)
+      if till ~= '0' then
+        read_clock()
+        if now >= to_number(till) then return fall_back(mode, lo, hi, fixed, cn, reason) end
+      end
+    end
+  end
   if found_limit then return to_number(found_limit) end
   -- MGET reads a key of another type as absent; GET fails on it with
   -- WRONGTYPE, as it must: that is someone else's data, not ours to replace.
   local l = rcall('GET', K_LIMIT)
   if l then return to_number(l) end
+  if mode then return fall_back(mode, lo, hi, fixed, cn, reason) end
   local limit = checked_limit(DEFAULT_LIMIT)
   rcall('SET', K_LIMIT, int(limit))
   return limit
@@ -216,14 +291,15 @@ end
 -- added or removed by anything else — an operator, an eviction — makes it
 -- stale, and the sum is read afresh.
 --
--- read_held reads the limit, the fence counter and the record (one MGET)
+-- read_held reads the limit, the fence counter, the record and the auto
+-- mode (one MGET)
 -- and the number of holders, once per call, and takes the weight from the
 -- record if it can be trusted; otherwise held_weight stays nil, and begin
 -- sums it. Call it before the call changes anything.
 local function read_held()
   if held_count then return end
-  local got = rcall('MGET', K_LIMIT, K_FENCE, K_HELD)
-  found_limit, found_fence, found_record = got[1], got[2], got[3]
+  local got = rcall('MGET', K_LIMIT, K_FENCE, K_HELD, K_AUTO)
+  found_limit, found_fence, found_record, found_auto = got[1], got[2], got[3], got[4]
   held_count = rcall('ZCARD', K_HOLDERS)
   held_fence = found_fence or '0'
   local rec = found_record
@@ -370,7 +446,7 @@ local function grant(limit, held)
       if not deadline then drop_waiter(head) end
       waiters_purged = false
       purge_waiters()
-    elseif w > limit then
+    elseif w > heavy_bound(limit) then
       drop_waiter(head)
       wake(head, '!')
     elseif held + w <= limit then
@@ -456,6 +532,7 @@ local function queue_short(argv)
   read_held()
   local limit = to_number(found_limit)
   if not limit or not held_weight or held_weight < limit or weight_of(argv[5]) > limit then return nil end
+  if auto_due() then return nil end -- the whole script falls back first
   local ticket = queue_tokens({argv[5]}, argv[7], limit)[1]
   if ticket == 0 then return {3, 0, limit} end -- a tombstone: see acquire.lua
   return {0, ticket, limit}
@@ -487,7 +564,7 @@ local function handoff(argv)
   if argv[8] ~= '1' and not (tok == '' and carried) then return false end
   read_held()
   local limit = to_number(found_limit)
-  if not limit or not held_weight then return false end
+  if not limit or not held_weight or auto_due() then return false end
   if tok ~= '' then
     if held_weight > limit then return false end
     local head = rcall('ZRANGE', K_QUEUE, '0', '0')[1]
@@ -512,7 +589,7 @@ local function handoff(argv)
   end
   if carried then
     if held_weight < limit then return false end
-    local tickets = queue_tokens(carried, argv[7], limit)
+    local tickets = queue_tokens(carried, argv[7], heavy_bound(limit))
     handed[3] = #tickets
     for k = 1, #tickets do handed[3 + k] = tickets[k] end
   end

@@ -17,7 +17,7 @@
 -- for the caller or not; "" releases nothing), and then leaves a tombstone
 -- for it (bury, lib.lua); n is the number of carried
 -- waiters, and ticket_i the place ARGV[8+i] took, -1 if its weight
--- exceeds the limit (never grantable), or 0 if it found a tombstone
+-- exceeds the limit, in auto mode the max (never grantable), or 0 if it found a tombstone
 -- (not queued); then the grants made to the
 -- caller's own waiters (ARGV[4]), carried ones among them, which it must
 -- hand over itself.
@@ -32,7 +32,7 @@ local held = purge_holders(owner, keep_ms)
 -- The carried waiters join the queue's tail first, each as acquire.lua
 -- would queue it, so that the capacity this call frees reaches them too
 -- if nobody is ahead of them.
-local tickets = queue_tokens({unpack(ARGV, 9)}, ARGV[7], limit)
+local tickets = queue_tokens({unpack(ARGV, 9)}, ARGV[7], heavy_bound(limit))
 local n = #tickets
 local was = 0
 if handed then

@@ -1,11 +1,16 @@
 -- stats returns a consistent snapshot, after purging the dead. It writes no
 -- limit: looking at a semaphore nobody has used yet must not set its limit
--- to the looker's default (limit 0 in the reply means "none yet").
+-- to the looker's default (limit 0 in the reply means "none yet"). In auto
+-- mode it applies a due fall-back to the fixed N (get_limit), as any call.
 -- Returns {limit, now,
 --          {holderToken, leaseDeadline, info, ...},
---          {waiterToken, ticket, info, ...}}
+--          {waiterToken, ticket, info, ...},
+--          auto mode record, "" in fixed mode (lib.lua, AUTO_PATTERN)}
 -- (GET, not begin's MGET, when absent: a key of another type must fail.)
 local limit = to_number(found_limit or rcall('GET', K_LIMIT) or '0')
+if limit > 0 and found_auto then
+  limit = get_limit()
+end
 purge_waiters()
 if limit > 0 then
   grant(limit, purge_holders())
@@ -24,4 +29,4 @@ for i = 1, #q, 2 do
   waiters[#waiters + 1] = q[i + 1]
   waiters[#waiters + 1] = rcall('HGET', K_INFO, q[i]) or ''
 end
-return {limit, now, holders, waiters}
+return {limit, now, holders, waiters, found_auto or ''}
