@@ -196,7 +196,7 @@ func runController(s *semaphore.Semaphore, ctx context.Context, window time.Dura
 // and again, reporting success, until the test ends or stop is called.
 func load(t *testing.T, s *semaphore.Semaphore, n int, hold time.Duration) (stop func()) {
 	t.Helper()
-	ctx, stop := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for range n {
 		wg.Add(1)
@@ -211,7 +211,7 @@ func load(t *testing.T, s *semaphore.Semaphore, n int, hold time.Duration) (stop
 		}()
 	}
 	var once sync.Once
-	stopped := func() { once.Do(func() { stop(); wg.Wait() }) }
+	stopped := func() { once.Do(func() { cancel(); wg.Wait() }) }
 	t.Cleanup(stopped)
 	return stopped
 }
