@@ -19,6 +19,7 @@ import (
 type sample struct {
 	at                   time.Time
 	limit, held, waiters int
+	shadow               int // in shadow mode, the controller's last N (0: none, or another mode)
 }
 
 // ring keeps a semaphore's last samples, oldest first.
@@ -191,7 +192,11 @@ func (c *Console) stats(ctx context.Context, name string, record bool) (semaphor
 		h = &ring{buf: make([]sample, c.cfg.History)}
 		c.history[name] = h
 	}
-	h.add(sample{at: time.Now(), limit: st.Limit, held: st.Held, waiters: len(st.Waiters)})
+	x := sample{at: time.Now(), limit: st.Limit, held: st.Held, waiters: len(st.Waiters)}
+	if st.Auto.Mode == semaphore.ModeShadow {
+		x.shadow = st.Auto.Controller
+	}
+	h.add(x)
 	return st, nil
 }
 
@@ -199,7 +204,9 @@ type semRow struct {
 	semaphore.Stats
 	Link      string
 	Processes []procRow
-	Waiting   int // the waiters' weight
+	Waiting   int    // the waiters' weight
+	AutoText  string // in auto or shadow mode, the mode (AutoText) and the controller's last window (WindowText)
+	Window    string
 	Chart     chart
 }
 
@@ -219,6 +226,9 @@ func (c *Console) semRow(st semaphore.Stats, workers []mapreduce.WorkerInfo, now
 	}
 	for _, q := range st.Waiters {
 		r.Waiting += q.Weight
+	}
+	if st.Auto.Mode == semaphore.ModeAuto || st.Auto.Mode == semaphore.ModeShadow {
+		r.AutoText, r.Window = AutoText(st.Auto), WindowText(st.Auto.Signals)
 	}
 	c.mu.Lock()
 	var hist []sample
