@@ -204,10 +204,11 @@ type semRow struct {
 	semaphore.Stats
 	Link      string
 	Processes []procRow
-	Waiting   int    // the waiters' weight
-	AutoText  string // in auto or shadow mode, the mode (AutoText) and the controller's last window (WindowText)
-	Window    string
-	Chart     chart
+	Waiting   int // the waiters' weight
+	// AutoText and Window: in auto or shadow mode, AutoText and
+	// WindowText of st.Auto; "" in fixed mode.
+	AutoText, Window string
+	Chart            chart
 }
 
 // procRow is a process of a semaphore, with the live worker it belongs to
