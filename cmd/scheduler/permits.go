@@ -270,36 +270,14 @@ func printSet(out io.Writer, before, st semaphore.Stats) {
 	}
 }
 
-// autoText says, in one line, an auto mode's bounds and fixed N, why the
-// limit last moved, and the controller's last N.
+// autoText says an auto mode's bounds, fixed N, why the limit last moved
+// and the controller's last N, then, on a line of its own, the controller's
+// last window.
 func autoText(a semaphore.AutoState) string {
-	var why string
-	switch a.Why {
-	case "operator":
-		why = "set by the operator (permits auto)"
-	case "controller":
-		why = fmt.Sprintf("set by the controller, holds %s more", a.HoldLeft.Round(time.Second))
-	case "fallback":
-		why = "fell back to the fixed N: the controller's N stopped holding"
-	default:
-		why = a.Why
+	if w := console.WindowText(a.Signals); w != "" {
+		return console.AutoText(a) + "\n" + w
 	}
-	text := fmt.Sprintf("%s mode: bounds %d..%d, fixed N %d; the limit last moved %s ago: %s", a.Mode, a.Min, a.Max, a.Fixed, a.MovedAgo.Round(time.Second), why)
-	if a.Controller > 0 {
-		verb := "set"
-		if a.Mode == semaphore.ModeShadow {
-			verb = "would set"
-		}
-		text += fmt.Sprintf("; the controller %s %d (%s)", verb, a.Controller, a.Reason)
-	}
-	if g := a.Signals; g.Epoch > 0 {
-		text += fmt.Sprintf("\nits last window (%s): %d ok, %d errors, %d timeouts; latency %s against a baseline of %s; %.1f in use, %d waiting",
-			g.Window.Round(time.Millisecond), g.OK, g.Errors, g.Overload, g.Latency.Round(100*time.Microsecond), g.Baseline.Round(100*time.Microsecond), g.InUse, g.Waiting)
-		if g.Probe > 0 {
-			text += fmt.Sprintf("; probe %s against %s", g.Probe.Round(10*time.Microsecond), g.ProbeBaseline.Round(10*time.Microsecond))
-		}
-	}
-	return text
+	return console.AutoText(a)
 }
 
 // inUseText lists the semaphores live workers use, for a message.

@@ -15,6 +15,7 @@ import (
 	"github.com/batchmr/batchmr/internal/console"
 	"github.com/batchmr/batchmr/internal/tests/testenv"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/chromedp/chromedp"
 )
 
@@ -200,6 +201,33 @@ func TestBrowserChangesALimitThroughTheFormAndTheWorkersObeyIt(t *testing.T) {
 		return sawTwo && f.status(id).Done >= from+15
 	}) {
 		t.Errorf("in 10s under the new limit, the workers did %d pages and used both its permits: %v; are they still working?", f.status(id).Done-from, sawTwo)
+	}
+}
+
+// In shadow mode the chart draws, through live updates, the controller's
+// N as a line of its own, in a colour of its own, with its key in the
+// legend.
+func TestBrowserChartsTheControllersShadowNAsALineOfItsOwn(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, console.Config{})
+	sem := f.semaphore("db", 4)
+	f.host(1, []string{"db"}, workJob("work", sem, nil))
+	if err := sem.SetAuto(context.Background(), semaphore.AutoLimits{Min: 2, Max: 9, Fixed: 4, Shadow: true}); err != nil {
+		t.Fatal(err)
+	}
+	control(t, sem)
+	ctx := tab(t, 20*time.Second)
+	run(t, ctx, "opening the semaphore's page", chromedp.Navigate(f.srv.URL+"/semaphore?name=db"))
+	// Drawn by a live update: the line has length once two samples are in.
+	value(t, ctx, "waiting for the shadow N's line", chromedp.Poll[bool](
+		`(function () { var p = document.querySelector("#chart path.shadow"); return !!p && p instanceof SVGPathElement && p.getTotalLength() > 0; })()`))
+	got := value(t, ctx, "reading the lines' colours", chromedp.Evaluate[[]string](`(function () {
+		function stroke(sel) { return getComputedStyle(document.querySelector(sel)).stroke; }
+		return [stroke("#chart path.shadow"), stroke("#chart .limit"), stroke("#chart .held"), stroke("#chart .waiters"),
+			getComputedStyle(document.querySelector("#legend .key.shadow"), "::before").backgroundImage];
+	})()`))
+	if len(got) != 5 || got[0] == "none" || got[0] == "" || got[0] == got[1] || got[0] == got[2] || got[0] == got[3] || !strings.Contains(got[4], got[0]) {
+		t.Errorf("strokes of the shadow N, limit, held and waiting, then the shadow key's: %q; want the shadow N's a colour of its own, and its key in it", got)
 	}
 }
 

@@ -40,3 +40,15 @@ func (x LoginLimiter) Size() int {
 	defer x.l.mu.Unlock()
 	return len(x.l.clients)
 }
+
+// ShadowPath is the chart's line of the shadow N (its SVG path data) for
+// samples a second apart with these shadow Ns (0: outside shadow mode).
+func ShadowPath(ns ...int) string {
+	at := time.Unix(0, 0)
+	var s []sample
+	for _, n := range ns {
+		at = at.Add(time.Second)
+		s = append(s, sample{at: at, limit: 4, shadow: n})
+	}
+	return drawChart(s, time.Duration(len(ns))*time.Second).Shadow
+}

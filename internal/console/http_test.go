@@ -435,6 +435,106 @@ func TestSemaphorePageShowsHoldersWaitersAndAChart(t *testing.T) {
 	}
 }
 
+// control runs sem's controller, with a window of 100ms, over a load of
+// short permits until the test ends or stop is called, and returns once
+// the controller has reported a window and set (or, in shadow mode, would
+// set) an N.
+func control(t *testing.T, sem *semaphore.Semaphore) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	stop = func() { cancel(); wg.Wait() }
+	t.Cleanup(stop)
+	wg.Go(func() {
+		_ = sem.RunController(ctx, semaphore.ControllerOptions{Window: 100 * time.Millisecond, Logger: quiet})
+	})
+	for range 4 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				_ = sem.Do(ctx, func(context.Context) error { time.Sleep(5 * time.Millisecond); return nil })
+			}
+		})
+	}
+	testenv.WaitFor(t, 10*time.Second, "the controller's first window and N", func() bool {
+		st, err := sem.Stats(context.Background())
+		return err == nil && st.Auto.Signals.Epoch > 0 && st.Auto.Controller > 0
+	})
+	return stop
+}
+
+// In auto and shadow mode the semaphore's page shows the bounds, the fixed
+// N, the controller's N with its reason and its last window, and says that
+// the form's limit ends the mode; in shadow mode its chart draws the N the
+// controller would set. In fixed mode there is none of it.
+func TestSemaphorePageShowsTheAutoModeAndChartsTheShadowN(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFleet(t, console.Config{})
+	sem := f.semaphore("db", 4)
+	f.host(1, []string{"db"}, workJob("work", sem, nil))
+	lacks := func(path string, not ...string) {
+		t.Helper()
+		_, body := f.get(path)
+		for _, s := range not {
+			if strings.Contains(body, s) {
+				t.Errorf("in fixed mode %s shows %q:\n%s", path, s, body)
+			}
+		}
+	}
+	if err := sem.SetLimit(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	lacks("/semaphore?name=db", `id="auto"`, `id="ends-auto"`, `class="shadow"`, "mode:")
+	lacks("/semaphores", `class="automode"`)
+
+	if err := sem.SetAuto(ctx, semaphore.AutoLimits{Min: 2, Max: 9, Fixed: 4}); err != nil {
+		t.Fatal(err)
+	}
+	stop := control(t, sem)
+	_, body := f.get("/semaphore?name=db")
+	for _, want := range []string{`data-mode="auto"`, `data-min="2"`, `data-max="9"`, `data-fixed="4"`,
+		"auto mode: bounds 2..9, fixed N 4; the limit last moved ", "; the controller set ", `<small id="window">its last window (`,
+		`<b id="ends-auto">Setting it ends auto mode.</b>`, `<span class="key limit">limit N</span>`, `<span class="key waiters">waiting (requests)</span>`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("in auto mode the semaphore's page lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, `class="shadow"`) {
+		t.Errorf("in auto mode the chart draws a shadow N:\n%s", body)
+	}
+	if _, list := f.get("/semaphores"); !strings.Contains(list, `<small class="automode">auto 2..9</small>`) {
+		t.Errorf("in auto mode the semaphores page does not show it:\n%s", list)
+	}
+
+	stop()
+	if err := sem.SetAuto(ctx, semaphore.AutoLimits{Min: 2, Max: 9, Fixed: 4, Shadow: true}); err != nil {
+		t.Fatal(err)
+	}
+	control(t, sem)
+	testenv.WaitFor(t, 5*time.Second, "the shadow N on the chart", func() bool {
+		_, body = f.get("/semaphore/live?name=db")
+		return strings.Contains(body, `<path class="shadow" d="M`)
+	})
+	st, err := sem.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`data-mode="shadow"`, "shadow mode: bounds 2..9, fixed N 4;", "; the controller would set ",
+		`<span class="key shadow">the controller's N, not applied (shadow mode)</span>`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("in shadow mode the semaphore's page lacks %q:\n%s", want, body)
+		}
+	}
+	if st.Limit != 4 {
+		t.Errorf("in shadow mode the limit is %d, want the fixed N 4", st.Limit)
+	}
+
+	if err := sem.SetLimit(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	lacks("/semaphore?name=db", `id="auto"`, `id="ends-auto"`, "mode:")
+}
+
 // request sends method to path addressed to host (the Host header; ""
 // for the server's own address), with form (for a POST) and headers given
 // as pairs, and returns the response with its body read.

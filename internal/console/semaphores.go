@@ -19,6 +19,7 @@ import (
 type sample struct {
 	at                   time.Time
 	limit, held, waiters int
+	shadow               int // in shadow mode, the controller's last N (0: none, or another mode)
 }
 
 // ring keeps a semaphore's last samples, oldest first.
@@ -191,7 +192,11 @@ func (c *Console) stats(ctx context.Context, name string, record bool) (semaphor
 		h = &ring{buf: make([]sample, c.cfg.History)}
 		c.history[name] = h
 	}
-	h.add(sample{at: time.Now(), limit: st.Limit, held: st.Held, waiters: len(st.Waiters)})
+	x := sample{at: time.Now(), limit: st.Limit, held: st.Held, waiters: len(st.Waiters)}
+	if st.Auto.Mode == semaphore.ModeShadow {
+		x.shadow = st.Auto.Controller
+	}
+	h.add(x)
 	return st, nil
 }
 
@@ -200,7 +205,10 @@ type semRow struct {
 	Link      string
 	Processes []procRow
 	Waiting   int // the waiters' weight
-	Chart     chart
+	// AutoText and Window: in auto or shadow mode, AutoText and
+	// WindowText of st.Auto; "" in fixed mode.
+	AutoText, Window string
+	Chart            chart
 }
 
 // procRow is a process of a semaphore, with the live worker it belongs to
@@ -219,6 +227,9 @@ func (c *Console) semRow(st semaphore.Stats, workers []mapreduce.WorkerInfo, now
 	}
 	for _, q := range st.Waiters {
 		r.Waiting += q.Weight
+	}
+	if st.Auto.Mode == semaphore.ModeAuto || st.Auto.Mode == semaphore.ModeShadow {
+		r.AutoText, r.Window = AutoText(st.Auto), WindowText(st.Auto.Signals)
 	}
 	c.mu.Lock()
 	var hist []sample

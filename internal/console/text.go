@@ -8,6 +8,7 @@ import (
 
 	"github.com/batchmr/batchmr/internal/procname"
 	"github.com/batchmr/batchmr/pkg/mapreduce"
+	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
 // PagesText is a run's Pages as people read it: the total, "~N" while the
@@ -82,4 +83,43 @@ func WorkerOf(process string, workers []mapreduce.WorkerInfo, now time.Time) str
 		}
 	}
 	return "(none)"
+}
+
+// AutoText says, in one line, an auto mode's bounds and fixed N, why the
+// limit last moved, and the controller's last N with its reason.
+func AutoText(a semaphore.AutoState) string {
+	var why string
+	switch a.Why {
+	case "operator":
+		why = "set by the operator (permits auto)"
+	case "controller":
+		why = fmt.Sprintf("set by the controller, holds %s more", a.HoldLeft.Round(time.Second))
+	case "fallback":
+		why = "fell back to the fixed N: the controller's N stopped holding"
+	default:
+		why = a.Why
+	}
+	text := fmt.Sprintf("%s mode: bounds %d..%d, fixed N %d; the limit last moved %s ago: %s", a.Mode, a.Min, a.Max, a.Fixed, a.MovedAgo.Round(time.Second), why)
+	if a.Controller > 0 {
+		verb := "set"
+		if a.Mode == semaphore.ModeShadow {
+			verb = "would set"
+		}
+		text += fmt.Sprintf("; the controller %s %d (%s)", verb, a.Controller, a.Reason)
+	}
+	return text
+}
+
+// WindowText says, in one line, what the controller read in its last
+// window, or "" before its first.
+func WindowText(g semaphore.ControllerSignals) string {
+	if g.Epoch == 0 {
+		return ""
+	}
+	text := fmt.Sprintf("its last window (%s): %d ok, %d errors, %d timeouts; latency %s against a baseline of %s; %.1f in use, %d waiting",
+		g.Window.Round(time.Millisecond), g.OK, g.Errors, g.Overload, g.Latency.Round(100*time.Microsecond), g.Baseline.Round(100*time.Microsecond), g.InUse, g.Waiting)
+	if g.Probe > 0 {
+		text += fmt.Sprintf("; probe %s against %s", g.Probe.Round(10*time.Microsecond), g.ProbeBaseline.Round(10*time.Microsecond))
+	}
+	return text
 }

@@ -1,8 +1,9 @@
 // Package metrics exports batchmr's Prometheus metrics: what this process
 // does (an Observer for its semaphores and its mapreduce Client) and what
 // the whole fleet looks like, read from Redis at scrape time (a Fleet
-// collector), so that one scrape target shows every semaphore's queue and
-// every active run. docs/metrics.md lists every series with its labels and
+// collector), so that one scrape target shows every semaphore's queue,
+// its auto mode (bounds, the controller's N and last window:
+// batchmr_semaphore_auto_*, absent in fixed mode) and every active run. docs/metrics.md lists every series with its labels and
 // example alerts. A job's name is the label batchmr_job, not job:
 // Prometheus gives every series a job label of its own, the scrape job's.
 //

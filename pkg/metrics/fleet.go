@@ -27,7 +27,8 @@ type FleetOptions struct {
 }
 
 // Fleet is a prometheus.Collector that reads the whole fleet's state from
-// Redis at each scrape: each semaphore's limit, holders and waiters (from
+// Redis at each scrape: each semaphore's limit, holders and waiters, and
+// in auto mode its bounds and its controller's last N and window (from
 // Semaphore.Stats), and each announced job's runs and the progress of its
 // active runs (from the catalogue, Client.Jobs, and Client.Runs). Every
 // process scraped with a Fleet reports the same values, labelled only by
@@ -74,6 +75,34 @@ var (
 		"How long the first queued Acquire has waited; 0 with no waiters.", []string{"semaphore"}, nil)
 	descSemOldestHold = prometheus.NewDesc("batchmr_semaphore_oldest_hold_seconds",
 		"How long the oldest permit has been held; 0 with no holders.", []string{"semaphore"}, nil)
+	descAutoMin = prometheus.NewDesc("batchmr_semaphore_auto_min",
+		"Auto mode: the lowest limit the controller may set.", []string{"semaphore"}, nil)
+	descAutoMax = prometheus.NewDesc("batchmr_semaphore_auto_max",
+		"Auto mode: the highest limit the controller may set.", []string{"semaphore"}, nil)
+	descAutoFixed = prometheus.NewDesc("batchmr_semaphore_auto_fixed",
+		"Auto mode: the operator's N, the limit whenever no controller's N holds.", []string{"semaphore"}, nil)
+	descAutoController = prometheus.NewDesc("batchmr_semaphore_auto_controller_limit",
+		"Auto mode: the controller's last N (in shadow mode, the N it would set); 0 before its first.", []string{"semaphore"}, nil)
+	descAutoShadow = prometheus.NewDesc("batchmr_semaphore_auto_shadow",
+		"1 in shadow mode (the controller's N is recorded, not applied), 0 in auto mode.", []string{"semaphore"}, nil)
+	descAutoLatency = prometheus.NewDesc("batchmr_semaphore_auto_latency_seconds",
+		"The controller's last window: mean time from grant to release of the successes.", []string{"semaphore"}, nil)
+	descAutoBaseline = prometheus.NewDesc("batchmr_semaphore_auto_baseline_seconds",
+		"The controller's last window: that time when nothing queues, as the controller measured it.", []string{"semaphore"}, nil)
+	descAutoInUse = prometheus.NewDesc("batchmr_semaphore_auto_in_use",
+		"The controller's last window: mean weight held.", []string{"semaphore"}, nil)
+	descAutoProbe = prometheus.NewDesc("batchmr_semaphore_auto_probe_seconds",
+		"The controller's last window: median of the database probes (0 without a probe).", []string{"semaphore"}, nil)
+	descAutoProbeBase = prometheus.NewDesc("batchmr_semaphore_auto_probe_baseline_seconds",
+		"The controller's last window: the fastest probe median in the last ten minutes.", []string{"semaphore"}, nil)
+	descAutoOK = prometheus.NewDesc("batchmr_semaphore_auto_window_ok",
+		"The controller's last window: releases that reported success.", []string{"semaphore"}, nil)
+	descAutoErrors = prometheus.NewDesc("batchmr_semaphore_auto_window_errors",
+		"The controller's last window: releases that reported an error other than a timeout.", []string{"semaphore"}, nil)
+	descAutoTimeouts = prometheus.NewDesc("batchmr_semaphore_auto_window_timeouts",
+		"The controller's last window: releases that reported a timeout.", []string{"semaphore"}, nil)
+	descAutoEpoch = prometheus.NewDesc("batchmr_semaphore_auto_epoch",
+		"The controller's last window: its election, counted up by each new controller.", []string{"semaphore"}, nil)
 	descJobWorkers = prometheus.NewDesc("batchmr_job_workers",
 		"Live workers announcing the job in the catalogue; 0 means its runs would not progress.", []string{"batchmr_job"}, nil)
 	descRuns = prometheus.NewDesc("batchmr_runs",
@@ -93,7 +122,9 @@ var (
 // Describe implements prometheus.Collector.
 func (f *Fleet) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descSemLimit, descSemHeld, descSemHolders, descSemWaiters,
-		descSemOldest, descSemOldestHold, descJobWorkers, descRuns, descRunPages, descRunDone, descRunFailed,
+		descSemOldest, descSemOldestHold, descAutoMin, descAutoMax, descAutoFixed, descAutoController, descAutoShadow,
+		descAutoLatency, descAutoBaseline, descAutoInUse, descAutoProbe, descAutoProbeBase, descAutoOK, descAutoErrors,
+		descAutoTimeouts, descAutoEpoch, descJobWorkers, descRuns, descRunPages, descRunDone, descRunFailed,
 		descRunUpdated, descRunStarted} {
 		ch <- d
 	}
@@ -133,11 +164,43 @@ func (f *Fleet) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descSemOldest, oldest, st.Name)
 		gauge(descSemOldestHold, oldestHold, st.Name)
+		collectAuto(st, gauge)
 	}
 	if f.mr != nil {
 		f.collectJobs(ctx, gauge, fail)
 	}
 	gauge(descUp, up)
+}
+
+// collectAuto sends the auto mode's series of st: none in fixed mode, and
+// the controller's last window once it has reported one.
+func collectAuto(st semaphore.Stats, gauge func(*prometheus.Desc, float64, ...string)) {
+	a := st.Auto
+	if a.Mode != semaphore.ModeAuto && a.Mode != semaphore.ModeShadow {
+		return
+	}
+	shadow := 0.0
+	if a.Mode == semaphore.ModeShadow {
+		shadow = 1
+	}
+	gauge(descAutoMin, float64(a.Min), st.Name)
+	gauge(descAutoMax, float64(a.Max), st.Name)
+	gauge(descAutoFixed, float64(a.Fixed), st.Name)
+	gauge(descAutoController, float64(a.Controller), st.Name)
+	gauge(descAutoShadow, shadow, st.Name)
+	g := a.Signals
+	if g.Epoch == 0 {
+		return
+	}
+	gauge(descAutoLatency, g.Latency.Seconds(), st.Name)
+	gauge(descAutoBaseline, g.Baseline.Seconds(), st.Name)
+	gauge(descAutoInUse, g.InUse, st.Name)
+	gauge(descAutoProbe, g.Probe.Seconds(), st.Name)
+	gauge(descAutoProbeBase, g.ProbeBaseline.Seconds(), st.Name)
+	gauge(descAutoOK, float64(g.OK), st.Name)
+	gauge(descAutoErrors, float64(g.Errors), st.Name)
+	gauge(descAutoTimeouts, float64(g.Overload), st.Name)
+	gauge(descAutoEpoch, float64(g.Epoch), st.Name)
 }
 
 func (f *Fleet) collectJobs(ctx context.Context, gauge func(*prometheus.Desc, float64, ...string), fail func(string, error)) {

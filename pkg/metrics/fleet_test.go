@@ -3,6 +3,8 @@ package metrics_test
 import (
 	"context"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,4 +155,127 @@ func TestFleetScrapeWithoutRedisReportsFleetDown(t *testing.T) {
 	if _, ok := m["batchmr_semaphore_limit{db}"]; ok {
 		t.Error("a scrape without Redis reported a limit")
 	}
+}
+
+// autoSeries are the auto mode's series, each with the value Stats gives.
+func autoSeries(st semaphore.Stats) map[string]float64 {
+	a, g := st.Auto, st.Auto.Signals
+	shadow := 0.0
+	if a.Mode == semaphore.ModeShadow {
+		shadow = 1
+	}
+	return map[string]float64{
+		"batchmr_semaphore_auto_min":                    float64(a.Min),
+		"batchmr_semaphore_auto_max":                    float64(a.Max),
+		"batchmr_semaphore_auto_fixed":                  float64(a.Fixed),
+		"batchmr_semaphore_auto_controller_limit":       float64(a.Controller),
+		"batchmr_semaphore_auto_shadow":                 shadow,
+		"batchmr_semaphore_auto_latency_seconds":        g.Latency.Seconds(),
+		"batchmr_semaphore_auto_baseline_seconds":       g.Baseline.Seconds(),
+		"batchmr_semaphore_auto_in_use":                 g.InUse,
+		"batchmr_semaphore_auto_probe_seconds":          g.Probe.Seconds(),
+		"batchmr_semaphore_auto_probe_baseline_seconds": g.ProbeBaseline.Seconds(),
+		"batchmr_semaphore_auto_window_ok":              float64(g.OK),
+		"batchmr_semaphore_auto_window_errors":          float64(g.Errors),
+		"batchmr_semaphore_auto_window_timeouts":        float64(g.Overload),
+		"batchmr_semaphore_auto_epoch":                  float64(g.Epoch),
+	}
+}
+
+// In auto and shadow mode the fleet's series show the operator's bounds
+// and fixed N and the controller's last N and window, as Stats has them;
+// in fixed mode there is none of them.
+func TestFleetShowsTheAutoModeAndTheControllersLastWindowOutsideFixedModeOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, prefix := testenv.Redis(t)
+	quiet := slog.New(slog.DiscardHandler)
+	sem, err := semaphore.New(rdb, "db", semaphore.Options{Limit: 4, Prefix: prefix, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	fleet := metrics.NewFleet(nil, []*semaphore.Semaphore{sem}, metrics.FleetOptions{})
+	noAuto := func(when string) {
+		t.Helper()
+		for k := range gather(t, fleet) {
+			if strings.HasPrefix(k, "batchmr_semaphore_auto_") {
+				t.Errorf("%s: the fleet shows %s", when, k)
+			}
+		}
+	}
+	if _, err := sem.Stats(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sem.SetLimit(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	noAuto("in fixed mode")
+	if err := sem.SetAuto(ctx, semaphore.AutoLimits{Min: 2, Max: 9, Fixed: 5}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A controller over a load of short permits, with a probe that times
+	// a PING, until it has reported a window.
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		probe := func(ctx context.Context) (time.Duration, error) {
+			start := time.Now()
+			err := rdb.Ping(ctx).Err()
+			return time.Since(start), err
+		}
+		_ = sem.RunController(runCtx, semaphore.ControllerOptions{Window: 100 * time.Millisecond, Probe: probe, Logger: quiet})
+	})
+	for range 4 {
+		wg.Go(func() {
+			for runCtx.Err() == nil {
+				_ = sem.Do(runCtx, func(context.Context) error { time.Sleep(5 * time.Millisecond); return nil })
+			}
+		})
+	}
+	testenv.WaitFor(t, 10*time.Second, "a window of the controller's with its baselines measured", func() bool {
+		st, err := sem.Stats(ctx)
+		g := st.Auto.Signals
+		return err == nil && g.Epoch > 0 && g.Baseline > 0 && g.ProbeBaseline > 0
+	})
+	stop()
+	wg.Wait()
+
+	// Nothing moves now: the scrape and Stats agree exactly.
+	for _, shadow := range []bool{false, true} {
+		if shadow {
+			if err := sem.SetAuto(ctx, semaphore.AutoLimits{Min: 2, Max: 9, Fixed: 5, Shadow: true}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		st, err := sem.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := gather(t, fleet)
+		want := autoSeries(st)
+		for k, v := range want {
+			if got, ok := m[k+"{db}"]; !ok || got != v {
+				t.Errorf("shadow %v: %s = %v (present %v), want %v as Stats has it", shadow, k, got, ok, v)
+			}
+		}
+		for k := range m {
+			if _, ok := want[strings.TrimSuffix(k, "{db}")]; strings.HasPrefix(k, "batchmr_semaphore_auto_") && !ok {
+				t.Errorf("shadow %v: the fleet shows %s, which this test does not know", shadow, k)
+			}
+		}
+		if st.Auto.Min != 2 || st.Auto.Max != 9 || st.Auto.Fixed != 5 || st.Auto.Controller < 2 || st.Auto.Controller > 9 {
+			t.Errorf("shadow %v: Stats.Auto = %+v; want bounds 2..9, fixed 5, the controller's N within them", shadow, st.Auto)
+		}
+		for _, k := range []string{"latency_seconds", "baseline_seconds", "in_use", "probe_seconds", "probe_baseline_seconds", "window_ok", "epoch"} {
+			if m["batchmr_semaphore_auto_"+k+"{db}"] <= 0 {
+				t.Errorf("shadow %v: batchmr_semaphore_auto_%s = %v, want it positive after a window of successes", shadow, k, m["batchmr_semaphore_auto_"+k+"{db}"])
+			}
+		}
+	}
+	if err := sem.SetLimit(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	noAuto("after SetLimit ended auto mode")
 }
