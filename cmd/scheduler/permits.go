@@ -41,10 +41,11 @@ always accepted).
 'auto' puts the limit in auto mode: a controller sets it within
 [--min, --max]; each N it sets holds for a while, then the limit falls
 back to the fixed N (--fixed, or the limit as it stands, clamped into the
-bounds). No controller is built yet: in auto mode the limit stays the
-fixed N. A request is refused as too heavy only above --max. --shadow
-records what the controller would set and never applies it. 'set' ends
-auto mode.
+bounds) when it stops. The workers elect the controller among them; it
+moves N from how long their queries hold permits and a probe of the
+database (docs/semaphore.md). A request is refused as too heavy only
+above --max. --shadow records what the controller would set and never
+applies it. 'set' ends auto mode.
 
 Examples:
   scheduler permits get
@@ -247,9 +248,6 @@ func printSet(out io.Writer, before, st semaphore.Stats) {
 	switch {
 	case st.Auto.Mode != semaphore.ModeFixed:
 		fmt.Fprintln(out, autoText(st.Auto))
-		if st.Auto.Mode == semaphore.ModeAuto {
-			fmt.Fprintf(out, "no controller is built yet: the limit stays the fixed N %d\n", st.Auto.Fixed)
-		}
 	case before.Auto.Mode != semaphore.ModeFixed:
 		fmt.Fprintf(out, "%s mode ended: the limit is fixed\n", before.Auto.Mode)
 	}
@@ -293,6 +291,13 @@ func autoText(a semaphore.AutoState) string {
 			verb = "would set"
 		}
 		text += fmt.Sprintf("; the controller %s %d (%s)", verb, a.Controller, a.Reason)
+	}
+	if g := a.Signals; g.Epoch > 0 {
+		text += fmt.Sprintf("\nits last window (%s): %d ok, %d errors, %d timeouts; latency %s against a baseline of %s; %.1f in use, %d waiting",
+			g.Window.Round(time.Millisecond), g.OK, g.Errors, g.Overload, g.Latency.Round(100*time.Microsecond), g.Baseline.Round(100*time.Microsecond), g.InUse, g.Waiting)
+		if g.Probe > 0 {
+			text += fmt.Sprintf("; probe %s against %s", g.Probe.Round(10*time.Microsecond), g.ProbeBaseline.Round(10*time.Microsecond))
+		}
 	}
 	return text
 }

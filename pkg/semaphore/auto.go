@@ -15,7 +15,7 @@ type Mode string
 const (
 	// ModeFixed: the operator alone, with SetLimit.
 	ModeFixed Mode = "fixed"
-	// ModeAuto: a controller, with SetAdaptive, within the operator's
+	// ModeAuto: the controller (RunController), within the operator's
 	// bounds; each N it sets holds for the time it gives, then the limit
 	// falls back to the operator's fixed N.
 	ModeAuto Mode = "auto"
@@ -24,9 +24,12 @@ const (
 	ModeShadow Mode = "shadow"
 )
 
-// ErrNotAuto is returned by SetAdaptive when the semaphore is in neither
-// auto nor shadow mode.
-var ErrNotAuto = errors.New("not in auto mode")
+var (
+	// errNotAuto: the semaphore is in neither auto nor shadow mode.
+	errNotAuto = errors.New("not in auto mode")
+	// errNotController: the caller's lease ran out, or another took over.
+	errNotController = errors.New("not the controller: its lease ran out or another process took over")
+)
 
 // maxReason bounds the controller's reason as Redis keeps it: every
 // script call reads it.
@@ -58,15 +61,17 @@ type AutoState struct {
 	// limit is the fixed N.
 	HoldLeft time.Duration
 	// Why the limit last moved, MovedAgo ago: "operator" (SetAuto),
-	// "controller" (SetAdaptive) or "fallback" (the controller's N
+	// "controller" (RunController) or "fallback" (the controller's N
 	// stopped holding).
 	Why      string
 	MovedAgo time.Duration
+	// Signals are what the controller read in its last window.
+	Signals ControllerSignals
 }
 
 // SetAuto puts the semaphore in auto mode (or shadow mode, with
 // a.Shadow) for every process at once: from then on a controller sets the
-// limit within [a.Min, a.Max] (SetAdaptive), and the limit is the fixed N
+// limit within [a.Min, a.Max] (RunController), and the limit is the fixed N
 // (see AutoLimits.Fixed) until it does and whenever its N stops holding.
 // In auto mode a request is refused as too heavy only above a.Max, not
 // above the limit: a queued request that fits under a.Max waits until the
@@ -93,28 +98,33 @@ func (s *Semaphore) SetAuto(ctx context.Context, a AutoLimits) error {
 	return err
 }
 
-// SetAdaptive is the controller's call: in auto mode it sets the limit to
-// n clamped into the operator's [Min, Max], for every process at once, and
-// returns the limit it set. n holds for hold (Redis time); if no other
-// SetAdaptive comes before that has passed, the next call of any process
-// sets the limit back to the operator's fixed N. A raised limit grants
-// waiters at once; a lowered one lets holders finish, grants nobody until
-// what is held fits, and fails no queued request. In shadow mode it only
-// records n (clamped) and reason, and returns the limit unchanged. reason
-// is kept to 200 bytes. Outside both modes it fails with ErrNotAuto,
+// adapt is the controller's call (RunController): in auto mode it sets
+// the limit to n clamped into the operator's [Min, Max], for every process
+// at once, and returns the limit it set. n holds for hold (Redis time); if
+// no other adapt comes before that has passed, the next call of any
+// process sets the limit back to the operator's fixed N. A raised limit
+// grants waiters at once; a lowered one lets holders finish, grants nobody
+// until what is held fits, and fails no queued request. In shadow mode it
+// only records n (clamped) and reason, and returns the limit unchanged.
+// reason is kept to 200 bytes; signals (JSON of ControllerSignals) are
+// recorded as they are. It is refused unless lease is still the
+// controller's (control.lua), and outside both modes with errNotAuto,
 // changing nothing. Replicas are waited for as by SetLimit.
-func (s *Semaphore) SetAdaptive(ctx context.Context, n int, hold time.Duration, reason string) (int, error) {
+func (s *Semaphore) adapt(ctx context.Context, lease string, n int, hold time.Duration, reason, signals string) (int, error) {
 	if hold < time.Millisecond {
-		return 0, fmt.Errorf("semaphore %q: set adaptive: hold %v: N must hold for 1ms or more (a controller's period, or a few)", s.name, hold)
+		return 0, fmt.Errorf("semaphore %q: set adaptive: hold %v: N must hold for 1ms or more (a controller's window, or a few)", s.name, hold)
 	}
 	n = min(max(n, 1), MaxLimit) // and then into [Min, Max], in Redis
 	if len(reason) > maxReason {
 		reason = strings.ToValidUTF8(reason[:maxReason], "")
 	}
-	res, err := s.evalReplicated(ctx, "set adaptive", scriptAdapt, n, hold.Milliseconds(), reason)
+	res, err := s.evalReplicated(ctx, "set adaptive", scriptAdapt, n, hold.Milliseconds(), reason, lease, signals)
 	if err != nil {
-		if strings.Contains(err.Error(), "not in auto mode") {
-			return 0, fmt.Errorf("semaphore %q: set adaptive: %w: the limit is fixed; put it in auto mode first (SetAuto, or scheduler permits auto)", s.name, ErrNotAuto)
+		switch {
+		case strings.Contains(err.Error(), "not in auto mode"):
+			return 0, fmt.Errorf("semaphore %q: set adaptive: %w: the limit is fixed; put it in auto mode first (SetAuto, or scheduler permits auto)", s.name, errNotAuto)
+		case strings.Contains(err.Error(), "not the controller"):
+			return 0, fmt.Errorf("semaphore %q: set adaptive: %w", s.name, errNotController)
 		}
 		if res == nil {
 			return 0, err

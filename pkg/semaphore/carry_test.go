@@ -23,7 +23,7 @@ import (
 // isCarry reports whether cmd is a release that carries waiters. (Run by
 // EVALSHA, a carrying release is the release script itself.)
 func isCarry(cmd redis.Cmder) bool {
-	return (isScript(cmd, semaphore.CarryScript) || isScript(cmd, semaphore.ReleaseScript)) && len(cmd.Args()) > argToken+4
+	return (isScript(cmd, semaphore.CarryScript) || isScript(cmd, semaphore.ReleaseScript)) && len(cmd.Args()) > argToken+5
 }
 
 // carryScene is a handle whose script calls a test watches and can hold
@@ -73,7 +73,7 @@ func newCarrySceneOn(t *testing.T, rdb *redis.Client, prefix string, opts semaph
 			case isCarry(cmd):
 				args := cmd.Args()
 				var toks []string
-				for _, a := range args[argToken+4:] {
+				for _, a := range args[argToken+5:] {
 					toks = append(toks, fmt.Sprint(a))
 				}
 				c.mu.Lock()
@@ -496,7 +496,7 @@ func TestUnderSaturationManyWaitersAreCarried(t *testing.T) {
 		case isScript(cmd, semaphore.AcquireScript):
 			acquireCalls.Add(1)
 		case isCarry(cmd):
-			carriedTokens.Add(int64(len(cmd.Args()) - (argToken + 4)))
+			carriedTokens.Add(int64(len(cmd.Args()) - (argToken + 5)))
 		}
 	}}
 	const limit, goroutines = 2, 16

@@ -83,7 +83,7 @@ func (s *Semaphore) carryPendingLocked() {
 		defer s.endRelease(ws)
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
-		_, _ = s.callRelease(ctx, "", ws, tokens, false)
+		_, _ = s.callRelease(ctx, "", ws, tokens, false, "")
 	})
 }
 

@@ -3,6 +3,7 @@ package semaphore
 import (
 	"context"
 	"os"
+	"time"
 )
 
 func init() {
@@ -63,3 +64,27 @@ func (s *Semaphore) SetLimitInRedis(ctx context.Context, limit string) error {
 // ConfigureLimit sets the limit s writes to Redis when Redis has none, past
 // New's checks, so that a test can prove the scripts'.
 func (s *Semaphore) ConfigureLimit(n int) { s.opts.Limit = n }
+
+// ErrNotAuto is adapt's error outside auto and shadow mode.
+var ErrNotAuto = errNotAuto
+
+// SetAdaptive takes the controller's lease for this process, a minute
+// long, and moves N as the controller does (adapt), for tests of auto
+// mode without a controller's timing.
+func (s *Semaphore) SetAdaptive(ctx context.Context, n int, hold time.Duration, reason string) (int, error) {
+	res, err := s.eval(ctx, scriptControl, s.process, time.Minute.Milliseconds())
+	if err != nil {
+		return 0, err
+	}
+	vals, _ := res.([]any)
+	lease, _ := vals[0].(string)
+	if lead, _ := vals[1].(int64); lead != 1 {
+		return 0, errNotController
+	}
+	return s.adapt(ctx, lease, n, hold, reason, "")
+}
+
+// AdaptAs moves N as a controller whose lease value is lease would.
+func (s *Semaphore) AdaptAs(ctx context.Context, lease string, n int) (int, error) {
+	return s.adapt(ctx, lease, n, time.Minute, "test", "")
+}

@@ -26,21 +26,22 @@ import (
 // With handoff, the caller vouches that token holds a permit whose lease
 // has a safe margin: Redis may then pass it straight to the queue's head,
 // without the rest of the release (handoff in scripts/lib.lua).
-func (s *Semaphore) releaseToken(ctx context.Context, token string, carry, handoff bool) (int64, error) {
+func (s *Semaphore) releaseToken(ctx context.Context, token string, carry, handoff bool, report string) (int64, error) {
 	ws, tokens := s.beginRelease(carry)
 	defer s.endRelease(ws)
-	return s.callRelease(ctx, token, ws, tokens, handoff)
+	return s.callRelease(ctx, token, ws, tokens, handoff, report)
 }
 
 // callRelease runs release.lua for token ("" releases nothing), carrying
-// the waiters ws, whose tokens are tokens; handoff: see releaseToken.
-func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter, tokens []string, handoff bool) (int64, error) {
+// the waiters ws, whose tokens are tokens; handoff: see releaseToken;
+// report: what the token's holder says of its work (Permit.Report).
+func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter, tokens []string, handoff bool, report string) (int64, error) {
 	lease := s.opts.Lease.Milliseconds()
 	flag := "0"
 	if handoff {
 		flag = "1"
 	}
-	args := []any{token, lease, lease, flag}
+	args := []any{token, lease, lease, flag, report}
 	sc := scriptRelease
 	if len(ws) > 0 {
 		sc = scriptCarry
@@ -68,7 +69,7 @@ func (s *Semaphore) callRelease(ctx context.Context, token string, ws []*waiter,
 			return 0, nil // it carried, and released nothing
 		}
 		ws = nil
-		res, err = s.evalAs(cctx, s.process, scriptRelease, token, lease, lease, "0")
+		res, err = s.evalAs(cctx, s.process, scriptRelease, token, lease, lease, "0", report)
 	}
 	if err != nil {
 		s.settleCarried(ws, nil, 0, sent, err, true)
@@ -147,27 +148,28 @@ type giveBackResult struct {
 //
 // handoff: see releaseToken; for the first attempt only (a retry may follow
 // a first attempt that ran).
-func (s *Semaphore) giveBack(ctx context.Context, token string, handoff bool) <-chan giveBackResult {
+func (s *Semaphore) giveBack(ctx context.Context, token string, handoff bool, report string) <-chan giveBackResult {
 	first := make(chan giveBackResult, 1)
-	s.spawn(func() { s.giveBackRetrying(context.WithoutCancel(ctx), token, first, handoff) })
+	s.spawn(func() { s.giveBackRetrying(context.WithoutCancel(ctx), token, first, handoff, report) })
 	return first
 }
 
 // releaseDetached gives token back for a caller that has already moved on,
 // retrying as giveBack does.
 func (s *Semaphore) releaseDetached(token string) {
-	s.giveBackRetrying(context.Background(), token, nil, false)
+	s.giveBackRetrying(context.Background(), token, nil, false, "")
 }
 
 // giveBackRetrying is giveBack's loop; first, if not nil, receives the
-// first attempt's result.
-func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, first chan<- giveBackResult, handoff bool) {
+// first attempt's result. report rides on every attempt: Redis counts it
+// only with the permit it releases.
+func (s *Semaphore) giveBackRetrying(ctx context.Context, token string, first chan<- giveBackResult, handoff bool, report string) {
 	var bo backoff.Backoff
 	detached := first == nil
 	last := s.stopped() // Close's own give-backs make one attempt
 	for attempt := 1; ; attempt++ {
 		actx, cancel := bounded(ctx, releaseTimeout)
-		was, err := s.releaseToken(actx, token, attempt == 1, handoff && attempt == 1)
+		was, err := s.releaseToken(actx, token, attempt == 1, handoff && attempt == 1, report)
 		cancel()
 		retry := err != nil && mayPass(err) && !last
 		if first != nil {

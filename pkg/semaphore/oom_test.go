@@ -49,7 +49,7 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 		// that no fallback can hide a missing flag.
 		call := func(fn string, args ...any) error {
 			k := "oomprobe:{x}:"
-			cmd := []any{"FCALL", fn, numKeys, k + "limit", k + "holders", k + "queue", k + "alive", k + "info", k + "fence", k + "ticket", k + "held", k + "auto",
+			cmd := []any{"FCALL", fn, numKeys, k + "limit", k + "holders", k + "queue", k + "alive", k + "info", k + "fence", k + "ticket", k + "held", k + "auto", k + "signals", k + "control",
 				k + "wake:", 1, 60000, ""}
 			return rdb.Do(ctx, append(cmd, args...)...).Err()
 		}
@@ -57,7 +57,7 @@ func TestOutOfMemoryReleaseStillHandsOverAndAcquireFailsClearly(t *testing.T) {
 			t.Errorf("FCALL acquire under maxmemory = %v, want Redis to refuse it with OOM", err)
 		}
 		// A release that carries a new waiter takes a new place too.
-		if err := call(semaphore.CarryScript.Function, "p:1:1", 1000, 1000, "0", "p:2:1"); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		if err := call(semaphore.CarryScript.Function, "p:1:1", 1000, 1000, "0", "", "p:2:1"); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
 			t.Errorf("FCALL carry under maxmemory = %v, want Redis to refuse it with OOM", err)
 		}
 		for _, fn := range []struct {

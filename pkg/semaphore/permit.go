@@ -31,14 +31,15 @@ type Permit struct {
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
 
-	mu    sync.Mutex
-	state permitState
-	until time.Time // local time until which the lease is known to be valid
+	mu      sync.Mutex
+	state   permitState
+	until   time.Time // local time until which the lease is known to be valid
+	outcome byte      // what Report said: outcomeOK unless it said otherwise
 }
 
 func newPermit(s *Semaphore, w *waiter, token string, fence int64, until time.Time) *Permit {
 	ctx, cancel := context.WithCancelCause(context.WithValue(w.ctx, heldKey{s}, true))
-	return &Permit{sem: s, token: token, fence: fence, weight: w.weight, granted: time.Now(), ctx: ctx, cancel: cancel, until: until}
+	return &Permit{sem: s, token: token, fence: fence, weight: w.weight, granted: time.Now(), ctx: ctx, cancel: cancel, until: until, outcome: outcomeOK}
 }
 
 // heldKey marks a Permit's context as that of a permit of sem.
@@ -97,6 +98,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	if state == permitHeld || state == permitLost {
 		p.state = permitReleased
 	}
+	report := fmt.Sprintf("%d:%c", called.Sub(p.granted).Milliseconds(), p.outcome)
 	p.mu.Unlock()
 	name := p.sem.name
 	switch state {
@@ -110,7 +112,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	// A permit whose lease Redis cannot have let lapse before the call
 	// arrives may go straight to the next waiter (releaseToken).
 	handoff := state == permitHeld && !p.expired(called.Add(expiryMargin(p.sem.opts.Lease)))
-	answer := p.sem.giveBack(ctx, p.token, handoff)
+	answer := p.sem.giveBack(ctx, p.token, handoff, report)
 	var done <-chan struct{} // nil, never ready, if ctx is already done
 	if ctx.Err() == nil {
 		done = ctx.Done()
@@ -142,6 +144,22 @@ func (p *Permit) Release(ctx context.Context) error {
 		return nil
 	}
 	return fmt.Errorf("semaphore %q: release: %w (the permit returns to the fleet when its lease runs out)", name, r.err)
+}
+
+// Report tells the permit how the work it guards ended, for the
+// controller of auto mode (SetAuto); Release sends it with the permit, at
+// no extra round trip. nil is a success, whose time from grant to release
+// is a latency sample; a timeout (context.DeadlineExceeded, an error whose
+// Timeout method says so, or a Postgres error whose SQLSTATE is a
+// statement or lock timeout or a lack of resources) is a sign of overload;
+// a cancel (context.Canceled) says nothing of the database; any other
+// error is counted as an error, never as a latency sample. A permit
+// released without a Report reports a success: report errors. Do reports
+// its function's error itself. The last Report before Release counts.
+func (p *Permit) Report(err error) {
+	p.mu.Lock()
+	p.outcome = outcomeOf(err)
+	p.mu.Unlock()
 }
 
 // lose marks a held permit as no longer held and cancels its context. It

@@ -20,10 +20,10 @@ import (
 )
 
 // The arguments of EVALSHA and FCALL: the command, the sha or function name,
-// numkeys, 9 keys, then ARGV. The token is ARGV[5] of acquire and release;
+// numkeys, 11 keys, then ARGV. The token is ARGV[5] of acquire and release;
 // acquire's wait flag is ARGV[8].
 const (
-	numKeys     = 9
+	numKeys     = 11
 	argToken    = 3 + numKeys + 4
 	argWaitFlag = 3 + numKeys + 7
 )

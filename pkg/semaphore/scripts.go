@@ -35,6 +35,8 @@ var (
 	luaSetAuto string
 	//go:embed scripts/adapt.lua
 	luaAdapt string
+	//go:embed scripts/control.lua
+	luaControl string
 
 	// An acquire that only queues, behind a full semaphore, takes a short
 	// step instead of the whole script (queue_short in lib.lua).
@@ -58,12 +60,13 @@ var (
 	scriptStats    = newScript("stats", luaStats, "allow-oom")
 	scriptSetAuto  = newScript("setauto", luaSetAuto)
 	scriptAdapt    = newScript("adapt", luaAdapt)
+	scriptControl  = newScript("control", luaControl)
 
 	// handoffFirst is release's short step: a hand-off needs nothing else
 	// unless it carries waiters that the whole release must queue.
 	handoffFirst = "if handoff(ARGV) then return finish(handed) end\n"
 
-	allScripts = []*script{scriptAcquire, scriptRelease, scriptCarry, scriptRefresh, scriptSetLimit, scriptStats, scriptSetAuto, scriptAdapt}
+	allScripts = []*script{scriptAcquire, scriptRelease, scriptCarry, scriptRefresh, scriptSetLimit, scriptStats, scriptSetAuto, scriptAdapt, scriptControl}
 
 	// defaultLibrary is versioned by a hash of its own code, so that
 	// processes running different versions of batchmr against one Redis each

@@ -118,7 +118,7 @@ func New(rdb redis.UniversalClient, name string, opts Options) (*Semaphore, erro
 		keys: []string{
 			base + "limit", base + "holders", base + "queue", base + "alive",
 			base + "info", base + "fence", base + "ticket", base + "held",
-			base + "auto",
+			base + "auto", base + "signals", base + "control",
 		},
 		process:    process,
 		wakePrefix: base + "wake:",
@@ -224,7 +224,7 @@ func (s *Semaphore) Drain() {
 }
 
 // Do acquires one permit, runs fn with the Permit's context and releases the
-// permit when fn returns (or panics). It returns fn's error joined with the
+// permit when fn returns (or panics), reporting fn's error (Permit.Report). It returns fn's error joined with the
 // release's: errors.Is(err, ErrLeaseLost) reports that fn may have run
 // without holding the permit to the end.
 func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) (err error) {
@@ -235,6 +235,7 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
+		p.Report(err)
 		err = errors.Join(err, p.Release(rctx))
 	}()
 	return fn(p.Context())
@@ -333,7 +334,7 @@ func (s *Semaphore) Close() error {
 	for tok, w := range waiters {
 		w.ch <- wakeup{err: ErrClosed}
 		if !unsent[w] {
-			results = append(results, s.giveBack(ctx, tok, false))
+			results = append(results, s.giveBack(ctx, tok, false, ""))
 		}
 	}
 	for tok, p := range holders {
@@ -343,7 +344,7 @@ func (s *Semaphore) Close() error {
 			continue
 		}
 		s.observeReleased(p)
-		results = append(results, s.giveBack(ctx, tok, false))
+		results = append(results, s.giveBack(ctx, tok, false, ""))
 	}
 	if dispatching {
 		s.wakeDispatcher(ctx)

@@ -3,6 +3,7 @@ package semaphore
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -41,19 +42,22 @@ type Waiter struct {
 
 // Stats returns who holds and who waits for the semaphore now, after
 // removing holders whose leases ran out and waiters whose processes died,
-// and its mode, after a due fall-back to the fixed N (see SetAdaptive).
+// and its mode, after a due fall-back to the fixed N (see RunController).
 func (s *Semaphore) Stats(ctx context.Context) (Stats, error) {
 	res, err := s.eval(ctx, scriptStats)
 	if err != nil {
 		return Stats{}, fmt.Errorf("semaphore %q: stats: %w", s.name, err)
 	}
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 5 {
+	if !ok || len(vals) != 6 {
 		return Stats{}, fmt.Errorf("semaphore %q: stats: unexpected reply %v", s.name, res)
 	}
 	limit, _ := vals[0].(int64)
 	now, _ := vals[1].(int64)
 	st := Stats{Name: s.name, Limit: int(limit), Auto: parseAuto(str(vals[4]), now)}
+	if sig := str(vals[5]); sig != "" && st.Auto.Mode != ModeFixed {
+		_ = json.Unmarshal([]byte(sig), &st.Auto.Signals) // written by this package's controller alone
+	}
 	holders, _ := vals[2].([]any)
 	for i := 0; i+2 < len(holders); i += 3 {
 		tok, _ := holders[i].(string)

@@ -240,7 +240,8 @@ func (w *running) startServer(mr *mapreduce.Client, queues map[string]int, ln ne
 }
 
 // startBackground starts the worker's background work, which runs until
-// stop: the reconciler, the watches of the clock and the limits, and the
+// stop: the reconciler, the watches of the clock and the limits, the
+// candidacy for the database permits' controller (auto mode) and the
 // announcement in the catalogue; then logs the start.
 func (w *running) startBackground(ctx context.Context, mr *mapreduce.Client, queues map[string]int, registry *mapreduce.Jobs) {
 	cfg, log := w.cfg, w.cfg.Logger
@@ -260,6 +261,12 @@ func (w *running) startBackground(ctx context.Context, mr *mapreduce.Client, que
 	go mr.RunReconciler(bg, cfg.ReconcileEvery)
 	go w.watchClock(bg)
 	go w.watchLimits(bg, maps.Clone(limits))
+	if sem := w.env.Semaphores[DBSemaphore]; sem != nil && w.env.DB != nil {
+		// A candidate for the database permits' controller (auto mode).
+		probe := pgsource.NewProbe(w.env.DB)
+		w.closes = append(w.closes, probe.Close)
+		go func() { _ = sem.RunController(bg, semaphore.ControllerOptions{Probe: probe.Run}) }()
+	}
 	go func() {
 		defer close(w.done)
 		_ = mr.Announce(bg, info)

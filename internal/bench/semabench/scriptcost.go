@@ -56,7 +56,7 @@ var scriptPaths = []scriptPath{
 			_, err := pipe.Exec(ctx)
 			must(err)
 		},
-		args: func(i int) []any { return []any{costToken(i), 30000, 30000, "1"} },
+		args: func(i int) []any { return []any{costToken(i), 30000, 30000, "1", "20:o"} },
 	},
 	{
 		name: "enqueue", fn: "acquire", status: 0,
@@ -93,7 +93,7 @@ var scriptPaths = []scriptPath{
 			_, err := pipe.Exec(ctx)
 			must(err)
 		},
-		args: func(i int) []any { return []any{costToken(i + 1), 30000, 30000, "1"} },
+		args: func(i int) []any { return []any{costToken(i + 1), 30000, 30000, "1", "20:o"} },
 	},
 }
 
@@ -175,7 +175,7 @@ func measureScripts(ctx context.Context, rdb *redis.Client, prefix string) []scr
 	version := libraryVersion(ctx, rdb, prefix)
 	var out []scriptCost
 	for _, p := range scriptPaths {
-		names := []string{"limit", "holders", "queue", "alive", "info", "fence", "ticket", "held", "auto"}
+		names := []string{"limit", "holders", "queue", "alive", "info", "fence", "ticket", "held", "auto", "signals", "control"}
 		keys := make([]string, len(names))
 		for i, k := range names {
 			keys[i] = prefix + ":" + p.name + ":{cost}:" + k

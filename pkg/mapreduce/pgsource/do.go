@@ -56,6 +56,9 @@ const checkerName = "batchmr-pgsource-check"
 // job's Split, Map or Reduce, the worker's logger with the step's run,
 // job, page and attempt.
 //
+// Do reports fn's error with the permit (semaphore.Permit.Report), for the
+// semaphore's controller in auto mode.
+//
 // Do returns fn's error, with ctx's cause when ctx ended the call, joined
 // with the release's error (errors.Is(err, semaphore.ErrLeaseLost): the
 // query may have run without the permit). If ctx is done before the
@@ -95,6 +98,7 @@ func Do(ctx context.Context, db *pgxpool.Pool, sem *semaphore.Semaphore, fn func
 			err = fmt.Errorf("permit lost at once: %w", context.Cause(pctx))
 		}
 	}
+	p.Report(err)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	return errors.Join(err, p.Release(rctx))

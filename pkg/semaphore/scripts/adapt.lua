@@ -8,8 +8,15 @@
 --   ARGV[5] N: a whole number from 1 to MAX_LIMIT
 --   ARGV[6] how long (ms) N holds
 --   ARGV[7] the controller's reason
+--   ARGV[8] the controller's lease as control.lua gave it: the call is
+--           refused unless it is still the controller's
+--   ARGV[9] what the controller read in its window (JSON), kept for Stats
 -- Returns {previous limit, limit, N as clamped}; an error reply naming
--- the fix when the semaphore is in neither mode.
+-- the fix when the semaphore is in neither mode or the caller is not the
+-- controller.
+if rcall('GET', K_CTL) ~= ARGV[8] then
+  error(redis.error_reply('ERR not the controller: its lease ran out or another took over'))
+end
 local n = checked_limit(ARGV[5])
 local hold = to_number(ARGV[6])
 local old = get_limit()
@@ -20,6 +27,7 @@ end
 local nlo, nhi = to_number(lo), to_number(hi)
 if n < nlo then n = nlo elseif n > nhi then n = nhi end
 local reason = ARGV[7]
+rcall('HSET', K_SIG, 'last', ARGV[9] or '')
 read_clock()
 if mode == 'shadow' then
   found_auto = auto_record(mode, lo, hi, fixed, till, int(n), moved, why, reason)

@@ -17,6 +17,12 @@
 --                            holders are still those it names (see read_held)
 --   KEYS[9] auto     STRING  the auto mode (see AUTO_PATTERN); absent: the
 --                            limit is fixed, set by the operator alone
+--   KEYS[10] signals HASH    for the controller (auto and shadow mode):
+--                            counters of what releases reported (see
+--                            report), "epoch", its election counter, and
+--                            "ended", set when the operator ended auto mode
+--   KEYS[11] control STRING  the controller's lease: "epoch:candidate",
+--                            expiring (see control.lua)
 -- ARGV (identical first three for every script):
 --   ARGV[1] wake-list key prefix; a process's list is ARGV[1] .. processID
 --   ARGV[2] the client's configured limit, written only when KEYS[1] is absent
@@ -41,7 +47,7 @@ local rcall, s_byte, s_format, s_match, s_sub, to_number, m_floor
 -- The state of one call, set by bind, read_clock and read_held. In a
 -- function library these outlive the call, so bind must reset every one of
 -- them.
-local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE, K_INFO, K_FENCE, K_TICKET, K_HELD, K_AUTO
+local K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE, K_INFO, K_FENCE, K_TICKET, K_HELD, K_AUTO, K_SIG, K_CTL
 local WAKE_PREFIX, DEFAULT_LIMIT, WAKE_TTL, SELF -- DEFAULT_LIMIT: a string
 local LOCAL_GRANTS -- token, fence, token, fence, ...
 local now -- Redis server time (ms), once read_clock has read it
@@ -81,6 +87,7 @@ local function bind(keys, argv)
   end
   K_LIMIT, K_HOLDERS, K_QUEUE, K_ALIVE = keys[1], keys[2], keys[3], keys[4]
   K_INFO, K_FENCE, K_TICKET, K_HELD, K_AUTO = keys[5], keys[6], keys[7], keys[8], keys[9]
+  K_SIG, K_CTL = keys[10], keys[11]
   WAKE_PREFIX, DEFAULT_LIMIT, WAKE_TTL, SELF = argv[1], argv[2], argv[3], argv[4]
   LOCAL_GRANTS = {}
   waiters_purged = false
@@ -176,6 +183,27 @@ local function heavy_bound(limit)
     end
   end
   return limit
+end
+
+-- report adds what a released permit's holder said of its work to the
+-- signals, in auto or shadow mode only (read_held first): sig is
+-- "ms:outcome", the time (ms) from its grant to its release and how it
+-- ended: o ok, x overload (a timeout), e another error, - unknown (only
+-- its time counts). Call it once the permit is removed: over maxmemory an
+-- EVALSHA script may write only after a removal.
+local function report(sig)
+  if not found_auto or not sig then return end
+  local ms, o = s_match(sig, '^(%d+):(.)$')
+  if not ms then return end
+  rcall('HINCRBY', K_SIG, 'busy', ms)
+  if o == 'o' then
+    rcall('HINCRBY', K_SIG, 'n', 1)
+    rcall('HINCRBY', K_SIG, 'okms', ms)
+  elseif o == 'x' then
+    rcall('HINCRBY', K_SIG, 'over', 1)
+  elseif o == 'e' then
+    rcall('HINCRBY', K_SIG, 'err', 1)
+  end
 end
 
 -- fall_back sets the limit to the fixed N, recording why, and returns it.
@@ -560,7 +588,7 @@ end
 -- is to queue them); handoff returns whether that reply is complete.
 local function handoff(argv)
   local tok = argv[5]
-  local carried = argv[9] and {unpack(argv, 9)}
+  local carried = argv[10] and {unpack(argv, 10)}
   if argv[8] ~= '1' and not (tok == '' and carried) then return false end
   read_held()
   local limit = to_number(found_limit)
@@ -579,6 +607,7 @@ local function handoff(argv)
     local tail, count = held_tail, held_count
     holder_removed(tok)
     rcall('HDEL', K_INFO, tok)
+    report(argv[9])
     grant_head(head, deadline)
     if held_count == count then held_tail = tail end
     handed = {3, limit, 0}

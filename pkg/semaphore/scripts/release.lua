@@ -7,7 +7,9 @@
 --   ARGV[8] "1" if the caller vouches that the token's lease has a safe
 --           margin, so that handoff (lib.lua, this script's short step) may
 --           pass it straight to the queue's head
---   ARGV[9..] new waiters of the calling process to queue, in order: their
+--   ARGV[9] what the token's holder reports of its work, "ms:outcome"
+--           (report, lib.lua); "" for none
+--   ARGV[10..] new waiters of the calling process to queue, in order: their
 --           acquire calls, carried by this one (see enqueue.go). Each is a
 --           fresh token, never sent before, and asks to wait.
 -- Returns {was, limit, n, ticket_1 .. ticket_n, token, fence, token, fence, ...}:
@@ -16,7 +18,7 @@
 -- nothing of it (already released, or its lease or heartbeat ran out: kept
 -- for the caller or not; "" releases nothing), and then leaves a tombstone
 -- for it (bury, lib.lua); n is the number of carried
--- waiters, and ticket_i the place ARGV[8+i] took, -1 if its weight
+-- waiters, and ticket_i the place ARGV[9+i] took, -1 if its weight
 -- exceeds the limit, in auto mode the max (never grantable), or 0 if it found a tombstone
 -- (not queued); then the grants made to the
 -- caller's own waiters (ARGV[4]), carried ones among them, which it must
@@ -32,7 +34,7 @@ local held = purge_holders(owner, keep_ms)
 -- The carried waiters join the queue's tail first, each as acquire.lua
 -- would queue it, so that the capacity this call frees reaches them too
 -- if nobody is ahead of them.
-local tickets = queue_tokens({unpack(ARGV, 9)}, ARGV[7], heavy_bound(limit))
+local tickets = queue_tokens({unpack(ARGV, 10)}, ARGV[7], heavy_bound(limit))
 local n = #tickets
 local was = 0
 if handed then
@@ -45,6 +47,7 @@ elseif rcall('ZREM', K_HOLDERS, tok) == 1 then
   holder_removed(tok)
   rcall('HDEL', K_INFO, tok)
   held = held - weight_of(tok)
+  if was == 1 then report(ARGV[9]) end
 elseif rcall('ZSCORE', K_QUEUE, tok) then
   was = 2
   drop_waiter(tok)

@@ -38,6 +38,7 @@ read_clock()
 rcall('SET', K_LIMIT, int(fixed))
 found_auto = auto_record(mode, int(lo), int(hi), int(fixed), '0', cn, now_s, 'operator', reason)
 rcall('SET', K_AUTO, found_auto)
+rcall('HDEL', K_SIG, 'ended')
 bound = nil
 purge_waiters()
 reject_heavy(heavy_bound(fixed))

@@ -9,7 +9,11 @@
 local limit = checked_limit(ARGV[5])
 local old = get_limit()
 rcall('SET', K_LIMIT, int(limit))
-rcall('DEL', K_AUTO)
+if found_auto then
+  -- A controller tells an operator's end of auto mode from lost keys.
+  rcall('DEL', K_AUTO)
+  rcall('HSET', K_SIG, 'ended', '1')
+end
 found_auto, bound = false, nil
 purge_waiters()
 reject_heavy(limit)

@@ -5,7 +5,8 @@
 -- Returns {limit, now,
 --          {holderToken, leaseDeadline, info, ...},
 --          {waiterToken, ticket, info, ...},
---          auto mode record, "" in fixed mode (lib.lua, AUTO_PATTERN)}
+--          auto mode record, "" in fixed mode (lib.lua, AUTO_PATTERN),
+--          the controller's last signals (adapt.lua), "" in fixed mode}
 -- (GET, not begin's MGET, when absent: a key of another type must fail.)
 local limit = to_number(found_limit or rcall('GET', K_LIMIT) or '0')
 if limit > 0 and found_auto then
@@ -29,4 +30,5 @@ for i = 1, #q, 2 do
   waiters[#waiters + 1] = q[i + 1]
   waiters[#waiters + 1] = rcall('HGET', K_INFO, q[i]) or ''
 end
-return {limit, now, holders, waiters, found_auto or ''}
+local signals = found_auto and rcall('HGET', K_SIG, 'last') or ''
+return {limit, now, holders, waiters, found_auto or '', signals}
