@@ -58,15 +58,12 @@ type autoResult struct {
 // auto runs the controller through three phases, full, reduced, full,
 // sampling Stats, then cancels it and waits for the fixed N.
 func (b *bench) auto(ctx context.Context, sr *sweepResult) (*autoResult, error) {
-	if !hasController {
-		return nil, errNoController
-	}
 	r := &autoResult{fixed: *fixedFlag}
 	if r.fixed == 0 {
 		r.fixed = sr.nstar[0]
 	}
-	r.lease = controllerLease(b.sem)
 	r.window = controllerWindow(*ctlWindow)
+	r.lease = controllerLease(r.window)
 	if err := b.group.setQuota(b.full.quota); err != nil {
 		return nil, err
 	}
@@ -349,8 +346,11 @@ func (r *autoResult) writeSamples(path string) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	_ = w.Write([]string{"t_s", "phase", "limit", "held", "waiting", "mode", "controller", "hold_left_ms", "why", "reason"})
+	_ = w.Write([]string{"t_s", "phase", "limit", "held", "waiting", "mode", "controller", "hold_left_ms", "why",
+		"ok", "overload", "latency_ms", "baseline_ms", "in_use", "probe_ms", "probe_baseline_ms", "reason"})
+	msText := func(d time.Duration) string { return strconv.FormatFloat(ms(d), 'f', 2, 64) }
 	for _, s := range r.samples {
+		sig := s.auto.Signals
 		ph := "after"
 		for _, p := range r.phases {
 			if !s.at.Before(p.from) && s.at.Before(p.to) {
@@ -361,7 +361,10 @@ func (r *autoResult) writeSamples(path string) error {
 			strconv.FormatFloat(s.at.Sub(r.start).Seconds(), 'f', 2, 64), ph,
 			strconv.Itoa(s.limit), strconv.Itoa(s.held), strconv.Itoa(s.waiting),
 			string(s.auto.Mode), strconv.Itoa(s.auto.Controller),
-			strconv.FormatInt(s.auto.HoldLeft.Milliseconds(), 10), s.auto.Why, s.auto.Reason,
+			strconv.FormatInt(s.auto.HoldLeft.Milliseconds(), 10), s.auto.Why,
+			strconv.Itoa(sig.OK), strconv.Itoa(sig.Overload), msText(sig.Latency), msText(sig.Baseline),
+			strconv.FormatFloat(sig.InUse, 'f', 2, 64), msText(sig.Probe), msText(sig.ProbeBaseline),
+			s.auto.Reason,
 		})
 	}
 	w.Flush()

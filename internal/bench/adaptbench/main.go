@@ -208,6 +208,7 @@ func run(ctx context.Context, rdb *redis.Client, sweep []int) (err error) {
 	}()
 
 	host, _ := os.Hostname()
+	startLoad := loadAverage()
 	fmt.Printf("# adaptbench: %s, Postgres %s (postmaster %d and %d children in %s), %d CPUs on %s\n\n",
 		time.Now().Format("2006-01-02"), version, postmaster, len(children), b.group.dir,
 		runtime.NumCPU(), host)
@@ -232,14 +233,11 @@ func run(ctx context.Context, rdb *redis.Client, sweep []int) (err error) {
 		fmt.Printf("Failures during the sweep: %v\n\n", e)
 	}
 	ar, err := b.auto(ctx, res)
-	if errors.Is(err, errNoController) {
-		fmt.Printf("## Auto run\n\nskipped: %v\n", err)
-		return nil
-	}
 	if err != nil {
 		return err
 	}
 	ar.print(res)
+	fmt.Printf("Load average (1, 5, 15 min) at the start: %s; at the end: %s.\n", startLoad, loadAverage())
 	return nil
 }
 
@@ -305,6 +303,16 @@ func calibrate(ctx context.Context, pool *pgxpool.Pool, target time.Duration) (i
 		}
 	}
 	return rows, med, nil
+}
+
+// loadAverage returns the machine's load averages over 1, 5 and 15
+// minutes: above the CPU count, something besides this run competes.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "?"
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
