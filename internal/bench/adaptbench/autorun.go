@@ -117,13 +117,16 @@ func (b *bench) auto(ctx context.Context, sr *sweepResult) (*autoResult, error) 
 			return nil, err
 		}
 		p := phaseResult{cap: c, ci: ci, from: time.Now()}
+		cpu := b.cpuNow(ctx)
 		if err := sleep(ctx, *phase); err != nil {
 			return nil, err
 		}
 		p.to = time.Now()
 		p.w = b.load.window(p.from, p.to)
+		p.w.pgCores, p.w.otherCores = b.cpuNow(ctx).cores(cpu, p.to.Sub(p.from))
 		r.phases = append(r.phases, p)
-		fmt.Fprintf(os.Stderr, "adaptbench: auto, %s: %.1f q/s, p50 %.0f ms, p99 %.0f ms\n", c.name, p.w.throughput, ms(p.w.p50), ms(p.w.p99))
+		fmt.Fprintf(os.Stderr, "adaptbench: auto, %s: %.1f q/s, p50 %.0f ms, p99 %.0f ms; CPU: Postgres %.2f, others %.2f\n",
+			c.name, p.w.throughput, ms(p.w.p50), ms(p.w.p99), p.w.pgCores, p.w.otherCores)
 	}
 	r.errs = b.load.takeErrors()
 
@@ -217,8 +220,8 @@ func (r *autoResult) trace(p phaseResult, step time.Duration) string {
 
 func (r *autoResult) print(sr *sweepResult) {
 	fmt.Printf("## Auto: min %d, max %d, fixed %d; phases of %v, Stats sampled every %v\n\n", autoMin, autoMax, r.fixed, *phase, *sampleEvery)
-	fmt.Println("| phase | N* | N: median (range) | within ±25% of N* | settled after | q/s | p50 | p99 |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| phase | N* | N: median (range) | within ±25% of N* | settled after | q/s | p50 | p99 | CPU: Postgres / others |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, p := range r.phases {
 		nstar := sr.nstar[p.ci]
 		ss := r.phaseSamples(p)
@@ -235,8 +238,8 @@ func (r *autoResult) print(sr *sweepResult) {
 		if ok {
 			settled = fmt.Sprintf("%.1f s", after.Seconds())
 		}
-		fmt.Printf("| %s | %d | %d (%d–%d) | %.0f%% | %s | %.1f | %.0f ms | %.0f ms |\n",
-			p.cap, nstar, med, lo, hi, within*100, settled, p.w.throughput, ms(p.w.p50), ms(p.w.p99))
+		fmt.Printf("| %s | %d | %d (%d–%d) | %.0f%% | %s | %.1f | %.0f ms | %.0f ms | %.2f / %.2f |\n",
+			p.cap, nstar, med, lo, hi, within*100, settled, p.w.throughput, ms(p.w.p50), ms(p.w.p99), p.w.pgCores, p.w.otherCores)
 	}
 	fmt.Println()
 	const traceStep = 2 * time.Second
@@ -326,7 +329,10 @@ type check struct {
 
 func settleCheck(name string, after time.Duration, ok bool, within float64, target time.Duration) check {
 	v := fmt.Sprintf("not settled (%.0f%% of the phase within ±25%%)", within*100)
-	if ok {
+	switch {
+	case ok && within == 1:
+		v = "0 s: within ±25% throughout the phase"
+	case ok:
 		v = fmt.Sprintf("%.1f s (%.0f%% of the phase within ±25%%)", after.Seconds(), within*100)
 	}
 	return check{name: name, value: v, goal: fmt.Sprintf("≤ %v", target), pass: ok && after <= target}

@@ -137,6 +137,9 @@ type window struct {
 	failed     int
 	throughput float64 // completed queries per second
 	p50, p99   time.Duration
+	// The cores Postgres used on average, and those the machine's other
+	// processes (but Redis and this one) did: load beside the run.
+	pgCores, otherCores float64
 }
 
 func (l *load) window(from, to time.Time) window {

@@ -122,6 +122,7 @@ func parseSweep(s string) ([]int, error) {
 // bench is one run's state.
 type bench struct {
 	sem          *semaphore.Semaphore
+	rdb          *redis.Client
 	pool         *pgxpool.Pool
 	group        *cgroup
 	load         *load
@@ -157,7 +158,7 @@ func run(ctx context.Context, rdb *redis.Client, sweep []int) (err error) {
 
 	go watchServers(ctx, cancel, rdb, pool)
 
-	b := &bench{pool: pool,
+	b := &bench{pool: pool, rdb: rdb,
 		full:   capacity{"full", *fullQuota},
 		reduce: capacity{"reduced", *reducedQuota},
 	}

@@ -48,13 +48,16 @@ func (b *bench) sweep(ctx context.Context, ns []int) (*sweepResult, error) {
 			if err := sleep(ctx, *warmup); err != nil {
 				return nil, err
 			}
-			from := time.Now()
+			from, cpu := time.Now(), b.cpuNow(ctx)
 			if err := sleep(ctx, *step); err != nil {
 				return nil, err
 			}
-			w := b.load.window(from, time.Now())
+			to := time.Now()
+			w := b.load.window(from, to)
+			w.pgCores, w.otherCores = b.cpuNow(ctx).cores(cpu, to.Sub(from))
 			r.w[ci][slices.Index(ns, n)] = w
-			fmt.Fprintf(os.Stderr, "adaptbench: %s, N=%d: %.1f q/s, p50 %.0f ms, p99 %.0f ms\n", c.name, n, w.throughput, ms(w.p50), ms(w.p99))
+			fmt.Fprintf(os.Stderr, "adaptbench: %s, N=%d: %.1f q/s, p50 %.0f ms, p99 %.0f ms; CPU: Postgres %.2f, others %.2f\n",
+				c.name, n, w.throughput, ms(w.p50), ms(w.p99), w.pgCores, w.otherCores)
 		}
 		best := 0
 		for i := range ns {
@@ -77,12 +80,12 @@ func (r *sweepResult) print() {
 	fmt.Printf("## Fixed limits: %v measured after %v of warm-up\n\n", *step, *warmup)
 	fmt.Print("| N |")
 	for _, c := range r.caps {
-		fmt.Printf(" %s: q/s | p50 | p99 |", c)
+		fmt.Printf(" %s: q/s | p50 | p99 | CPU: Postgres / others |", c)
 	}
 	fmt.Println()
 	fmt.Print("|---|")
 	for range r.caps {
-		fmt.Print("---|---|---|")
+		fmt.Print("---|---|---|---|")
 	}
 	fmt.Println()
 	for i, n := range r.ns {
@@ -93,10 +96,12 @@ func (r *sweepResult) print() {
 			if n == r.nstar[ci] {
 				mark = " (N*)"
 			}
-			fmt.Printf(" %.1f%s | %.0f ms | %.0f ms |", w.throughput, mark, ms(w.p50), ms(w.p99))
+			fmt.Printf(" %.1f%s | %.0f ms | %.0f ms | %.2f / %.2f |", w.throughput, mark, ms(w.p50), ms(w.p99), w.pgCores, w.otherCores)
 		}
 		fmt.Println()
 	}
+	fmt.Println()
+	fmt.Println("CPU: the cores Postgres used on average, and those the machine's other processes used beside it (not Redis, not this benchmark): other load competing with the run.")
 	fmt.Println()
 	fmt.Printf("N* of a capacity: the smallest N whose throughput is within %.0f%% of that capacity's best.", nStarWithin*100)
 	for ci, c := range r.caps {
