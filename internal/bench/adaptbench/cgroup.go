@@ -49,22 +49,31 @@ func checkCgroups() error {
 	return nil
 }
 
-// newCgroup creates the group name under cpuRoot with quota.
-func newCgroup(name string, quota int) (*cgroup, error) {
+// newCgroup creates the group name under cpuRoot with quota, and with
+// the CPU weight that backends of the server would have in the root
+// group together: a group's weight (cpu.shares) counts as one task's
+// there, so at the default the server would lose CPU to every other busy
+// thread of the machine, and the quota would no longer be its capacity.
+func newCgroup(name string, quota, backends int) (*cgroup, error) {
 	g := &cgroup{dir: filepath.Join(cpuRoot, name)}
 	if err := os.Mkdir(g.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create cgroup %s: %w", g.dir, err)
 	}
-	if err := g.write("cpu.cfs_period_us", cfsPeriod); err != nil {
-		_ = os.Remove(g.dir)
-		return nil, err
-	}
-	if err := g.setQuota(quota); err != nil {
-		_ = os.Remove(g.dir)
-		return nil, err
+	for _, set := range []func() error{
+		func() error { return g.write("cpu.cfs_period_us", cfsPeriod) },
+		func() error { return g.setQuota(quota) },
+		func() error { return g.write("cpu.shares", min(1024*max(backends, 1), maxShares)) },
+	} {
+		if err := set(); err != nil {
+			_ = os.Remove(g.dir)
+			return nil, err
+		}
 	}
 	return g, nil
 }
+
+// maxShares is the largest cpu.shares of cgroup v1.
+const maxShares = 262144
 
 func (g *cgroup) write(file string, v int) error {
 	if err := os.WriteFile(filepath.Join(g.dir, file), []byte(strconv.Itoa(v)), 0o644); err != nil {

@@ -166,7 +166,7 @@ func run(ctx context.Context, rdb *redis.Client, sweep []int) (err error) {
 	if err != nil {
 		return err
 	}
-	b.group, err = newCgroup(fmt.Sprintf("batchmr-adaptbench-%d", os.Getpid()), b.full.quota)
+	b.group, err = newCgroup(fmt.Sprintf("batchmr-adaptbench-%d", os.Getpid()), b.full.quota, *goroutines)
 	if err != nil {
 		return err
 	}
