@@ -51,6 +51,7 @@ var (
 	step         = flag.Duration("step", 10*time.Second, "measured time of each fixed limit at each capacity")
 	warmup       = flag.Duration("warmup", 2*time.Second, "unmeasured time before each measurement, once the queries begun before the change have ended")
 	phase        = flag.Duration("phase", 60*time.Second, "length of each of the auto run's phases (full, reduced, full)")
+	nStarWithin  = flag.Float64("nstar-within", 0.05, "N* of a capacity is the smallest N whose throughput is within this fraction of the capacity's best")
 	queryTarget  = flag.Duration("query", 25*time.Millisecond, "the page query's time at full capacity, alone; calibrated at start")
 	queryTimeout = flag.Duration("query-timeout", 0, "bound on each query (0: none)")
 	fullQuota    = flag.Int("full", 200000, "full capacity: the Postgres group's cpu.cfs_quota_us per 100000 µs")
@@ -79,6 +80,10 @@ func main() {
 	}
 	if *dbURL == "" {
 		fmt.Fprintln(os.Stderr, "adaptbench: no database: pass -database-url or set BATCHMR_TEST_DATABASE_URL (make bench does both)")
+		os.Exit(2)
+	}
+	if *nStarWithin < 0 || *nStarWithin >= 1 {
+		fmt.Fprintf(os.Stderr, "adaptbench: -nstar-within %g: want a fraction in [0, 1), such as 0.05\n", *nStarWithin)
 		os.Exit(2)
 	}
 	sweep, err := parseSweep(*sweepList)

@@ -8,10 +8,6 @@ import (
 	"time"
 )
 
-// nStarWithin defines N*: the smallest N whose throughput is within this
-// fraction of the capacity's best.
-const nStarWithin = 0.05
-
 // sweepResult is what each fixed limit did at each capacity.
 type sweepResult struct {
 	caps  []capacity
@@ -67,7 +63,7 @@ func (b *bench) sweep(ctx context.Context, ns []int) (*sweepResult, error) {
 		}
 		r.best = append(r.best, ns[best])
 		for i, n := range ns {
-			if r.w[ci][i].throughput >= (1-nStarWithin)*r.w[ci][best].throughput {
+			if r.w[ci][i].throughput >= (1-*nStarWithin)*r.w[ci][best].throughput {
 				r.nstar = append(r.nstar, n)
 				break
 			}
@@ -103,7 +99,7 @@ func (r *sweepResult) print() {
 	fmt.Println()
 	fmt.Println("CPU: the cores Postgres used on average, and those the machine's other processes used beside it (not Redis, not this benchmark): other load competing with the run.")
 	fmt.Println()
-	fmt.Printf("N* of a capacity: the smallest N whose throughput is within %.0f%% of that capacity's best.", nStarWithin*100)
+	fmt.Printf("N* of a capacity: the smallest N whose throughput is within %.0f%% of that capacity's best.", *nStarWithin*100)
 	for ci, c := range r.caps {
 		fmt.Printf(" %s: N* = %d (best %.1f q/s at N = %d).", c.name, r.nstar[ci], r.at(ci, r.best[ci]).throughput, r.best[ci])
 	}
