@@ -104,22 +104,6 @@ func (g *cgroup) procs() ([]int, error) {
 	return out, nil
 }
 
-// throttled returns cpu.stat's nr_throttled and throttled_time (ns).
-func (g *cgroup) throttled() (n int64, t time.Duration) {
-	b, _ := os.ReadFile(filepath.Join(g.dir, "cpu.stat"))
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, _ := strings.Cut(line, " ")
-		x, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		switch k {
-		case "nr_throttled":
-			n = x
-		case "throttled_time":
-			t = time.Duration(x)
-		}
-	}
-	return n, t
-}
-
 // remove moves every process of the group back to the root group and
 // removes the group. It retries briefly: a backend forked while the
 // processes move lands in the group after the listing.

@@ -158,7 +158,7 @@ func run(ctx context.Context, rdb *redis.Client, sweep []int) (err error) {
 	defer pool.Close()
 	var version string
 	if err := pool.QueryRow(ctx, "SHOW server_version").Scan(&version); err != nil {
-		return fmt.Errorf("Postgres: %w", err)
+		return fmt.Errorf("read the Postgres server's version: %w", err)
 	}
 
 	go watchServers(ctx, cancel, rdb, pool)
