@@ -115,7 +115,7 @@ func (c *controller) window(ctx context.Context) error {
 		return fmt.Errorf("campaigning for the controller's lease: %w", err)
 	}
 	vals, _ := res.([]any)
-	if len(vals) != 8 {
+	if len(vals) != 9 {
 		return fmt.Errorf("campaigning for the controller's lease: unexpected reply %v", res)
 	}
 	holder, _ := vals[0].(string)
@@ -123,16 +123,26 @@ func (c *controller) window(ctx context.Context) error {
 		if c.lease != "" {
 			c.log.Info("semaphore: this process no longer controls the limit", "controller", holder)
 		}
-		c.lease, c.law = "", nil
+		c.lease, c.law, c.seen = "", nil, nil
 		return nil
 	}
 	now := time.Now()
 	cnt := parseCounters(vals[2:])
 	if c.lease != holder {
-		c.lease, c.law = holder, nil
+		// A new lease: won now, or won again at once after Redis lost the
+		// last (this process's law and memory of the mode then go on).
+		if c.lease == "" {
+			c.law, c.seen = nil, nil
+		}
+		c.lease = holder
 		epoch, _, _ := strings.Cut(holder, ":")
 		c.epoch, _ = strconv.ParseInt(epoch, 10, 64)
 		c.log.Info("semaphore: this process now controls the limit", "epoch", c.epoch)
+	}
+	if str(vals[8]) == "" {
+		// Fixed mode, by the operator's choice or by a Redis that lost
+		// the auto mode: restore tells which.
+		return c.restore(ctx, cnt)
 	}
 	st, err := s.Stats(ctx)
 	if err != nil {
@@ -140,8 +150,7 @@ func (c *controller) window(ctx context.Context) error {
 	}
 	a := st.Auto
 	if a.Mode == ModeFixed {
-		c.law = nil
-		return c.restore(ctx, cnt)
+		return nil // SetLimit came between the two calls
 	}
 	c.seen = &a
 	key := fmt.Sprintf("%s:%d:%d:%d", a.Mode, a.Min, a.Max, a.Fixed)
@@ -203,18 +212,26 @@ func (c *controller) window(ctx context.Context) error {
 	return nil
 }
 
-// restore sets the auto mode again when Redis lost it while this process
-// led (the signals hash has no "ended": SetLimit did not end it).
+// restore sets the auto mode again, and the controller's last N, when
+// Redis lost them while this process led (the signals hash has no
+// "ended": SetLimit did not end it). Otherwise fixed mode stands, and the
+// law is dropped.
 func (c *controller) restore(ctx context.Context, cnt counters) error {
 	a := c.seen
-	if a == nil || cnt.ended {
-		c.seen = nil
+	c.seen = nil
+	if a == nil || cnt.ended || c.law == nil {
+		c.law = nil
 		return nil
 	}
-	c.seen = nil
 	c.log.Warn("semaphore: Redis lost the auto mode (a restart or failover without the keys); setting it again",
-		"min", a.Min, "max", a.Max, "fixed", a.Fixed, "mode", a.Mode)
-	return c.s.SetAuto(ctx, AutoLimits{Min: a.Min, Max: a.Max, Fixed: a.Fixed, Shadow: a.Mode == ModeShadow})
+		"min", a.Min, "max", a.Max, "fixed", a.Fixed, "mode", a.Mode, "limit", c.law.n)
+	if err := c.s.SetAuto(ctx, AutoLimits{Min: a.Min, Max: a.Max, Fixed: a.Fixed, Shadow: a.Mode == ModeShadow}); err != nil {
+		c.seen = a
+		return err
+	}
+	c.last, c.started = counters{}, time.Now() // the counters are gone too
+	_, err := c.s.adapt(ctx, c.lease, c.law.n, 2*c.o.Window, "restored after Redis lost the auto mode", "")
+	return err
 }
 
 // probe runs the Probe three times and returns the median (0 if each

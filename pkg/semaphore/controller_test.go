@@ -113,9 +113,9 @@ func TestOneControllerLeadsAndAnotherTakesOverWithANewEpoch(t *testing.T) {
 	<-doneB
 }
 
-// When the controller stops, its N holds for its window and the limit
-// falls back to the operator's fixed N; when Redis loses the auto mode
-// while it leads, it sets it again.
+// When the controller stops, or the releases stop reporting, its N holds
+// for its window and the limit falls back to the operator's fixed N; when
+// Redis loses the auto mode while it leads, it sets it again, with its N.
 func TestWithoutItsControllerTheLimitFallsBackToTheFixedN(t *testing.T) {
 	t.Parallel()
 	rdb, _ := testenv.PrivateRedis(t)
@@ -125,9 +125,13 @@ func TestWithoutItsControllerTheLimitFallsBackToTheFixedN(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	setAuto(t, s, semaphore.AutoLimits{Min: 1, Max: 8, Fixed: 6})
+	// Elections before this one: its lease is not the first.
+	if err := rdb.HSet(context.Background(), semaphore.DefaultPrefix+":{db}:signals", "epoch", 5).Err(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	load(t, s, 8, 5*time.Millisecond)
+	stopLoad := load(t, s, 8, 5*time.Millisecond)
 	window := 100 * time.Millisecond
 	done := runController(s, ctx, window)
 	testenv.WaitFor(t, 10*time.Second, "the controller to move N off the fixed 6", func() bool {
@@ -143,6 +147,17 @@ func TestWithoutItsControllerTheLimitFallsBackToTheFixedN(t *testing.T) {
 		return st.Auto.Mode == semaphore.ModeAuto && st.Auto.Min == 1 && st.Auto.Max == 8 && st.Auto.Fixed == 6
 	})
 	testenv.WaitFor(t, 10*time.Second, "the controller to move N off the fixed 6 again", func() bool {
+		st := stats(t, s)
+		return st.Auto.Why == "controller" && st.Limit != 6
+	})
+	// No release reports: the controller, running, lets N fall back.
+	stopLoad()
+	testenv.WaitFor(t, 10*time.Second, "the limit to fall back to the fixed 6 without signals", func() bool {
+		st := stats(t, s)
+		return st.Limit == 6 && st.Auto.Why == "fallback"
+	})
+	load(t, s, 8, 5*time.Millisecond)
+	testenv.WaitFor(t, 10*time.Second, "the controller to move N once reports come again", func() bool {
 		st := stats(t, s)
 		return st.Auto.Why == "controller" && st.Limit != 6
 	})
@@ -178,8 +193,8 @@ func runController(s *semaphore.Semaphore, ctx context.Context, window time.Dura
 }
 
 // load runs n goroutines that each hold a permit of s for hold, again
-// and again, reporting success, until the test ends.
-func load(t *testing.T, s *semaphore.Semaphore, n int, hold time.Duration) {
+// and again, reporting success, until the test ends or stop is called.
+func load(t *testing.T, s *semaphore.Semaphore, n int, hold time.Duration) (stop func()) {
 	t.Helper()
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -195,8 +210,8 @@ func load(t *testing.T, s *semaphore.Semaphore, n int, hold time.Duration) {
 			}
 		}()
 	}
-	t.Cleanup(func() {
-		stop()
-		wg.Wait()
-	})
+	var once sync.Once
+	stopped := func() { once.Do(func() { stop(); wg.Wait() }) }
+	t.Cleanup(stopped)
+	return stopped
 }

@@ -97,7 +97,13 @@ type activity struct {
 
 func watchActivity(t *testing.T, app string) *activity {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), testenv.DatabaseURL(t))
+	return watchActivityOn(t, testenv.DatabaseURL(t), app)
+}
+
+// watchActivityOn is watchActivity on the server at url.
+func watchActivityOn(t *testing.T, url, app string) *activity {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}

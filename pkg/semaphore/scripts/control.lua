@@ -5,8 +5,9 @@
 --   ARGV[5] the candidate's ID
 --   ARGV[6] the lease (ms)
 -- Returns {lease value "epoch:candidate" of the holder, lead (1 or 0),
---          n, okms, busy, err, over, ended}: the counters of the signals
---          hash (report, lib.lua), "" where absent.
+--          n, okms, busy, err, over, ended, auto}: the counters of the
+--          signals hash (report, lib.lua) and the auto mode's record, ""
+--          where absent.
 local me, ms = ARGV[5], ARGV[6]
 local cur = rcall('GET', K_CTL)
 local lead = 0
@@ -21,4 +22,5 @@ end
 local out = {cur, lead}
 local sig = rcall('HMGET', K_SIG, 'n', 'okms', 'busy', 'err', 'over', 'ended')
 for i = 1, 6 do out[#out + 1] = sig[i] or '' end
+out[#out + 1] = rcall('GET', K_AUTO) or ''
 return out
