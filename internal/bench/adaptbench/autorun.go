@@ -261,7 +261,7 @@ func (r *autoResult) print(sr *sweepResult) {
 		ratio := float64(r.phases[1].w.p99) / float64(ref.p99)
 		checks = append(checks, check{
 			name:  "protects: reduced-phase p99 ÷ fixed N*full's p99 at reduced",
-			value: fmt.Sprintf("%.0f ms ÷ %.0f ms (N = %d) = %.2f", ms(r.phases[1].w.p99), ms(ref.p99), sr.nstar[0], ratio),
+			value: fmt.Sprintf("%.0f ms ÷ %.0f ms (N = %d) = %.3f", ms(r.phases[1].w.p99), ms(ref.p99), sr.nstar[0], ratio),
 			goal:  fmt.Sprintf("≤ %.1f", protectMax), pass: ratio <= protectMax,
 		})
 
@@ -282,7 +282,7 @@ func (r *autoResult) print(sr *sweepResult) {
 		keep := float64(completed) / bestQ
 		checks = append(checks, check{
 			name:  "keeps throughput: completed ÷ the best single fixed N's",
-			value: fmt.Sprintf("%d ÷ %.0f (N = %d) = %.2f", completed, bestQ, bestN, keep),
+			value: fmt.Sprintf("%d ÷ %.0f (N = %d) = %.3f", completed, bestQ, bestN, keep),
 			goal:  fmt.Sprintf("≥ %.1f", keepMin), pass: keep >= keepMin,
 		})
 	}
