@@ -10,7 +10,7 @@ STATICCHECK := bin/staticcheck
 # One stamp per version, so bumping STATICCHECK_VERSION reinstalls.
 STATICCHECK_STAMP := bin/.staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: tools check test test-inner chaos bench demo
+.PHONY: tools check test test-inner chaos bench bench-adapt demo
 
 # tools: download Go module deps and install the pinned staticcheck into ./bin.
 tools: $(STATICCHECK) $(STATICCHECK_STAMP)
@@ -62,11 +62,18 @@ chaos: tools
 	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh env BATCHMR_CHAOS_REPEAT=3 BATCHMR_CHAOS_PAGES=2500 \
 		go test -race -count=1 -timeout 120m -v ./internal/tests/faults/
 
-# bench: run the semaphore, mapreduce and paging benchmarks
-# and the Redis Cluster spread (internal/bench/semabench, mrbench, pagebench,
-# clusterbench) against throwaway servers.
+# bench: run the semaphore, mapreduce and paging benchmarks, the Redis
+# Cluster spread and the adaptive limit against a Postgres whose CPU
+# changes (internal/bench/semabench, mrbench, pagebench, clusterbench,
+# adaptbench) against throwaway servers. adaptbench needs root and cgroup
+# v1's CPU controller: it moves the Postgres server into a CPU group.
 bench:
-	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh sh -c 'go run ./internal/bench/semabench && go run ./internal/bench/mrbench && go run ./internal/bench/pagebench && go run ./internal/bench/clusterbench'
+	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh sh -c 'go run ./internal/bench/semabench && go run ./internal/bench/mrbench && go run ./internal/bench/pagebench && go run ./internal/bench/clusterbench && go run ./internal/bench/adaptbench'
+
+# bench-adapt: run only adaptbench (about 8 minutes);
+# make bench-adapt ADAPTBENCH_FLAGS=-quick is a 2-minute smoke run.
+bench-adapt:
+	BATCHMR_NO_BROWSER=1 scripts/with-servers.sh go run ./internal/bench/adaptbench $(ADAPTBENCH_FLAGS)
 
 # demo: seed a table, start three workers, run orders-report with its
 # progress bar, check the result against SQL and show what Postgres saw
