@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/batchmr/batchmr/internal/outage"
 )
 
 // ControllerOptions configure RunController.
@@ -69,7 +71,7 @@ func (s *Semaphore) RunController(ctx context.Context, o ControllerOptions) erro
 	if o.Logger == nil {
 		o.Logger = s.log
 	}
-	c := &controller{s: s, o: o, log: o.Logger}
+	c := &controller{s: s, o: o, log: o.Logger, probes: outage.New(o.Logger, "semaphore: controller's probe")}
 	tick := time.NewTicker(o.Window)
 	defer tick.Stop()
 	for {
@@ -98,6 +100,7 @@ type controller struct {
 	seen    *AutoState // the last auto mode read while leading
 	warned  string     // the last warning logged, to log each once
 	started time.Time  // when the current window began
+	probes  *outage.Log
 }
 
 // counters are the signals hash's (control.lua).
@@ -244,10 +247,11 @@ func (c *controller) probe(ctx context.Context) time.Duration {
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
-				c.warn(fmt.Errorf("probing the database: %w", err))
+				c.probes.Failed(nil, outage.Database, "", err)
 			}
 			continue
 		}
+		c.probes.Ended(outage.Database, "")
 		ds = append(ds, d)
 	}
 	if len(ds) == 0 {
@@ -257,8 +261,13 @@ func (c *controller) probe(ctx context.Context) time.Duration {
 	return ds[len(ds)/2]
 }
 
-// warn logs err once until another comes.
+// warn logs err once until another comes. A Redis outage is the
+// handle's outage log's to tell.
 func (c *controller) warn(err error) {
+	if mayPass(err) {
+		c.log.Debug("semaphore: controller", "error", err)
+		return
+	}
 	if msg := err.Error(); msg != c.warned {
 		c.log.Warn("semaphore: controller", "error", err)
 		c.warned = msg

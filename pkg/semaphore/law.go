@@ -3,6 +3,7 @@ package semaphore
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -17,7 +18,11 @@ const (
 	tolerance = 0.3
 	// probeTolerance: a probe up to (1+probeTolerance) times its baseline
 	// says the database has room.
-	probeTolerance = 0.3
+	probeTolerance = 0.5
+	// faster: a window this much faster than the baseline says the
+	// database got faster (capacity came back): the raises' back-off is
+	// forgotten.
+	faster = 0.7
 	// overloadShare: timeouts in at least this share of a window's
 	// outcomes cut N by overloadCut.
 	overloadShare = 0.1
@@ -25,8 +30,8 @@ const (
 	// refreshEvery: at min, a latency baseline older than this many
 	// windows is measured again (it may have risen: a slower database).
 	refreshEvery = 60
-	// probeMemory: the probe baseline is the fastest window median of the
-	// last probeMemory windows.
+	// probeMemory: the probe baseline is the tenth percentile of the
+	// last probeMemory windows' medians: not the one luckiest.
 	probeMemory = 600
 	// maxUpWait: without a probe, a raise that queued doubles the clean
 	// windows the next raise waits for, up to this many.
@@ -89,15 +94,15 @@ func newLaw(lo, hi, start int, window time.Duration) *law {
 	return &law{min: lo, max: hi, n: min(max(start, lo), hi), window: window, upWait: 1}
 }
 
-// probeBase is the fastest window probe median remembered.
+// probeBase is the tenth percentile of the window probe medians
+// remembered.
 func (l *law) probeBase() time.Duration {
-	var b time.Duration
-	for _, p := range l.probes {
-		if p > 0 && (b == 0 || p < b) {
-			b = p
-		}
+	if len(l.probes) == 0 {
+		return 0
 	}
-	return b
+	ps := slices.Clone(l.probes)
+	slices.Sort(ps)
+	return ps[len(ps)/10]
 }
 
 // next decides N for the window w ending at now.
@@ -147,6 +152,9 @@ func (l *law) next(w sample, now time.Time) decision {
 		return l.set(l.min, false, "measuring the latency baseline at min", lat)
 	}
 	if lat < l.base {
+		if float64(lat) < faster*float64(l.base) {
+			l.ceiling, l.upWait = 0, 1
+		}
 		l.base, l.baseAge = lat, 0
 	}
 	ratio := float64(lat) / float64(l.base)
@@ -169,17 +177,16 @@ func (l *law) next(w sample, now time.Time) decision {
 		l.clean = 0
 		return l.set(l.n, false, fmt.Sprintf("latency %v at the baseline; N is not used up", round(lat)), lat)
 	}
-	if w.probe > 0 {
-		pb := l.probeBase()
-		if float64(w.probe) > (1+probeTolerance)*float64(pb) {
-			l.clean = 0
-			return l.set(l.n, false, fmt.Sprintf("latency %v at the baseline, but the probe takes %v against %v: no room", round(lat), round(w.probe), round(pb)), lat)
-		}
-	}
 	l.clean++
 	step := max(1, l.n/8)
 	if l.n+step >= l.ceiling && l.ceiling > 0 && l.clean < l.upWait {
 		return l.set(l.n, false, fmt.Sprintf("latency %v at the baseline; %d queued last time: raising after %d clean windows", round(lat), l.ceiling, l.upWait), lat)
+	}
+	if w.probe > 0 {
+		pb := l.probeBase()
+		if float64(w.probe) > (1+probeTolerance)*float64(pb) {
+			return l.set(l.n, false, fmt.Sprintf("latency %v at the baseline, but the probe takes %v against %v: no room", round(lat), round(w.probe), round(pb)), lat)
+		}
 	}
 	l.clean = 0
 	return l.set(l.n+step, true, fmt.Sprintf("latency %v at the baseline, %d waiting: room", round(lat), w.waiting), lat)

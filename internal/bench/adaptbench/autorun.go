@@ -18,6 +18,7 @@ import (
 // Targets of the auto run.
 const (
 	settleBand      = 0.25             // N within ±25% of the phase's N*
+	settledShare    = 0.9              // for 90% of the rest of the phase
 	settleDropMax   = 30 * time.Second // after the capacity drops
 	settleReturnMax = 60 * time.Second // after it returns
 	protectMax      = 0.5              // reduced-phase p99 ÷ the full-capacity best fixed N's p99 there
@@ -167,31 +168,31 @@ func inBand(limit, nstar int) bool {
 	return float64(limit) >= (1-settleBand)*float64(nstar) && float64(limit) <= (1+settleBand)*float64(nstar)
 }
 
-// settle returns, for phase p, the time from its start until the limit
-// entered the band around nstar for the rest of the phase (ok false: it
-// was out of it at the phase's end), and the fraction of its samples in
-// the band.
+// settle returns, for phase p, the time from its start until the first
+// sample in the band around nstar from which at least settledShare of the
+// phase's samples are in it (a controller tries a raise now and then, to
+// find capacity that came back), ok false if there is none, and the
+// fraction of the phase's samples in the band.
 func (r *autoResult) settle(p phaseResult, nstar int) (after time.Duration, ok bool, within float64) {
 	ss := r.phaseSamples(p)
 	if len(ss) == 0 {
 		return 0, false, 0
 	}
-	lastOut, in := -1, 0
-	for i, s := range ss {
-		if inBand(s.limit, nstar) {
-			in++
-		} else {
-			lastOut = i
+	// inFrom[i]: samples in the band from i on.
+	inFrom := make([]int, len(ss)+1)
+	for i := len(ss) - 1; i >= 0; i-- {
+		inFrom[i] = inFrom[i+1]
+		if inBand(ss[i].limit, nstar) {
+			inFrom[i]++
 		}
 	}
-	within = float64(in) / float64(len(ss))
-	switch {
-	case lastOut == -1:
-		return 0, true, within
-	case lastOut == len(ss)-1:
-		return 0, false, within
+	within = float64(inFrom[0]) / float64(len(ss))
+	for i, s := range ss {
+		if inBand(s.limit, nstar) && float64(inFrom[i]) >= settledShare*float64(len(ss)-i) {
+			return s.at.Sub(p.from), true, within
+		}
 	}
-	return ss[lastOut+1].at.Sub(p.from), true, within
+	return 0, false, within
 }
 
 func (r *autoResult) phaseSamples(p phaseResult) []sample {

@@ -4,7 +4,7 @@
 // 2 cores (full) or 0.5 core (reduced), while 64 goroutines loop over
 // Acquire, a CPU-bound page query, Release. First a sweep of fixed limits
 // at each capacity finds each capacity's N* (the smallest N whose
-// throughput is within 5% of that capacity's best); then the controller
+// throughput is within 10% of that capacity's best); then the controller
 // (semaphore.RunController with pgsource.Probe) runs three phases,
 // full, reduced, full, and the report checks that it settles near N*,
 // protects latency, keeps throughput and stays within its bounds.
@@ -51,7 +51,7 @@ var (
 	step         = flag.Duration("step", 10*time.Second, "measured time of each fixed limit at each capacity")
 	warmup       = flag.Duration("warmup", 2*time.Second, "unmeasured time before each measurement, once the queries begun before the change have ended")
 	phase        = flag.Duration("phase", 60*time.Second, "length of each of the auto run's phases (full, reduced, full)")
-	nStarWithin  = flag.Float64("nstar-within", 0.05, "N* of a capacity is the smallest N whose throughput is within this fraction of the capacity's best")
+	nStarWithin  = flag.Float64("nstar-within", 0.1, "N* of a capacity is the smallest N whose throughput is within this fraction of the capacity's best (the throughput target's 0.9)")
 	queryTarget  = flag.Duration("query", 25*time.Millisecond, "the page query's time at full capacity, alone; calibrated at start")
 	queryTimeout = flag.Duration("query-timeout", 0, "bound on each query (0: none)")
 	fullQuota    = flag.Int("full", 200000, "full capacity: the Postgres group's cpu.cfs_quota_us per 100000 µs")
@@ -83,7 +83,7 @@ func main() {
 		os.Exit(2)
 	}
 	if *nStarWithin < 0 || *nStarWithin >= 1 {
-		fmt.Fprintf(os.Stderr, "adaptbench: -nstar-within %g: want a fraction in [0, 1), such as 0.05\n", *nStarWithin)
+		fmt.Fprintf(os.Stderr, "adaptbench: -nstar-within %g: want a fraction in [0, 1), such as 0.1\n", *nStarWithin)
 		os.Exit(2)
 	}
 	sweep, err := parseSweep(*sweepList)
