@@ -111,43 +111,16 @@ type counters struct {
 
 // window is one tick: campaign, read, decide, apply.
 func (c *controller) window(ctx context.Context) error {
-	s := c.s
-	lease := 3 * c.o.Window
-	res, err := s.eval(ctx, scriptControl, s.process, lease.Milliseconds())
-	if err != nil {
-		return fmt.Errorf("campaigning for the controller's lease: %w", err)
+	lead, cnt, auto, err := c.campaign(ctx)
+	if err != nil || !lead {
+		return err
 	}
-	vals, _ := res.([]any)
-	if len(vals) != 9 {
-		return fmt.Errorf("campaigning for the controller's lease: unexpected reply %v", res)
-	}
-	holder, _ := vals[0].(string)
-	if lead, _ := vals[1].(int64); lead != 1 {
-		if c.lease != "" {
-			c.log.Info("semaphore: this process no longer controls the limit", "controller", holder)
-		}
-		c.lease, c.law, c.seen = "", nil, nil
-		return nil
-	}
-	now := time.Now()
-	cnt := parseCounters(vals[2:])
-	if c.lease != holder {
-		// A new lease: won now, or won again at once after Redis lost the
-		// last (this process's law and memory of the mode then go on).
-		if c.lease == "" {
-			c.law, c.seen = nil, nil
-		}
-		c.lease = holder
-		epoch, _, _ := strings.Cut(holder, ":")
-		c.epoch, _ = strconv.ParseInt(epoch, 10, 64)
-		c.log.Info("semaphore: this process now controls the limit", "epoch", c.epoch)
-	}
-	if str(vals[8]) == "" {
+	if auto == "" {
 		// Fixed mode, by the operator's choice or by a Redis that lost
 		// the auto mode: restore tells which.
 		return c.restore(ctx, cnt)
 	}
-	st, err := s.Stats(ctx)
+	st, err := c.s.Stats(ctx)
 	if err != nil {
 		return err
 	}
@@ -156,6 +129,7 @@ func (c *controller) window(ctx context.Context) error {
 		return nil // SetLimit came between the two calls
 	}
 	c.seen = &a
+	now := time.Now()
 	key := fmt.Sprintf("%s:%d:%d:%d", a.Mode, a.Min, a.Max, a.Fixed)
 	if c.law == nil || c.bounds != key {
 		start := st.Limit
@@ -175,19 +149,57 @@ func (c *controller) window(ctx context.Context) error {
 		over:    int(cnt.over - c.last.over),
 		waiting: len(st.Waiters),
 	}
+	c.last, c.started = cnt, now
 	if w.ok < 0 || w.busyms < 0 || w.errs < 0 || w.over < 0 {
-		// The counters were reset (Redis lost them): start afresh.
-		c.last, c.started = cnt, now
-		return nil
+		return nil // the counters were reset (Redis lost them): start afresh
 	}
 	if c.o.Probe != nil {
 		w.probe = c.probe(ctx)
 	}
-	d := c.law.next(w, now)
-	c.last, c.started = cnt, now
+	return c.apply(ctx, st, w, c.law.next(w, now))
+}
+
+// campaign takes or renews the controller's lease and reads the signals'
+// counters and the auto mode's record ("": fixed mode).
+func (c *controller) campaign(ctx context.Context) (lead bool, cnt counters, auto string, err error) {
+	lease := 3 * c.o.Window
+	res, err := c.s.eval(ctx, scriptControl, c.s.process, lease.Milliseconds())
+	if err != nil {
+		return false, cnt, "", fmt.Errorf("campaigning for the controller's lease: %w", err)
+	}
+	vals, _ := res.([]any)
+	if len(vals) != 9 {
+		return false, cnt, "", fmt.Errorf("campaigning for the controller's lease: unexpected reply %v", res)
+	}
+	holder, _ := vals[0].(string)
+	if l, _ := vals[1].(int64); l != 1 {
+		if c.lease != "" {
+			c.log.Info("semaphore: this process no longer controls the limit", "controller", holder)
+		}
+		c.lease, c.law, c.seen = "", nil, nil
+		return false, cnt, "", nil
+	}
+	if c.lease != holder {
+		// A new lease: won now, or won again at once after Redis lost the
+		// last (this process's law and memory of the mode then go on).
+		if c.lease == "" {
+			c.law, c.seen = nil, nil
+		}
+		c.lease = holder
+		epoch, _, _ := strings.Cut(holder, ":")
+		c.epoch, _ = strconv.ParseInt(epoch, 10, 64)
+		c.log.Info("semaphore: this process now controls the limit", "epoch", c.epoch)
+	}
+	return true, parseCounters(vals[2:]), str(vals[8]), nil
+}
+
+// apply sets the law's decision d, taken on the window w, as the limit
+// (in shadow mode, records it), and logs a move.
+func (c *controller) apply(ctx context.Context, st Stats, w sample, d decision) error {
+	a := st.Auto
 	if !d.renew {
 		if d.reason != c.warned {
-			c.log.Warn("semaphore: the controller has no signals; the limit falls back to the fixed N", "reason", d.reason, "fixed", a.Fixed)
+			c.log.Info("semaphore: the controller has no signals; the limit falls back to the fixed N", "reason", d.reason, "fixed", a.Fixed)
 			c.warned = d.reason
 		}
 		return nil
@@ -202,7 +214,7 @@ func (c *controller) window(ctx context.Context) error {
 	if a.Mode == ModeShadow {
 		prev = a.Controller
 	}
-	if _, err := s.adapt(ctx, c.lease, d.n, 2*c.o.Window, d.reason, string(sig)); err != nil {
+	if _, err := c.s.adapt(ctx, c.lease, d.n, 2*c.o.Window, d.reason, string(sig)); err != nil {
 		if errors.Is(err, errNotController) {
 			c.lease, c.law = "", nil
 		}

@@ -151,6 +151,12 @@ func (l *law) next(w sample, now time.Time) decision {
 		l.drain, l.restore = 2, l.n
 		return l.set(l.min, false, "measuring the latency baseline at min", lat)
 	}
+	return l.judge(w, lat)
+}
+
+// judge decides on a window w with enough successes, of mean latency
+// lat, against the baseline.
+func (l *law) judge(w sample, lat time.Duration) decision {
 	if lat < l.base {
 		if float64(lat) < faster*float64(l.base) {
 			l.ceiling, l.upWait = 0, 1
