@@ -13,9 +13,6 @@ import (
 // defaultWindow is ControllerOptions.Window's default.
 const defaultWindow = time.Second
 
-// report tells the controller how a permit's work ended, before Release.
-func report(p *semaphore.Permit, err error) { p.Report(err) }
-
 // runController runs the fleet's controller for sem in this process, with
 // a probe of the pool's server, until ctx is done.
 func runController(ctx context.Context, sem *semaphore.Semaphore, pool *pgxpool.Pool, window time.Duration, log *slog.Logger) error {

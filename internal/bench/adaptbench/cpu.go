@@ -25,7 +25,7 @@ type cpuUse struct {
 func (b *bench) cpuNow(ctx context.Context) cpuUse {
 	u := benchutil.TakeUse(ctx, b.rdb)
 	c := cpuUse{machine: machineBusy(), redis: u.RedisCPU, own: u.OwnCPU}
-	if pids, err := b.group.procs(); err == nil {
+	if pids, err := b.group.Procs(); err == nil {
 		for _, pid := range pids {
 			c.postgres += processCPU(pid)
 		}

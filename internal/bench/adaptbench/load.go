@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -80,7 +81,7 @@ func (l *load) one(ctx context.Context) {
 	err = l.pool.QueryRow(qctx, pageQuery, l.rows).Scan(&n)
 	cancel()
 	end := time.Now()
-	report(p, err)
+	p.Report(err)
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = p.Release(rctx)
 	rcancel()
@@ -181,4 +182,12 @@ func percentile(xs []time.Duration, q float64) time.Duration {
 	slices.Sort(s)
 	i := int(q*float64(len(s))+0.999999) - 1
 	return s[min(max(i, 0), len(s)-1)]
+}
+
+// printErrors prints the failures since the last take, if any, as those
+// of during.
+func (l *load) printErrors(during string) {
+	if e := l.takeErrors(); len(e) > 0 {
+		fmt.Printf("Failures during %s: %v\n\n", during, e)
+	}
 }

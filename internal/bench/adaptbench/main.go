@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/batchmr/batchmr/internal/bench/benchutil"
+	"github.com/batchmr/batchmr/internal/tests/cgroupcpu"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -91,7 +92,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "adaptbench:", err)
 		os.Exit(2)
 	}
-	if err := checkCgroups(); err != nil {
+	if err := cgroupcpu.Check(); err != nil {
 		fmt.Fprintln(os.Stderr, "adaptbench:", err)
 		os.Exit(1)
 	}
@@ -129,7 +130,7 @@ type bench struct {
 	sem          *semaphore.Semaphore
 	rdb          *redis.Client
 	pool         *pgxpool.Pool
-	group        *cgroup
+	group        *cgroupcpu.Group
 	load         *load
 	full, reduce capacity
 }
@@ -144,22 +145,11 @@ func run(ctx context.Context, rdb *redis.Client, sweep []int) (err error) {
 			err = fmt.Errorf("%w (%v)", c, err)
 		}
 	}()
-	cfg, err := pgxpool.ParseConfig(*dbURL)
-	if err != nil {
-		return fmt.Errorf("-database-url: %w", err)
-	}
-	cfg.MaxConns = int32(*goroutines + 4) // the probe's and the checks' too
-	cfg.ConnConfig.RuntimeParams["jit"] = "off"
-	cfg.ConnConfig.RuntimeParams["application_name"] = "adaptbench"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, version, err := openPool(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	var version string
-	if err := pool.QueryRow(ctx, "SHOW server_version").Scan(&version); err != nil {
-		return fmt.Errorf("read the Postgres server's version: %w", err)
-	}
 
 	go watchServers(ctx, cancel, rdb, pool)
 
@@ -171,22 +161,17 @@ func run(ctx context.Context, rdb *redis.Client, sweep []int) (err error) {
 	if err != nil {
 		return err
 	}
-	b.group, err = newCgroup(fmt.Sprintf("batchmr-adaptbench-%d", os.Getpid()), b.full.quota, *goroutines)
+	b.group, err = cgroupcpu.New(fmt.Sprintf("batchmr-adaptbench-%d", os.Getpid()), *goroutines)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if rerr := b.group.remove(); rerr != nil {
+		if rerr := b.group.Remove(); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("put the Postgres server back in the root CPU group: %w", rerr))
 		}
 	}()
-	if err := b.group.add(postmaster); err != nil {
+	if err := b.capture(postmaster, children); err != nil {
 		return err
-	}
-	for _, pid := range children {
-		if err := b.group.add(pid); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return err
-		}
 	}
 	// Every connection of the pool now, so that no query waits for one.
 	if err := warmPool(ctx, pool, *goroutines); err != nil {
@@ -197,29 +182,14 @@ func run(ctx context.Context, rdb *redis.Client, sweep []int) (err error) {
 		return err
 	}
 
-	var rb [4]byte
-	_, _ = rand.Read(rb[:])
-	prefix := "adaptbench:" + hex.EncodeToString(rb[:])
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	if *verbose {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	b.sem, err = semaphore.New(rdb, "db", semaphore.Options{Limit: sweep[0], Prefix: prefix, Logger: log})
+	closeSem, err := b.openSemaphore(rdb, sweep[0])
 	if err != nil {
 		return err
 	}
-	defer func() {
-		_ = b.sem.Close()
-		benchutil.DeleteMatching(rdb, prefix+":*")
-	}()
+	defer closeSem()
 
-	host, _ := os.Hostname()
 	startLoad := loadAverage()
-	fmt.Printf("# adaptbench: %s, Postgres %s (postmaster %d and %d children in %s), %d CPUs on %s\n\n",
-		time.Now().Format("2006-01-02"), version, postmaster, len(children), b.group.dir,
-		runtime.NumCPU(), host)
-	fmt.Printf("Page query: `%s` with $1 = %d: %.1f ms alone at full capacity (median of 9, target %v). %d goroutines loop over Acquire, the query, Release; latency is from the grant to the query's end.\n\n",
-		pageQuery, rows, ms(med), *queryTarget, *goroutines)
+	b.printHeader(version, postmaster, len(children), rows, med)
 
 	b.load = &load{sem: b.sem, pool: pool, rows: rows, timeout: *queryTimeout}
 	loadCtx, stopLoad := context.WithCancel(ctx)
@@ -235,9 +205,7 @@ func run(ctx context.Context, rdb *redis.Client, sweep []int) (err error) {
 		return err
 	}
 	res.print()
-	if e := b.load.takeErrors(); len(e) > 0 {
-		fmt.Printf("Failures during the sweep: %v\n\n", e)
-	}
+	b.load.printErrors("the sweep")
 	ar, err := b.auto(ctx, res)
 	if err != nil {
 		return err
@@ -247,7 +215,78 @@ func run(ctx context.Context, rdb *redis.Client, sweep []int) (err error) {
 	return nil
 }
 
-// warmPool opens n connections of pool at once.
+// printHeader says what runs where: the date, the server, its group and
+// the page query's calibration.
+func (b *bench) printHeader(version string, postmaster, children int, rows int64, med time.Duration) {
+	host, _ := os.Hostname()
+	fmt.Printf("# adaptbench: %s, Postgres %s (postmaster %d and %d children in %s), %d CPUs on %s\n\n",
+		time.Now().Format("2006-01-02"), version, postmaster, children, b.group.Dir(),
+		runtime.NumCPU(), host)
+	fmt.Printf("Page query: `%s` with $1 = %d: %.1f ms alone at full capacity (median of 9, target %v). %d goroutines loop over Acquire, the query, Release; latency is from the grant to the query's end.\n\n",
+		pageQuery, rows, ms(med), *queryTarget, *goroutines)
+}
+
+// openSemaphore opens the benchmark's semaphore under a fresh prefix;
+// closing it deletes its keys.
+func (b *bench) openSemaphore(rdb *redis.Client, limit int) (closeSem func(), err error) {
+	var rb [4]byte
+	_, _ = rand.Read(rb[:])
+	prefix := "adaptbench:" + hex.EncodeToString(rb[:])
+	b.sem, err = semaphore.New(rdb, "db", semaphore.Options{Limit: limit, Prefix: prefix, Logger: benchLogger()})
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		_ = b.sem.Close()
+		benchutil.DeleteMatching(rdb, prefix+":*")
+	}, nil
+}
+
+// benchLogger logs warnings to stderr, everything with -v.
+func benchLogger() *slog.Logger {
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// openPool opens the pool of the page queries (and the probe's and the
+// checks' connections), without JIT, and reads the server's version.
+func openPool(ctx context.Context) (*pgxpool.Pool, string, error) {
+	cfg, err := pgxpool.ParseConfig(*dbURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("-database-url: %w", err)
+	}
+	cfg.MaxConns = int32(*goroutines + 4)
+	cfg.ConnConfig.RuntimeParams["jit"] = "off"
+	cfg.ConnConfig.RuntimeParams["application_name"] = "adaptbench"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	var version string
+	if err := pool.QueryRow(ctx, "SHOW server_version").Scan(&version); err != nil {
+		pool.Close()
+		return nil, "", fmt.Errorf("read the Postgres server's version: %w", err)
+	}
+	return pool, version, nil
+}
+
+// capture sets the group to full capacity and moves the postmaster and
+// its children into it.
+func (b *bench) capture(postmaster int, children []int) error {
+	if err := b.group.SetCores(b.full.cores()); err != nil {
+		return err
+	}
+	for _, pid := range append([]int{postmaster}, children...) {
+		if err := b.group.Add(pid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // watchServers ends the run, with the cause, once Redis or Postgres has
 // not answered for about 10 seconds (its servers were stopped under it).
 func watchServers(ctx context.Context, cancel context.CancelCauseFunc, rdb *redis.Client, pool *pgxpool.Pool) {
@@ -267,6 +306,7 @@ func watchServers(ctx context.Context, cancel context.CancelCauseFunc, rdb *redi
 	}
 }
 
+// warmPool opens n connections of pool at once.
 func warmPool(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	conns := make([]*pgxpool.Conn, 0, n)
 	defer func() {

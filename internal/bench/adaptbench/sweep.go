@@ -27,7 +27,7 @@ func (b *bench) sweep(ctx context.Context, ns []int) (*sweepResult, error) {
 	r := &sweepResult{caps: []capacity{b.full, b.reduce}, ns: ns}
 	for ci, c := range r.caps {
 		r.w = append(r.w, make([]window, len(ns)))
-		if err := b.group.setQuota(c.quota); err != nil {
+		if err := b.group.SetCores(c.cores()); err != nil {
 			return nil, err
 		}
 		order := slices.Clone(ns)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/tests/cgroupcpu"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -38,7 +39,8 @@ type PostgresServer struct {
 	settings []string // -c name=value, each
 	cred     *syscall.Credential
 	cmd      *exec.Cmd
-	exited   chan struct{} // closed when cmd has exited; nil while stopped
+	exited   chan struct{}    // closed when cmd has exited; nil while stopped
+	cpu      *cgroupcpu.Group // LimitCPU's, once called
 }
 
 // PostgresStop is how Stop shuts a server down: Postgres's shutdown modes.
