@@ -127,3 +127,43 @@ func ExampleSemaphore_TryAcquire() {
 	_ = p.Release(ctx)
 	// Output: semaphore "db": try acquire: no permit available
 }
+
+// Auto mode: the operator sets bounds, every process runs a candidate
+// for the controller, and the one elected moves the limit within them
+// from what the releases report (Do reports its function's error; with
+// Acquire, call Permit.Report before Release).
+func ExampleSemaphore_RunController() {
+	rdb, prefix, cleanup := exampleRedis()
+	defer cleanup()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	sem, err := semaphore.New(rdb, "db", semaphore.Options{Limit: 8, Prefix: prefix})
+	if err != nil {
+		panic(err)
+	}
+	defer sem.Close()
+
+	// The operator's call (scheduler permits auto db --min 1 --max 16).
+	if err := sem.SetAuto(ctx, semaphore.AutoLimits{Min: 1, Max: 16}); err != nil {
+		panic(err)
+	}
+	// Each process's call; Probe (pgsource.NewProbe(pool).Run) tells the
+	// controller whether Postgres has CPU to spare.
+	go func() { _ = sem.RunController(ctx, semaphore.ControllerOptions{Window: 100 * time.Millisecond}) }()
+
+	go func() { // the work, whose hold times the controller reads
+		for ctx.Err() == nil {
+			_ = sem.Do(ctx, func(ctx context.Context) error {
+				time.Sleep(2 * time.Millisecond)
+				return nil
+			})
+		}
+	}()
+	st, _ := sem.Stats(ctx)
+	for i := 0; i < 100 && st.Auto.Why != "controller"; i++ {
+		time.Sleep(100 * time.Millisecond) // a few windows, until it moves N
+		st, _ = sem.Stats(ctx)
+	}
+	fmt.Println(st.Auto.Mode, st.Auto.Min, st.Auto.Max, st.Auto.Why)
+	// Output: auto 1 16 controller
+}
