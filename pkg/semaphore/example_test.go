@@ -136,12 +136,12 @@ func ExampleSemaphore_RunController() {
 	rdb, prefix, cleanup := exampleRedis()
 	defer cleanup()
 	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
 	sem, err := semaphore.New(rdb, "db", semaphore.Options{Limit: 8, Prefix: prefix})
 	if err != nil {
 		panic(err)
 	}
 	defer sem.Close()
+	defer stop() // the work and the controller end before the handle closes
 
 	// The operator's call (scheduler permits auto db --min 1 --max 16).
 	if err := sem.SetAuto(ctx, semaphore.AutoLimits{Min: 1, Max: 16}); err != nil {
