@@ -54,4 +54,8 @@
 // a worker's pool has it already. Close the pool before the semaphore when
 // shutting down, as a worker does: Semaphore.Close gives back every permit
 // still held at once, queries or not.
+//
+// Do reports how its function ended with the permit, for the semaphore's
+// controller in auto mode (semaphore.RunController); NewProbe gives the
+// controller a probe of the server's spare CPU. A worker does both.
 package pgsource

@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ProbeName is the application_name of a Probe's connection: its query
+// probeName is the application_name of a Probe's connection: its query
 // runs outside the semaphore and is not one of the worker's.
-const ProbeName = "batchmr-probe"
+const probeName = "batchmr-probe"
 
 // probeQuery costs Postgres the same small bit of CPU each time (about a
 // millisecond on an idle core), so that its time tells how much CPU the
@@ -39,7 +39,7 @@ func (p *Probe) Run(ctx context.Context) (time.Duration, error) {
 	defer p.mu.Unlock()
 	if p.conn == nil {
 		cfg := p.db.Config().ConnConfig.Copy()
-		cfg.RuntimeParams["application_name"] = ProbeName
+		cfg.RuntimeParams["application_name"] = probeName
 		c, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
 			return 0, fmt.Errorf("pgsource: probe: connecting: %w", err)
