@@ -116,8 +116,8 @@ func WindowText(g semaphore.ControllerSignals) string {
 	if g.Epoch == 0 {
 		return ""
 	}
-	text := fmt.Sprintf("its last window (%s): %d ok, %d errors, %d timeouts; latency %s against a baseline of %s; %.1f in use, %d waiting",
-		g.Window.Round(time.Millisecond), g.OK, g.Errors, g.Overload, g.Latency.Round(100*time.Microsecond), g.Baseline.Round(100*time.Microsecond), g.InUse, g.Waiting)
+	text := fmt.Sprintf("its last window (%s, %s ago): %d ok, %d errors, %d timeouts; latency %s against a baseline of %s; %.1f in use, %d waiting",
+		g.Window.Round(time.Millisecond), g.Age.Round(time.Second), g.OK, g.Errors, g.Overload, g.Latency.Round(100*time.Microsecond), g.Baseline.Round(100*time.Microsecond), g.InUse, g.Waiting)
 	if g.Probe > 0 {
 		text += fmt.Sprintf("; probe %s against %s", g.Probe.Round(10*time.Microsecond), g.ProbeBaseline.Round(10*time.Microsecond))
 	}

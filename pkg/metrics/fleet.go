@@ -94,7 +94,7 @@ var (
 	descAutoProbe = prometheus.NewDesc("batchmr_semaphore_auto_probe_seconds",
 		"The controller's last window: median of the database probes (0 without a probe).", []string{"semaphore"}, nil)
 	descAutoProbeBase = prometheus.NewDesc("batchmr_semaphore_auto_probe_baseline_seconds",
-		"The controller's last window: the fastest probe median in the last ten minutes.", []string{"semaphore"}, nil)
+		"The controller's last window: the tenth percentile of the probe medians of the last ten minutes.", []string{"semaphore"}, nil)
 	descAutoOK = prometheus.NewDesc("batchmr_semaphore_auto_window_ok",
 		"The controller's last window: releases that reported success.", []string{"semaphore"}, nil)
 	descAutoErrors = prometheus.NewDesc("batchmr_semaphore_auto_window_errors",
@@ -103,6 +103,8 @@ var (
 		"The controller's last window: releases that reported a timeout.", []string{"semaphore"}, nil)
 	descAutoEpoch = prometheus.NewDesc("batchmr_semaphore_auto_epoch",
 		"The controller's last window: its election, counted up by each new controller.", []string{"semaphore"}, nil)
+	descAutoAge = prometheus.NewDesc("batchmr_semaphore_auto_window_age_seconds",
+		"How long ago the controller sent its last window: a dead controller's ages.", []string{"semaphore"}, nil)
 	descJobWorkers = prometheus.NewDesc("batchmr_job_workers",
 		"Live workers announcing the job in the catalogue; 0 means its runs would not progress.", []string{"batchmr_job"}, nil)
 	descRuns = prometheus.NewDesc("batchmr_runs",
@@ -124,7 +126,7 @@ func (f *Fleet) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descSemLimit, descSemHeld, descSemHolders, descSemWaiters,
 		descSemOldest, descSemOldestHold, descAutoMin, descAutoMax, descAutoFixed, descAutoController, descAutoShadow,
 		descAutoLatency, descAutoBaseline, descAutoInUse, descAutoProbe, descAutoProbeBase, descAutoOK, descAutoErrors,
-		descAutoTimeouts, descAutoEpoch, descJobWorkers, descRuns, descRunPages, descRunDone, descRunFailed,
+		descAutoTimeouts, descAutoEpoch, descAutoAge, descJobWorkers, descRuns, descRunPages, descRunDone, descRunFailed,
 		descRunUpdated, descRunStarted} {
 		ch <- d
 	}
@@ -201,6 +203,7 @@ func collectAuto(st semaphore.Stats, gauge func(*prometheus.Desc, float64, ...st
 	gauge(descAutoErrors, float64(g.Errors), st.Name)
 	gauge(descAutoTimeouts, float64(g.Overload), st.Name)
 	gauge(descAutoEpoch, float64(g.Epoch), st.Name)
+	gauge(descAutoAge, g.Age.Seconds(), st.Name)
 }
 
 func (f *Fleet) collectJobs(ctx context.Context, gauge func(*prometheus.Desc, float64, ...string), fail func(string, error)) {

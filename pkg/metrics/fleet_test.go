@@ -260,6 +260,12 @@ func TestFleetShowsTheAutoModeAndTheControllersLastWindowOutsideFixedModeOnly(t 
 				t.Errorf("shadow %v: %s = %v (present %v), want %v as Stats has it", shadow, k, got, ok, v)
 			}
 		}
+		// The window ages between the Stats and the scrape.
+		age, ok := m["batchmr_semaphore_auto_window_age_seconds{db}"]
+		if !ok || age < st.Auto.Signals.Age.Seconds() || age > st.Auto.Signals.Age.Seconds()+10 {
+			t.Errorf("shadow %v: batchmr_semaphore_auto_window_age_seconds = %v (present %v), want Stats' %v or a little more", shadow, age, ok, st.Auto.Signals.Age)
+		}
+		want["batchmr_semaphore_auto_window_age_seconds"] = age
 		for k := range m {
 			if _, ok := want[strings.TrimSuffix(k, "{db}")]; strings.HasPrefix(k, "batchmr_semaphore_auto_") && !ok {
 				t.Errorf("shadow %v: the fleet shows %s, which this test does not know", shadow, k)

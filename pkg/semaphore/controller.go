@@ -45,8 +45,12 @@ type ControllerSignals struct {
 	InUse    float64       `json:"in_use"`   // the mean weight held over the window
 	Waiting  int           `json:"waiting"`  // requests queued at its end
 	Probe    time.Duration `json:"probe"`    // the probes' median (0: no Probe)
-	// ProbeBaseline is the fastest probe median in the last ten minutes.
+	// ProbeBaseline is the tenth percentile of the probe medians of the
+	// last ten minutes' windows.
 	ProbeBaseline time.Duration `json:"probe_baseline"`
+	// Age is how long ago (Redis time) the controller sent them: a dead
+	// controller's last window ages.
+	Age time.Duration `json:"-"`
 }
 
 // RunController makes this process a candidate for the semaphore's

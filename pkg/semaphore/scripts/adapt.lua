@@ -11,6 +11,7 @@
 --   ARGV[8] the controller's lease as control.lua gave it: the call is
 --           refused unless it is still the controller's
 --   ARGV[9] what the controller read in its window (JSON), kept for Stats
+--           with the time it came
 -- Returns {previous limit, limit, N as clamped}; an error reply naming
 -- the fix when the semaphore is in neither mode or the caller is not the
 -- controller.
@@ -27,8 +28,8 @@ end
 local nlo, nhi = to_number(lo), to_number(hi)
 if n < nlo then n = nlo elseif n > nhi then n = nhi end
 local reason = ARGV[7]
-rcall('HSET', K_SIG, 'last', ARGV[9] or '')
 read_clock()
+rcall('HSET', K_SIG, 'last', ARGV[9] or '', 'at', now_s)
 if mode == 'shadow' then
   found_auto = auto_record(mode, lo, hi, fixed, till, int(n), moved, why, reason)
   rcall('SET', K_AUTO, found_auto)
