@@ -215,3 +215,43 @@ func load(t *testing.T, s *semaphore.Semaphore, n int, hold time.Duration) (stop
 	t.Cleanup(stopped)
 	return stopped
 }
+
+// The controller runs on every Redis topology: on a Cluster its lease,
+// signals and mode share the semaphore's slot; through Sentinels it
+// reaches the primary. Two candidates, one controller, N moved from the
+// releases' reports.
+func TestTheControllerRunsOnRedisClusterAndThroughSentinels(t *testing.T) {
+	t.Parallel()
+	for _, topo := range []struct {
+		name string
+		open func(t *testing.T) (redis.UniversalClient, string)
+	}{
+		{"cluster", func(t *testing.T) (redis.UniversalClient, string) { return testenv.RedisCluster(t) }},
+		{"sentinel", func(t *testing.T) (redis.UniversalClient, string) { return testenv.RedisSentinel(t) }},
+	} {
+		t.Run(topo.name, func(t *testing.T) {
+			t.Parallel()
+			rdb, prefix := topo.open(t)
+			a := newSem(t, rdb, prefix, semaphore.Options{Limit: 4})
+			b := newSem(t, rdb, prefix, semaphore.Options{Limit: 4})
+			setAuto(t, a, semaphore.AutoLimits{Min: 1, Max: 8, Fixed: 4})
+			load(t, a, 2, 5*time.Millisecond)
+			load(t, b, 2, 5*time.Millisecond)
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			doneA := runController(a, ctx, 100*time.Millisecond)
+			doneB := runController(b, ctx, 100*time.Millisecond)
+			testenv.WaitFor(t, 20*time.Second, "the controller to move N from both handles' reports", func() bool {
+				st := stats(t, b)
+				return st.Auto.Why == "controller" && st.Auto.Signals.Epoch == 1 && st.Auto.Signals.OK > 0
+			})
+			if c, ok := rdb.(*redis.ClusterClient); ok {
+				k := prefix + ":{db}:"
+				testenv.KeysInOneSlot(t, c, prefix, 6, k+"control", k+"signals", k+"auto", k+"limit")
+			}
+			stop()
+			<-doneA
+			<-doneB
+		})
+	}
+}
