@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Mode says who sets a semaphore's limit.
@@ -96,6 +98,16 @@ func (s *Semaphore) SetAuto(ctx context.Context, a AutoLimits) error {
 	}
 	_, err := s.evalReplicated(ctx, "set auto", scriptSetAuto, string(mode), a.Min, a.Max, a.Fixed)
 	return err
+}
+
+// Mode reads who sets the limit now: one GET, cheap enough to watch
+// (Stats has the mode's bounds, its controller's last N and why).
+func (s *Semaphore) Mode(ctx context.Context) (Mode, error) {
+	rec, err := s.rdb.Get(ctx, s.keys[8]).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("semaphore %q: mode: %w", s.name, err)
+	}
+	return parseAuto(rec, 0).Mode, nil
 }
 
 // adapt is the controller's call (RunController): in auto mode it sets

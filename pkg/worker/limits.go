@@ -37,7 +37,9 @@ func limitOf(ctx context.Context, sem *semaphore.Semaphore) (int, bool, error) {
 // set' at info; and at warn, a limit that Redis lost (a restart without
 // persistence, a FLUSHDB, a failover to a replica that lacked it), which
 // the next call of any worker sets again from its own Config.Permits —
-// quietly undoing the operator's limit, which protects the database.
+// quietly undoing the operator's limit, which protects the database. In
+// auto mode the controller moves the limit and logs its moves: the watch
+// says only that the mode began.
 func (w *running) watchLimits(ctx context.Context, last map[string]int) {
 	t := time.NewTicker(w.cfg.limitCheckEvery)
 	defer t.Stop()
@@ -51,6 +53,10 @@ func (w *running) watchLimits(ctx context.Context, last map[string]int) {
 			n, ok, err := limitOf(ctx, w.env.Semaphores[name])
 			prev, seen := last[name]
 			own := w.cfg.Permits[name]
+			if w.inAutoMode(ctx, name) {
+				last[name] = n
+				continue
+			}
 			switch {
 			case err != nil: // Redis away: the rest of the worker says so
 			case !ok:
@@ -75,4 +81,19 @@ func (w *running) watchLimits(ctx context.Context, last map[string]int) {
 			}
 		}
 	}
+}
+
+// inAutoMode reports whether the semaphore name is in auto or shadow
+// mode, saying so once when it enters it (a failed read: no).
+func (w *running) inAutoMode(ctx context.Context, name string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	mode, err := w.env.Semaphores[name].Mode(ctx)
+	auto := err == nil && mode != semaphore.ModeFixed
+	if auto && !w.auto[name] {
+		w.cfg.Logger.Info("worker: semaphore "+strconv.Quote(name)+" is in "+string(mode)+" mode: the controller moves its limit within the operator's bounds (scheduler permits get "+name+")",
+			"semaphore", name)
+	}
+	w.auto[name] = auto
+	return auto
 }

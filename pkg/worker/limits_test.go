@@ -68,3 +68,58 @@ func TestAWorkerWarnsWhenTheFleetsLimitIsLostOrSetAgainFromItsFlags(t *testing.T
 		t.Errorf("an operator's change: %v, want info from 8 to 5", r)
 	}
 }
+
+// A worker with a database is a candidate for the controller of its
+// database permits: with the semaphore in auto mode, it takes the lease,
+// moves N from what releases report, and its limit watch says only that
+// the mode began, not each move.
+func TestAWorkerWithADatabaseControlsItsPermitsInAutoMode(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	sem, err := semaphore.New(rdb, "db", semaphore.Options{Limit: 4, Prefix: prefix + ":sem", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	if err := sem.SetAuto(ctx, semaphore.AutoLimits{Min: 1, Max: 8, Fixed: 4}); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.LogBuffer
+	cfg := worker.WithLimitChecks(worker.Config{RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Prefix: prefix,
+		Permits: map[string]int{"db": 4}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, 50*time.Millisecond)
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- worker.Run(wctx, cfg, skewedJob) }()
+	defer func() { stop(); <-done }()
+	logs.WaitForRecord(t, 10*time.Second, "worker: started")
+
+	// Work under the fleet's permits, whose releases report to the controller.
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	loaded := make(chan struct{})
+	go func() {
+		defer close(loaded)
+		for loadCtx.Err() == nil {
+			_ = sem.Do(loadCtx, func(context.Context) error { time.Sleep(5 * time.Millisecond); return nil })
+		}
+	}()
+	defer func() { stopLoad(); <-loaded }()
+	logs.WaitForRecord(t, 10*time.Second, "this process now controls the limit")
+	logs.WaitForRecord(t, 10*time.Second, `semaphore \"db\" is in auto mode`)
+	// The controller measures its baseline at min (1), then moves N
+	// back up: two moves, each seconds long, that the watch sees.
+	atMin := false
+	testenv.WaitFor(t, 30*time.Second, "the worker's controller to move N to min and back up", func() bool {
+		st, err := sem.Stats(ctx)
+		if err != nil || st.Auto.Why != "controller" {
+			return false
+		}
+		atMin = atMin || st.Limit == 1
+		return atMin && st.Limit > 1 && st.Auto.Signals.Epoch > 0
+	})
+	for _, r := range logs.Records(t) {
+		if msg, _ := r["msg"].(string); strings.Contains(msg, "limit changed") {
+			t.Errorf("in auto mode the limit watch logged %q", msg)
+		}
+	}
+}

@@ -65,6 +65,7 @@ type running struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the announcer has withdrawn
 	closes []func()
+	auto   map[string]bool // semaphores watchLimits saw in auto mode
 }
 
 func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running, err error) {
@@ -76,7 +77,7 @@ func start(ctx context.Context, cfg Config, jobs []mapreduce.AnyJob) (_ *running
 	if err != nil {
 		return nil, err
 	}
-	w := &running{cfg: cfg}
+	w := &running{cfg: cfg, auto: map[string]bool{}}
 	defer func() {
 		if err != nil {
 			w.close()
