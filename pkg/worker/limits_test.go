@@ -100,7 +100,7 @@ func TestAWorkerWithADatabaseControlsItsPermitsInAutoMode(t *testing.T) {
 	go func() {
 		defer close(loaded)
 		for loadCtx.Err() == nil {
-			_ = sem.Do(loadCtx, func(context.Context) error { time.Sleep(5 * time.Millisecond); return nil })
+			_ = sem.Do(loadCtx, func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 		}
 	}()
 	defer func() { stopLoad(); <-loaded }()
