@@ -18,7 +18,7 @@ import (
 )
 
 const permitsUsage = `scheduler permits get [NAME] [--verbose] | permits set NAME N |
-permits auto NAME --min A --max B [--fixed N] [--shadow]: show or change a
+permits auto NAME --min A --max B [--fixed N] [--shadow] [--window D]: show or change a
 fleet-wide semaphore, such as the workers' database permits ("db").
 
 'get' shows the limit and the permits held, in auto mode the bounds, the
@@ -53,7 +53,7 @@ Examples:
   scheduler permits set db 12
   scheduler permits set exports 4 --new
   scheduler permits auto db --min 2 --max 32
-  scheduler permits auto db --min 2 --max 32 --fixed 8 --shadow
+  scheduler permits auto db --min 2 --max 32 --fixed 8 --shadow --window 5s
 
 Flags:
 `
@@ -71,6 +71,7 @@ func permits(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&auto.Max, "max", 0, "auto: the highest limit the controller may set, and the heaviest request taken (at most 1048576)")
 	fs.IntVar(&auto.Fixed, "fixed", 0, "auto: the operator's N, the limit whenever no controller's N holds (default: the limit as it stands, clamped into the bounds)")
 	fs.BoolVar(&auto.Shadow, "shadow", false, "auto: record the controller's N, never apply it")
+	fs.DurationVar(&auto.Window, "window", 0, "auto: how often the controller decides, for the whole fleet: several times a typical query's time (100ms to 10m; default: as set before, else 1s)")
 	pos, err := parse(fs, permitsUsage, args, stdout)
 	if err != nil {
 		return err
@@ -209,6 +210,8 @@ func permitsAuto(ctx context.Context, url redisFlags, pos []string, a semaphore.
 		return app.Usagef("permits auto %s: --max %d is below --min %d: give a --max of at least --min", name, a.Max, a.Min)
 	case a.Fixed != 0 && (a.Fixed < a.Min || a.Fixed > a.Max):
 		return app.Usagef("permits auto %s: --fixed %d is outside [%d, %d]: give a fixed N within --min and --max, or leave it out to keep the limit as it stands", name, a.Fixed, a.Min, a.Max)
+	case a.Window != 0 && (a.Window < semaphore.MinWindow || a.Window > semaphore.MaxWindow):
+		return app.Usagef("permits auto %s: --window %v: give one from %v to %v, several times a typical query's time", name, a.Window, semaphore.MinWindow, semaphore.MaxWindow)
 	}
 	c, err := connect(ctx, url, stderr)
 	if err != nil {

@@ -30,6 +30,7 @@ func TestPermitsAutoSetsTheBoundsGetShowsThemAndSetReturnsToFixed(t *testing.T) 
 		{[]string{"--min", "5", "--max", "4"}, "--max 4 is below --min 5"},
 		{[]string{"--min", "1", "--max", "1048577"}, "at most 1048576"},
 		{[]string{"--min", "2", "--max", "8", "--fixed", "9"}, "--fixed 9 is outside [2, 8]"},
+		{[]string{"--min", "2", "--max", "8", "--window", "10ms"}, "--window 10ms: give one from 100ms to 10m0s"},
 	} {
 		args := append([]string{"permits", "auto", "db"}, c.args...)
 		if _, errs, code := s.run(args...); code != 2 || !oneLine(errs) || !strings.Contains(errs, c.want) {
@@ -75,8 +76,8 @@ func TestPermitsAutoSetsTheBoundsGetShowsThemAndSetReturnsToFixed(t *testing.T) 
 			strings.HasPrefix(ls[2], "its last window (")
 	})
 
-	out, errs, code = s.run("permits", "auto", "db", "--min", "2", "--max", "32", "--fixed", "8", "--shadow")
-	if code != 0 || !strings.HasPrefix(out, "semaphore db: limit 8 (was ") || !strings.Contains(out, "shadow mode: bounds 2..32, fixed N 8;") {
+	out, errs, code = s.run("permits", "auto", "db", "--min", "2", "--max", "32", "--fixed", "8", "--shadow", "--window", "200ms")
+	if code != 0 || !strings.HasPrefix(out, "semaphore db: limit 8 (was ") || !strings.Contains(out, "shadow mode: bounds 2..32, fixed N 8, window 200ms;") {
 		t.Errorf("permits auto --fixed 8 --shadow: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	testenv.WaitFor(t, 20*time.Second, "permits get to show what the controller would set, the limit staying 8", func() bool {

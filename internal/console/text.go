@@ -99,7 +99,11 @@ func AutoText(a semaphore.AutoState) string {
 	default:
 		why = a.Why
 	}
-	text := fmt.Sprintf("%s mode: bounds %d..%d, fixed N %d; the limit last moved %s ago: %s", a.Mode, a.Min, a.Max, a.Fixed, a.MovedAgo.Round(time.Second), why)
+	window := ""
+	if a.Window > 0 {
+		window = ", window " + a.Window.String()
+	}
+	text := fmt.Sprintf("%s mode: bounds %d..%d, fixed N %d%s; the limit last moved %s ago: %s", a.Mode, a.Min, a.Max, a.Fixed, window, a.MovedAgo.Round(time.Second), why)
 	if a.Controller > 0 {
 		verb := "set"
 		if a.Mode == semaphore.ModeShadow {

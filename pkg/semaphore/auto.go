@@ -49,7 +49,18 @@ type AutoLimits struct {
 	Fixed int
 	// Shadow records the controller's N without applying it.
 	Shadow bool
+	// Window is how often the controller decides, for the whole fleet:
+	// several times a typical permit's hold, so that a window sees a few
+	// releases (from MinWindow to MaxWindow; 0 keeps the one set before,
+	// else each controller's ControllerOptions.Window, 1s by default).
+	Window time.Duration
 }
+
+// The bounds of AutoLimits.Window.
+const (
+	MinWindow = 100 * time.Millisecond
+	MaxWindow = 10 * time.Minute
+)
 
 // AutoState is a semaphore's mode as Redis holds it (Stats.Auto).
 type AutoState struct {
@@ -67,6 +78,8 @@ type AutoState struct {
 	// stopped holding).
 	Why      string
 	MovedAgo time.Duration
+	// Window is the operator's AutoLimits.Window (0: none set).
+	Window time.Duration
 	// Signals are what the controller read in its last window.
 	Signals ControllerSignals
 }
@@ -91,12 +104,14 @@ func (s *Semaphore) SetAuto(ctx context.Context, a AutoLimits) error {
 		return fmt.Errorf("semaphore %q: set auto: max %d is below min %d: give a max of at least the min", s.name, a.Max, a.Min)
 	case a.Fixed != 0 && (a.Fixed < a.Min || a.Fixed > a.Max):
 		return fmt.Errorf("semaphore %q: set auto: fixed %d is outside [%d, %d]: give a fixed N within the bounds, or 0 to keep the limit as it stands", s.name, a.Fixed, a.Min, a.Max)
+	case a.Window != 0 && (a.Window < MinWindow || a.Window > MaxWindow):
+		return fmt.Errorf("semaphore %q: set auto: window %v: give one from %v to %v, several times a typical permit's hold, or 0 to keep it", s.name, a.Window, MinWindow, MaxWindow)
 	}
 	mode := ModeAuto
 	if a.Shadow {
 		mode = ModeShadow
 	}
-	_, err := s.evalReplicated(ctx, "set auto", scriptSetAuto, string(mode), a.Min, a.Max, a.Fixed)
+	_, err := s.evalReplicated(ctx, "set auto", scriptSetAuto, string(mode), a.Min, a.Max, a.Fixed, a.Window.Milliseconds())
 	return err
 }
 

@@ -17,8 +17,8 @@ import (
 // ControllerOptions configure RunController.
 type ControllerOptions struct {
 	// Window is how often the controller decides, and the span of the
-	// signals each decision reads: default 1s. Make it several times a
-	// typical permit's hold, so that a window sees several releases.
+	// signals each decision reads, unless the operator set one for the
+	// fleet (AutoLimits.Window): default 1s.
 	Window time.Duration
 	// Probe, if set, runs a fixed-cost query on the database the permits
 	// guard, outside the semaphore, and returns how long it took. The
@@ -75,8 +75,8 @@ func (s *Semaphore) RunController(ctx context.Context, o ControllerOptions) erro
 	if o.Logger == nil {
 		o.Logger = s.log
 	}
-	c := &controller{s: s, o: o, log: o.Logger, probes: outage.New(o.Logger, "semaphore: controller's probe")}
-	tick := time.NewTicker(o.Window)
+	c := &controller{s: s, o: o, log: o.Logger, every: o.Window, probes: outage.New(o.Logger, "semaphore: controller's probe")}
+	tick := time.NewTicker(c.every)
 	defer tick.Stop()
 	for {
 		select {
@@ -84,8 +84,12 @@ func (s *Semaphore) RunController(ctx context.Context, o ControllerOptions) erro
 			return nil
 		case <-tick.C:
 		}
+		every := c.every
 		if err := c.window(ctx); err != nil && ctx.Err() == nil {
 			c.warn(err)
+		}
+		if c.every != every {
+			tick.Reset(c.every) // the operator's window changed
 		}
 	}
 }
@@ -96,7 +100,8 @@ type controller struct {
 	o   ControllerOptions
 	log *slog.Logger
 
-	lease   string // the lease value while this process holds it
+	every   time.Duration // the window: the operator's, else o.Window
+	lease   string        // the lease value while this process holds it
 	epoch   int64
 	law     *law   // nil until it leads in auto or shadow mode
 	bounds  string // the AutoState the law was made for: min:max:fixed:mode
@@ -140,7 +145,7 @@ func (c *controller) window(ctx context.Context) error {
 		if a.Mode == ModeShadow && a.Controller > 0 {
 			start = a.Controller
 		}
-		c.law, c.bounds = newLaw(a.Min, a.Max, start, c.o.Window), key
+		c.law, c.bounds = newLaw(a.Min, a.Max, start), key
 		c.last, c.started = cnt, now
 		return nil
 	}
@@ -166,13 +171,13 @@ func (c *controller) window(ctx context.Context) error {
 // campaign takes or renews the controller's lease and reads the signals'
 // counters and the auto mode's record ("": fixed mode).
 func (c *controller) campaign(ctx context.Context) (lead bool, cnt counters, auto string, err error) {
-	lease := 3 * c.o.Window
+	lease := 3 * c.every
 	res, err := c.s.eval(ctx, scriptControl, c.s.process, lease.Milliseconds())
 	if err != nil {
 		return false, cnt, "", fmt.Errorf("campaigning for the controller's lease: %w", err)
 	}
 	vals, _ := res.([]any)
-	if len(vals) != 9 {
+	if len(vals) != 10 {
 		return false, cnt, "", fmt.Errorf("campaigning for the controller's lease: unexpected reply %v", res)
 	}
 	holder, _ := vals[0].(string)
@@ -193,6 +198,10 @@ func (c *controller) campaign(ctx context.Context) (lead bool, cnt counters, aut
 		epoch, _, _ := strings.Cut(holder, ":")
 		c.epoch, _ = strconv.ParseInt(epoch, 10, 64)
 		c.log.Info("semaphore: this process now controls the limit", "epoch", c.epoch)
+	}
+	c.every = c.o.Window
+	if w, err := strconv.ParseInt(str(vals[9]), 10, 64); err == nil && w > 0 {
+		c.every = time.Duration(w) * time.Millisecond
 	}
 	return true, parseCounters(vals[2:]), str(vals[8]), nil
 }
@@ -218,7 +227,7 @@ func (c *controller) apply(ctx context.Context, st Stats, w sample, d decision) 
 	if a.Mode == ModeShadow {
 		prev = a.Controller
 	}
-	if _, err := c.s.adapt(ctx, c.lease, d.n, 2*c.o.Window, d.reason, string(sig)); err != nil {
+	if _, err := c.s.adapt(ctx, c.lease, d.n, 2*c.every, d.reason, string(sig)); err != nil {
 		if errors.Is(err, errNotController) {
 			c.lease, c.law = "", nil
 		}
@@ -249,7 +258,7 @@ func (c *controller) restore(ctx context.Context, cnt counters) error {
 		return err
 	}
 	c.last, c.started = counters{}, time.Now() // the counters are gone too
-	_, err := c.s.adapt(ctx, c.lease, c.law.n, 2*c.o.Window, "restored after Redis lost the auto mode", "")
+	_, err := c.s.adapt(ctx, c.lease, c.law.n, 2*c.every, "restored after Redis lost the auto mode", "")
 	return err
 }
 
@@ -258,7 +267,7 @@ func (c *controller) restore(ctx context.Context, cnt counters) error {
 func (c *controller) probe(ctx context.Context) time.Duration {
 	var ds []time.Duration
 	for range 3 {
-		pctx, cancel := context.WithTimeout(ctx, c.o.Window)
+		pctx, cancel := context.WithTimeout(ctx, c.every)
 		d, err := c.o.Probe(pctx)
 		cancel()
 		if err != nil {

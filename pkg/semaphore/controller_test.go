@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -253,5 +254,32 @@ func TestTheControllerRunsOnRedisClusterAndThroughSentinels(t *testing.T) {
 			<-doneA
 			<-doneB
 		})
+	}
+}
+
+// The operator's window sets every controller's pace, whatever its own
+// default; a window out of bounds is refused naming them.
+func TestTheOperatorsWindowSetsTheControllersPace(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	s := newSem(t, rdb, prefix, semaphore.Options{Limit: 4})
+	ctx := context.Background()
+	err := s.SetAuto(ctx, semaphore.AutoLimits{Min: 1, Max: 8, Window: 50 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "from 100ms to 10m0s") {
+		t.Fatalf("SetAuto with a 50ms window = %v; want it refused naming the bounds", err)
+	}
+	setAuto(t, s, semaphore.AutoLimits{Min: 1, Max: 8, Fixed: 4, Window: 400 * time.Millisecond})
+	if st := stats(t, s); st.Auto.Window != 400*time.Millisecond {
+		t.Fatalf("Stats.Auto.Window = %v, want the 400ms set", st.Auto.Window)
+	}
+	load(t, s, 4, 5*time.Millisecond)
+	ctx2, stop := context.WithCancel(ctx)
+	done := runController(s, ctx2, 100*time.Millisecond)
+	defer func() { stop(); <-done }()
+	testenv.WaitFor(t, 20*time.Second, "a window of the controller's", func() bool {
+		return stats(t, s).Auto.Signals.Epoch > 0
+	})
+	if w := stats(t, s).Auto.Signals.Window; w < 350*time.Millisecond || w > 2*time.Second {
+		t.Errorf("the controller's window spanned %v; want about the operator's 400ms, not its own 100ms", w)
 	}
 }

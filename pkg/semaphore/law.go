@@ -45,7 +45,6 @@ const (
 type law struct {
 	min, max int
 	n        int // N as the law set it
-	window   time.Duration
 
 	base    time.Duration // successes' mean latency when nothing queues
 	baseAge int           // windows since base was measured
@@ -90,8 +89,8 @@ type decision struct {
 	renew   bool          // set n (false: let the limit fall back)
 }
 
-func newLaw(lo, hi, start int, window time.Duration) *law {
-	return &law{min: lo, max: hi, n: min(max(start, lo), hi), window: window, upWait: 1}
+func newLaw(lo, hi, start int) *law {
+	return &law{min: lo, max: hi, n: min(max(start, lo), hi), upWait: 1}
 }
 
 // probeBase is the tenth percentile of the window probe medians

@@ -67,7 +67,7 @@ func share(ns []int, lo, hi int) float64 {
 // down when capacity drops and up when it returns, and never probes above
 // the reduced capacity once there (every raise would queue).
 func TestTheLawFollowsACPUBoundDatabasesCapacity(t *testing.T) {
-	l := newLaw(1, 64, 16, time.Second)
+	l := newLaw(1, 64, 16)
 	full, reduced := cpuBound{2, 20 * time.Millisecond}, cpuBound{0.5, 20 * time.Millisecond}
 	a := run(l, full, 120, true)
 	if at := settled(a, 2, 2); at < 0 || at > 30 {
@@ -86,7 +86,7 @@ func TestTheLawFollowsACPUBoundDatabasesCapacity(t *testing.T) {
 // Without a probe, the law raises N by trial, and each raise that queued
 // doubles the wait before the next: it stays near capacity, not above.
 func TestWithoutAProbeTheLawRaisesByTrialAndBacksOff(t *testing.T) {
-	l := newLaw(1, 64, 4, time.Second)
+	l := newLaw(1, 64, 4)
 	ns := run(l, cpuBound{4, 20 * time.Millisecond}, 300, false)
 	if share(ns[60:], 4, 5) < 0.9 {
 		t.Errorf("4 cores, no probe: Ns %v; want 4 or 5 at least 90%% of the time after a minute", ns)
@@ -104,7 +104,7 @@ func TestWithoutAProbeTheLawRaisesByTrialAndBacksOff(t *testing.T) {
 
 // N never leaves [min, max], whatever the database does.
 func TestTheLawKeepsNWithinItsBounds(t *testing.T) {
-	l := newLaw(3, 6, 1, time.Second)
+	l := newLaw(3, 6, 1)
 	if l.n != 3 {
 		t.Fatalf("a start below min = %d, want min 3", l.n)
 	}
@@ -115,7 +115,7 @@ func TestTheLawKeepsNWithinItsBounds(t *testing.T) {
 			}
 		}
 	}
-	ns := run(newLaw(1, 64, 8, time.Second), cpuBound{64, time.Millisecond}, 200, true)
+	ns := run(newLaw(1, 64, 8), cpuBound{64, time.Millisecond}, 200, true)
 	if ns[len(ns)-1] != 64 {
 		t.Errorf("a database with room for 64: Ns %v; want N raised to max 64", ns)
 	}
@@ -124,20 +124,20 @@ func TestTheLawKeepsNWithinItsBounds(t *testing.T) {
 // Timeouts cut N though latency does not move; errors are no latency
 // samples, and one fast window of a few samples sets no baseline.
 func TestTheLawCutsOnTimeoutsAndTakesNoErrorOrLuckySampleForSpeed(t *testing.T) {
-	l := newLaw(1, 64, 10, time.Second)
+	l := newLaw(1, 64, 10)
 	l.base, l.n = 20*time.Millisecond, 10
 	steady := sample{span: time.Second, ok: 450, okms: 450 * 20, busyms: 10000, over: 50, waiting: 5}
 	if d := l.next(steady, time.Time{}); d.n != 7 {
 		t.Errorf("10%% timeouts at baseline latency: N %d (%s), want 10 cut to 7", d.n, d.reason)
 	}
-	l = newLaw(1, 64, 10, time.Second)
+	l = newLaw(1, 64, 10)
 	l.base, l.n = 20*time.Millisecond, 10
 	// Fast failures next to slow successes: the latency is the successes'.
 	errs := sample{span: time.Second, ok: 200, okms: 200 * 50, busyms: 10000, errs: 800, waiting: 5}
 	if d := l.next(errs, time.Time{}); d.n >= 10 || d.latency != 50*time.Millisecond {
 		t.Errorf("800 fast errors beside 200 successes of 50ms: N %d, latency %v (%s); want the cut of 2.5× the baseline", d.n, d.latency, d.reason)
 	}
-	l = newLaw(1, 64, 10, time.Second)
+	l = newLaw(1, 64, 10)
 	l.base, l.n = 20*time.Millisecond, 10
 	lucky := sample{span: time.Second, ok: 2, okms: 2, busyms: 10000, waiting: 5}
 	l.next(lucky, time.Time{})
@@ -149,7 +149,7 @@ func TestTheLawCutsOnTimeoutsAndTakesNoErrorOrLuckySampleForSpeed(t *testing.T) 
 // Mild overload (latency just above the tolerance, steadily) brings N
 // down rather than letting it grow.
 func TestTheLawDoesNotGrowUnderMildOverload(t *testing.T) {
-	l := newLaw(1, 64, 16, time.Second)
+	l := newLaw(1, 64, 16)
 	l.base, l.n = 20*time.Millisecond, 16
 	for i := range 20 {
 		lat := 27 * time.Millisecond // 1.35× the baseline at any N

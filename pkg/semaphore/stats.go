@@ -49,7 +49,7 @@ func (s *Semaphore) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("semaphore %q: stats: %w", s.name, err)
 	}
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 7 {
+	if !ok || len(vals) != 8 {
 		return Stats{}, fmt.Errorf("semaphore %q: stats: unexpected reply %v", s.name, res)
 	}
 	limit, _ := vals[0].(int64)
@@ -58,6 +58,9 @@ func (s *Semaphore) Stats(ctx context.Context) (Stats, error) {
 	if sig := str(vals[5]); sig != "" && st.Auto.Mode != ModeFixed {
 		_ = json.Unmarshal([]byte(sig), &st.Auto.Signals) // written by this package's controller alone
 		st.Auto.Signals.Age = ms(now - parseInt(vals[6]))
+	}
+	if st.Auto.Mode != ModeFixed {
+		st.Auto.Window = ms(parseInt(vals[7]))
 	}
 	holders, _ := vals[2].([]any)
 	for i := 0; i+2 < len(holders); i += 3 {

@@ -5,9 +5,9 @@
 --   ARGV[5] the candidate's ID
 --   ARGV[6] the lease (ms)
 -- Returns {lease value "epoch:candidate" of the holder, lead (1 or 0),
---          n, okms, busy, err, over, ended, auto}: the counters of the
---          signals hash (report, lib.lua) and the auto mode's record, ""
---          where absent.
+--          n, okms, busy, err, over, ended, auto, window}: the counters of
+--          the signals hash (report, lib.lua), the auto mode's record and
+--          the operator's window (ms, setauto.lua), "" where absent.
 local me, ms = ARGV[5], ARGV[6]
 local cur = rcall('GET', K_CTL)
 local lead = 0
@@ -23,4 +23,5 @@ local out = {cur, lead}
 local sig = rcall('HMGET', K_SIG, 'n', 'okms', 'busy', 'err', 'over', 'ended')
 for i = 1, 6 do out[#out + 1] = sig[i] or '' end
 out[#out + 1] = rcall('GET', K_AUTO) or ''
+out[#out + 1] = rcall('HGET', K_SIG, 'window') or ''
 return out

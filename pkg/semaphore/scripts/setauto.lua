@@ -8,6 +8,7 @@
 --   ARGV[6] min, ARGV[7] max: whole numbers, 1 <= min <= max <= MAX_LIMIT
 --   ARGV[8] the fixed N, or "0": the operator's N as it stands (the fixed
 --           N of the auto mode in force, else the limit)
+--   ARGV[9] the controller's window (ms), or "0": as it stands
 -- Returns {previous limit, limit}; an error reply, changing nothing, for
 -- bad input.
 local mode = ARGV[5]
@@ -39,6 +40,7 @@ rcall('SET', K_LIMIT, int(fixed))
 found_auto = auto_record(mode, int(lo), int(hi), int(fixed), '0', cn, now_s, 'operator', reason)
 rcall('SET', K_AUTO, found_auto)
 rcall('HDEL', K_SIG, 'ended')
+if ARGV[9] and ARGV[9] ~= '0' then rcall('HSET', K_SIG, 'window', ARGV[9]) end
 bound = nil
 purge_waiters()
 reject_heavy(heavy_bound(fixed))

@@ -6,8 +6,8 @@
 --          {holderToken, leaseDeadline, info, ...},
 --          {waiterToken, ticket, info, ...},
 --          auto mode record, "" in fixed mode (lib.lua, AUTO_PATTERN),
---          the controller's last signals (adapt.lua) and when (ms), ""
---          in fixed mode}
+--          the controller's last signals (adapt.lua) and when (ms), and
+--          the operator's window (ms, setauto.lua), "" in fixed mode}
 -- (GET, not begin's MGET, when absent: a key of another type must fail.)
 local limit = to_number(found_limit or rcall('GET', K_LIMIT) or '0')
 if limit > 0 and found_auto then
@@ -31,9 +31,9 @@ for i = 1, #q, 2 do
   waiters[#waiters + 1] = q[i + 1]
   waiters[#waiters + 1] = rcall('HGET', K_INFO, q[i]) or ''
 end
-local signals, at = '', ''
+local signals, at, window = '', '', ''
 if found_auto then
-  local got = rcall('HMGET', K_SIG, 'last', 'at')
-  signals, at = got[1] or '', got[2] or ''
+  local got = rcall('HMGET', K_SIG, 'last', 'at', 'window')
+  signals, at, window = got[1] or '', got[2] or '', got[3] or ''
 end
-return {limit, now, holders, waiters, found_auto or '', signals, at}
+return {limit, now, holders, waiters, found_auto or '', signals, at, window}
