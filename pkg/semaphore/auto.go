@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -172,7 +171,7 @@ func parseAuto(rec string, now int64) AutoState {
 	if len(f) != 9 || (f[0] != string(ModeAuto) && f[0] != string(ModeShadow)) {
 		return AutoState{Mode: ModeFixed}
 	}
-	num := func(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
+	num := func(s string) int64 { return parseInt(s) }
 	a := AutoState{
 		Mode: Mode(f[0]),
 		Min:  int(num(f[1])), Max: int(num(f[2])), Fixed: int(num(f[3])),

@@ -200,8 +200,8 @@ func (c *controller) campaign(ctx context.Context) (lead bool, cnt counters, aut
 		c.log.Info("semaphore: this process now controls the limit", "epoch", c.epoch)
 	}
 	c.every = c.o.Window
-	if w, err := strconv.ParseInt(str(vals[9]), 10, 64); err == nil && w > 0 {
-		c.every = time.Duration(w) * time.Millisecond
+	if w := parseInt(vals[9]); w > 0 {
+		c.every = ms(w)
 	}
 	return true, parseCounters(vals[2:]), str(vals[8]), nil
 }
@@ -253,7 +253,7 @@ func (c *controller) restore(ctx context.Context, cnt counters) error {
 	}
 	c.log.Warn("semaphore: Redis lost the auto mode (a restart or failover without the keys); setting it again",
 		"min", a.Min, "max", a.Max, "fixed", a.Fixed, "mode", a.Mode, "limit", c.law.n)
-	if err := c.s.SetAuto(ctx, AutoLimits{Min: a.Min, Max: a.Max, Fixed: a.Fixed, Shadow: a.Mode == ModeShadow}); err != nil {
+	if err := c.s.SetAuto(ctx, AutoLimits{Min: a.Min, Max: a.Max, Fixed: a.Fixed, Shadow: a.Mode == ModeShadow, Window: a.Window}); err != nil {
 		c.seen = a
 		return err
 	}
@@ -301,8 +301,7 @@ func (c *controller) warn(err error) {
 
 // parseCounters reads control.lua's counters.
 func parseCounters(v []any) counters {
-	num := func(i int) int64 { n, _ := strconv.ParseInt(str(v[i]), 10, 64); return n }
-	return counters{n: num(0), okms: num(1), busy: num(2), err: num(3), over: num(4), ended: str(v[5]) != ""}
+	return counters{n: parseInt(v[0]), okms: parseInt(v[1]), busy: parseInt(v[2]), err: parseInt(v[3]), over: parseInt(v[4]), ended: str(v[5]) != ""}
 }
 
 // Outcomes a release reports (report, scripts/lib.lua).

@@ -125,7 +125,7 @@ func TestWithoutItsControllerTheLimitFallsBackToTheFixedN(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	setAuto(t, s, semaphore.AutoLimits{Min: 1, Max: 8, Fixed: 6})
+	setAuto(t, s, semaphore.AutoLimits{Min: 1, Max: 8, Fixed: 6, Window: 200 * time.Millisecond})
 	// Elections before this one: its lease is not the first.
 	if err := rdb.HSet(context.Background(), semaphore.DefaultPrefix+":{db}:signals", "epoch", 5).Err(); err != nil {
 		t.Fatal(err)
@@ -145,7 +145,8 @@ func TestWithoutItsControllerTheLimitFallsBackToTheFixedN(t *testing.T) {
 	}
 	testenv.WaitFor(t, 10*time.Second, "the controller to set the auto mode again", func() bool {
 		st := stats(t, s)
-		return st.Auto.Mode == semaphore.ModeAuto && st.Auto.Min == 1 && st.Auto.Max == 8 && st.Auto.Fixed == 6
+		return st.Auto.Mode == semaphore.ModeAuto && st.Auto.Min == 1 && st.Auto.Max == 8 && st.Auto.Fixed == 6 &&
+			st.Auto.Window == 200*time.Millisecond
 	})
 	testenv.WaitFor(t, 10*time.Second, "the controller to move N off the fixed 6 again", func() bool {
 		st := stats(t, s)
