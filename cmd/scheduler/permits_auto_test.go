@@ -3,7 +3,6 @@ package main_test
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,20 +52,13 @@ func TestPermitsAutoSetsTheBoundsGetShowsThemAndSetReturnsToFixed(t *testing.T) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sem.Close() })
-	loadCtx, stopLoad := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stopLoad(); wg.Wait() })
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for loadCtx.Err() == nil {
-				_ = sem.Do(loadCtx, func(context.Context) error { time.Sleep(5 * time.Millisecond); return nil })
-			}
-		}()
-	}
+	testenv.Loop(t, 4, func(ctx context.Context) {
+		_ = sem.Do(ctx, func(context.Context) error { time.Sleep(5 * time.Millisecond); return nil })
+	})
+	ctlCtx, stopCtl := context.WithCancel(ctx)
+	t.Cleanup(stopCtl)
 	window := 100 * time.Millisecond
-	go func() { _ = sem.RunController(loadCtx, semaphore.ControllerOptions{Window: window, Logger: quiet}) }()
+	go func() { _ = sem.RunController(ctlCtx, semaphore.ControllerOptions{Window: window, Logger: quiet}) }()
 	var out2 string
 	testenv.WaitFor(t, 20*time.Second, "permits get to show the controller's N", func() bool {
 		out2, _, code = s.run("permits", "get", "db")

@@ -227,13 +227,9 @@ func TestFleetShowsTheAutoModeAndTheControllersLastWindowOutsideFixedModeOnly(t 
 		}
 		_ = sem.RunController(runCtx, semaphore.ControllerOptions{Window: 100 * time.Millisecond, Probe: probe, Logger: quiet})
 	})
-	for range 4 {
-		wg.Go(func() {
-			for runCtx.Err() == nil {
-				_ = sem.Do(runCtx, func(context.Context) error { time.Sleep(5 * time.Millisecond); return nil })
-			}
-		})
-	}
+	stopLoad := testenv.Loop(t, 4, func(ctx context.Context) {
+		_ = sem.Do(ctx, func(context.Context) error { time.Sleep(5 * time.Millisecond); return nil })
+	})
 	testenv.WaitFor(t, 10*time.Second, "a window of the controller's with its baselines measured", func() bool {
 		st, err := sem.Stats(ctx)
 		g := st.Auto.Signals
@@ -241,6 +237,7 @@ func TestFleetShowsTheAutoModeAndTheControllersLastWindowOutsideFixedModeOnly(t 
 	})
 	stop()
 	wg.Wait()
+	stopLoad()
 
 	// Nothing moves now: the scrape and Stats agree exactly.
 	for _, shadow := range []bool{false, true} {

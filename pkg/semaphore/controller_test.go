@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -198,24 +197,12 @@ func runController(s *semaphore.Semaphore, ctx context.Context, window time.Dura
 // and again, reporting success, until the test ends or stop is called.
 func load(t *testing.T, s *semaphore.Semaphore, n int, hold time.Duration) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				_ = s.Do(ctx, func(context.Context) error {
-					time.Sleep(hold)
-					return nil
-				})
-			}
-		}()
-	}
-	var once sync.Once
-	stopped := func() { once.Do(func() { cancel(); wg.Wait() }) }
-	t.Cleanup(stopped)
-	return stopped
+	return testenv.Loop(t, n, func(ctx context.Context) {
+		_ = s.Do(ctx, func(context.Context) error {
+			time.Sleep(hold)
+			return nil
+		})
+	})
 }
 
 // The controller runs on every Redis topology: on a Cluster its lease,

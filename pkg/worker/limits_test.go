@@ -95,15 +95,10 @@ func TestAWorkerWithADatabaseControlsItsPermitsInAutoMode(t *testing.T) {
 	logs.WaitForRecord(t, 10*time.Second, "worker: started")
 
 	// Work under the fleet's permits, whose releases report to the controller.
-	loadCtx, stopLoad := context.WithCancel(ctx)
-	loaded := make(chan struct{})
-	go func() {
-		defer close(loaded)
-		for loadCtx.Err() == nil {
-			_ = sem.Do(loadCtx, func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
-		}
-	}()
-	defer func() { stopLoad(); <-loaded }()
+	stopLoad := testenv.Loop(t, 1, func(ctx context.Context) {
+		_ = sem.Do(ctx, func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
+	})
+	defer stopLoad() // before the worker stops
 	logs.WaitForRecord(t, 10*time.Second, "this process now controls the limit")
 	logs.WaitForRecord(t, 10*time.Second, `semaphore \"db\" is in auto mode`)
 	// The controller measures its baseline at min (1), then moves N

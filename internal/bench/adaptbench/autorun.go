@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/batchmr/batchmr/internal/bench/benchutil"
 	"github.com/batchmr/batchmr/pkg/semaphore"
 )
 
@@ -251,7 +252,7 @@ func (r *autoResult) print(sr *sweepResult) {
 		}
 		med, lo, hi := 0, 0, 0
 		if len(limits) > 0 {
-			med, lo, hi = benchMedian(limits), slices.Min(limits), slices.Max(limits)
+			med, lo, hi = benchutil.Median(limits), slices.Min(limits), slices.Max(limits)
 		}
 		after, ok, within := r.settle(p, nstar)
 		settled := "not settled"
@@ -365,12 +366,6 @@ func settleCheck(name string, after time.Duration, ok bool, within float64, targ
 		v = fmt.Sprintf("%.1f s (%.0f%% of the phase within ±25%%)", after.Seconds(), within*100)
 	}
 	return check{name: name, value: v, goal: fmt.Sprintf("≤ %v", target), pass: ok && after <= target}
-}
-
-func benchMedian(xs []int) int {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // writeSamples writes the samples as CSV: seconds since the auto run

@@ -42,10 +42,8 @@ func Check() error {
 // of the root group: a group's weight (cpu.shares) counts as one thread's
 // there, so at the default its processes would lose CPU to every other
 // busy thread of the machine, and the quota would not be their capacity.
+// Call Check first for an error that names the fix.
 func New(name string, threads int) (*Group, error) {
-	if err := Check(); err != nil {
-		return nil, err
-	}
 	g := &Group{dir: filepath.Join(Root, name)}
 	if err := os.Mkdir(g.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create cgroup %s: %w", g.dir, err)

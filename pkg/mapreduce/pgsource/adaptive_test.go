@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,21 +44,13 @@ func TestTheControllerLowersNWhenPostgresLosesCPUAndFallsBackWhenItDies(t *testi
 
 	// Pages whose query waits 20ms (I/O, say) and burns ~5ms of CPU:
 	// room for ~10 at once on 2 cores, for 1 on a tenth of a core.
-	loadCtx, stopLoad := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() { stopLoad(); wg.Wait() }()
-	for range 20 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for loadCtx.Err() == nil {
-				_ = pgsource.Do(loadCtx, pool, sem, func(ctx context.Context, conn *pgx.Conn) error {
-					_, err := conn.Exec(ctx, "SELECT pg_sleep(0.02), (SELECT count(*) FROM generate_series(1, 40000))")
-					return err
-				})
-			}
-		}()
-	}
+	stopLoad := testenv.Loop(t, 20, func(ctx context.Context) {
+		_ = pgsource.Do(ctx, pool, sem, func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, "SELECT pg_sleep(0.02), (SELECT count(*) FROM generate_series(1, 40000))")
+			return err
+		})
+	})
+	defer stopLoad() // before the pool and the semaphore close
 	probe := pgsource.NewProbe(pool)
 	defer probe.Close()
 	ctlCtx, stopCtl := context.WithCancel(ctx)
