@@ -172,7 +172,11 @@ func (c *controller) window(ctx context.Context) error {
 // counters and the auto mode's record ("": fixed mode).
 func (c *controller) campaign(ctx context.Context) (lead bool, cnt counters, auto string, err error) {
 	lease := 3 * c.every
-	res, err := c.s.eval(ctx, scriptControl, c.s.process, lease.Milliseconds())
+	remembers := "0" // an auto mode to restore if Redis lost it
+	if c.seen != nil {
+		remembers = "1"
+	}
+	res, err := c.s.eval(ctx, scriptControl, c.s.process, lease.Milliseconds(), remembers)
 	if err != nil {
 		return false, cnt, "", fmt.Errorf("campaigning for the controller's lease: %w", err)
 	}

@@ -180,6 +180,10 @@ func TestWithoutItsControllerTheLimitFallsBackToTheFixedN(t *testing.T) {
 	if st := stats(t, s); st.Auto.Mode != semaphore.ModeFixed || st.Limit != 3 {
 		t.Errorf("after SetLimit(3) and ten windows of a controller: %+v, limit %d; want fixed 3", st.Auto, st.Limit)
 	}
+	// In fixed mode there is nothing to control: nobody holds the lease.
+	if n, err := rdb.Exists(context.Background(), semaphore.DefaultPrefix+":{db}:control").Result(); err != nil || n != 0 {
+		t.Errorf("in fixed mode a controller's lease exists (%d, %v); want none", n, err)
+	}
 }
 
 // runController runs s's controller with window until ctx is done; the
