@@ -122,7 +122,8 @@ func TestSetAutoRefusesBadBoundsNamingTheFix(t *testing.T) {
 	}
 }
 
-// waitPast waits until Redis's clock has passed the controller's hold.
+// waitPast waits until Redis's clock has passed the controller's hold,
+// set no earlier than set (read it once the move has returned).
 func waitPast(t *testing.T, rdb redis.UniversalClient, hold time.Duration, set float64) {
 	t.Helper()
 	testenv.WaitFor(t, 5*time.Second, "the hold to pass", func() bool {
@@ -158,8 +159,8 @@ func TestTheLimitFallsBackToTheFixedNOnceTheControllersHoldHasPassed(t *testing.
 	for i := 0; i < 4; i++ {
 		held = append(held, mustAcquire(t, s))
 	}
-	set := redisNowMs(t, rdb)
 	setAdaptive(t, s, 12, hold)
+	set := redisNowMs(t, rdb)
 	waitPast(t, rdb, hold, set)
 	if got := limitInRedis(t, s); got != 12 {
 		t.Fatalf("limit %d before any call after the hold, want 12 still (the scripts fall back, not a timer)", got)
@@ -180,8 +181,8 @@ func TestTheLimitFallsBackToTheFixedNOnceTheControllersHoldHasPassed(t *testing.
 	}
 
 	// Stats alone applies it too.
-	set = redisNowMs(t, rdb)
 	setAdaptive(t, s, 9, hold)
+	set = redisNowMs(t, rdb)
 	waitPast(t, rdb, hold, set)
 	if st := stats(t, s); st.Limit != 4 || st.Auto.Why != "fallback" {
 		t.Errorf("Stats past the hold: limit %d, why %q; want 4, fallback", st.Limit, st.Auto.Why)
@@ -194,8 +195,8 @@ func TestTheLimitFallsBackToTheFixedNOnceTheControllersHoldHasPassed(t *testing.
 	setAdaptive(t, s, 4, time.Hour)
 	other := newSem(t, rdb, prefix, semaphore.Options{Limit: 4, Lease: 10 * time.Minute})
 	got := acquireQueued(t, other, s, 1)
-	set = redisNowMs(t, rdb)
 	setAdaptive(t, s, 4, hold)
+	set = redisNowMs(t, rdb)
 	waitPast(t, rdb, hold, set)
 	if err := held[3].Release(ctx); err != nil {
 		t.Fatal(err)
@@ -225,8 +226,8 @@ func TestTheLimitFallsBackToTheFixedNOnceTheControllersHoldHasPassed(t *testing.
 	setAuto(t, s, semaphore.AutoLimits{Min: 1, Max: 32, Fixed: 6})
 	setAdaptive(t, s, 2, time.Hour)
 	two := []*semaphore.Permit{mustAcquire(t, s), mustAcquire(t, s)}
-	set = redisNowMs(t, rdb)
 	setAdaptive(t, s, 2, hold)
+	set = redisNowMs(t, rdb)
 	waitPast(t, rdb, hold, set)
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

@@ -69,17 +69,18 @@ func (s *Semaphore) ConfigureLimit(n int) { s.opts.Limit = n }
 var ErrNotAuto = errNotAuto
 
 // SetAdaptive takes the controller's lease for this process, a minute
-// long, and moves N as the controller does (adapt), for tests of auto
-// mode without a controller's timing.
+// long (in auto or shadow mode: in fixed mode nobody does), and moves N as
+// the controller does (adapt), for tests of auto mode without a
+// controller's timing.
 func (s *Semaphore) SetAdaptive(ctx context.Context, n int, hold time.Duration, reason string) (int, error) {
 	res, err := s.eval(ctx, scriptControl, s.process, time.Minute.Milliseconds())
 	if err != nil {
 		return 0, err
 	}
 	vals, _ := res.([]any)
-	lease, _ := vals[0].(string)
-	if lead, _ := vals[1].(int64); lead != 1 {
-		return 0, errNotController
+	lease := "" // not the controller: adapt says why it refuses
+	if lead, _ := vals[1].(int64); lead == 1 {
+		lease, _ = vals[0].(string)
 	}
 	return s.adapt(ctx, lease, n, hold, reason, "")
 }

@@ -15,16 +15,17 @@
 -- Returns {previous limit, limit, N as clamped}; an error reply naming
 -- the fix when the semaphore is in neither mode or the caller is not the
 -- controller.
+local mode, lo, hi, fixed, till, _, moved, why = s_match(found_auto or '', AUTO_PATTERN)
+if not mode then
+  error(redis.error_reply('ERR not in auto mode: the limit is fixed; put the semaphore in auto mode first (SetAuto, or scheduler permits auto)'))
+end
 if rcall('GET', K_CTL) ~= ARGV[8] then
   error(redis.error_reply('ERR not the controller: its lease ran out or another took over'))
 end
 local n = checked_limit(ARGV[5])
 local hold = to_number(ARGV[6])
 local old = get_limit()
-local mode, lo, hi, fixed, till, _, moved, why = s_match(found_auto or '', AUTO_PATTERN)
-if not mode then
-  error(redis.error_reply('ERR not in auto mode: the limit is fixed; put the semaphore in auto mode first (SetAuto, or scheduler permits auto)'))
-end
+mode, lo, hi, fixed, till, _, moved, why = s_match(found_auto, AUTO_PATTERN)
 local nlo, nhi = to_number(lo), to_number(hi)
 if n < nlo then n = nlo elseif n > nhi then n = nhi end
 local reason = ARGV[7]
